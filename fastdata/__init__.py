@@ -1,0 +1,44 @@
+"""fastdata: fast input pipelines, memory and communication presets for PyTorch Lightning.
+
+The public API is imported lazily (PEP 562), so `import fastdata` stays cheap and never imports
+optional backends such as NVIDIA DALI.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "ShardDataModule": "fastdata.datamodule",
+    "Manifest": "fastdata.manifest",
+    "load_manifest": "fastdata.manifest",
+    "ShardOptions": "fastdata.write",
+    "write_shards": "fastdata.write",
+    "open_source": "fastdata.sources",
+    "tune": "fastdata.tune",
+    "LoaderMonitor": "fastdata.tune.monitor",
+    "make_trainer": "fastdata.train",
+}
+
+__all__ = ["__version__", *sorted(_EXPORTS)]
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fastdata.datamodule import ShardDataModule
+    from fastdata.manifest import Manifest, load_manifest
+    from fastdata.sources import open_source
+    from fastdata.train import make_trainer
+    from fastdata.tune import tune
+    from fastdata.tune.monitor import LoaderMonitor
+    from fastdata.write import ShardOptions, write_shards
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'fastdata' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

@@ -1,0 +1,223 @@
+"""The manifest: everything a reader needs to know about a folder of shards.
+
+A manifest is written once, last, by the shard writer (`fastdata.write`), so a folder that has a
+`manifest.json` holds a complete dataset. Readers never list the folder: shard names, sample
+counts, byte sizes, checksums, classes and the sample encoding all come from here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "Manifest",
+    "ManifestError",
+    "ShardInfo",
+    "SkippedSample",
+    "SplitInfo",
+    "load_manifest",
+]
+
+FORMAT = "fastdata-shards"
+FORMAT_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+
+
+class ManifestError(ValueError):
+    """A manifest is missing, unreadable or of an unknown format."""
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One tar shard of a split.
+
+    Args:
+        name: file name of the tar, relative to the manifest's folder.
+        index: file name of the DALI index file for this tar.
+        num_samples: samples in the shard.
+        bytes: size of the tar file.
+        sha256: hex digest of the tar file.
+    """
+
+    name: str
+    index: str
+    num_samples: int
+    bytes: int
+    sha256: str
+
+
+@dataclass(frozen=True)
+class SkippedSample:
+    """A source sample that the writer could not encode and left out (named for the user)."""
+
+    origin: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    """One split (train / val / test) of a dataset.
+
+    Args:
+        shards: the split's shards, in file order.
+        class_counts: samples per class index.
+        encoding: how images are stored: "raw" (`rgb` component), "png", "jpeg" (kept or re-encoded
+            JPEG, `jpg` component), or "mixed" (JPEG kept as is, other formats converted to PNG).
+        raw_shape: (H, W, C) of every sample when all share one shape (always set for "raw").
+        image_stats: min / max / mean height and width of the stored images.
+        skipped: source samples left out because they could not be read or decoded.
+    """
+
+    shards: list[ShardInfo]
+    class_counts: list[int]
+    encoding: str
+    raw_shape: list[int] | None = None
+    image_stats: dict[str, float] = field(default_factory=dict)
+    skipped: list[SkippedSample] = field(default_factory=list)
+
+    @property
+    def num_samples(self) -> int:
+        """Total samples in the split."""
+        return sum(s.num_samples for s in self.shards)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A shard folder's description. Load with `load_manifest`, never build one by hand in user code.
+
+    Args:
+        root: folder holding the manifest and the shards (not serialized). A URL prefix
+            ("http://host/path", "s3://bucket/path") is allowed for remote shards.
+        classes: class names; label `i` is `classes[i]`.
+        splits: split name -> `SplitInfo`.
+        source: what the shards were made from (kind, path, parameters).
+        seed: the seed of the cross-shard pre-shuffle.
+        fastdata_version: version of the writer.
+        format: always `FORMAT`.
+        format_version: `FORMAT_VERSION` of the writer.
+    """
+
+    root: str
+    classes: list[str]
+    splits: dict[str, SplitInfo]
+    source: dict[str, Any]
+    seed: int
+    fastdata_version: str
+    format: str = FORMAT
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def split(self, name: str) -> SplitInfo:
+        """The named split, or a ValueError that lists the splits there are."""
+        if name not in self.splits:
+            raise ValueError(
+                f"split {name!r} is not in the manifest at {self.root}; it has {sorted(self.splits)}"
+            )
+        return self.splits[name]
+
+    def shard_url(self, shard: ShardInfo) -> str:
+        """Path or URL of a shard's tar file."""
+        return _join(self.root, shard.name)
+
+    def index_url(self, shard: ShardInfo) -> str:
+        """Path or URL of a shard's DALI index file."""
+        return _join(self.root, shard.index)
+
+    def to_json(self) -> str:
+        """Serialize (without `root`), with sorted keys so the file is deterministic."""
+        data = asdict(self)
+        data.pop("root")
+        return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+    def save(self, folder: str | os.PathLike[str]) -> Path:
+        """Write `manifest.json` into `folder` atomically (temporary name, then rename)."""
+        path = Path(folder) / MANIFEST_NAME
+        tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+        tmp.write_text(self.to_json())
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], root: str) -> Manifest:
+        """Build from parsed JSON; raises ManifestError naming `root` on an unknown format."""
+        if data.get("format") != FORMAT:
+            raise ManifestError(f"{root}: not a fastdata manifest (format={data.get('format')!r})")
+        version = data.get("format_version")
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise ManifestError(
+                f"{root}: manifest format_version {version!r} is newer than this fastdata reads "
+                f"({FORMAT_VERSION}); upgrade fastdata"
+            )
+        try:
+            splits = {
+                name: SplitInfo(
+                    shards=[ShardInfo(**s) for s in sp["shards"]],
+                    class_counts=list(sp["class_counts"]),
+                    encoding=sp["encoding"],
+                    raw_shape=sp.get("raw_shape"),
+                    image_stats=dict(sp.get("image_stats", {})),
+                    skipped=[SkippedSample(**s) for s in sp.get("skipped", [])],
+                )
+                for name, sp in data["splits"].items()
+            }
+            return cls(
+                root=root,
+                classes=list(data["classes"]),
+                splits=splits,
+                source=dict(data["source"]),
+                seed=int(data["seed"]),
+                fastdata_version=str(data["fastdata_version"]),
+                format=data["format"],
+                format_version=version,
+            )
+        except (KeyError, TypeError) as exc:
+            raise ManifestError(f"{root}: manifest is missing or has a malformed field: {exc}") from exc
+
+
+def load_manifest(root: str | os.PathLike[str]) -> Manifest:
+    """Load `ROOT/manifest.json` (ROOT may be a folder or the manifest file itself, or a URL).
+
+    Raises:
+        ManifestError: when there is no manifest there, or it is not a fastdata manifest.
+    """
+    text_root = os.fspath(root)
+    if text_root.endswith(".json"):
+        text_root = text_root.rsplit("/", 1)[0] if "/" in text_root else "."
+    url = _join(text_root, MANIFEST_NAME)
+    try:
+        if _is_remote(text_root):
+            import fsspec  # fsspec comes with lightning; imported only for remote manifests
+
+            with fsspec.open(url, "r") as f:
+                data = json.load(f)
+        else:
+            with open(url) as f:
+                data = json.load(f)
+    except FileNotFoundError as exc:
+        raise ManifestError(
+            f"no {MANIFEST_NAME} in {text_root}: make the shards first with "
+            f"`fastdata shard SOURCE INPUT {text_root}`"
+        ) from exc
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{url} is not valid JSON ({exc}); re-run `fastdata shard`") from exc
+    return Manifest.from_dict(data, root=text_root)
+
+
+def _is_remote(root: str) -> bool:
+    return "://" in root or root.startswith("pipe:")
+
+
+def _join(root: str, name: str) -> str:
+    if _is_remote(root):
+        return root.rstrip("/") + "/" + name
+    return os.path.join(root, name)

@@ -1,0 +1,104 @@
+"""CPU decoding of one sample to uint8 HWC pixels: where a sample is decoded.
+
+Raw samples (`rgb`) are a reshape. Encoded images (`jpg`, `png`) are decoded with Pillow-SIMD and
+given their decode-time geometry here, because it is cheaper to shrink while decoding than after:
+
+- "rrc" (training, photo preset): the random-resized-crop box is drawn first from the image's
+  size, then JPEG draft mode asks libjpeg for the smallest DCT scale (1/2, 1/4, 1/8) that still
+  covers the box at the output size, and one `resize(box=...)` crops and scales in one pass.
+- "center" (evaluation): resize the shorter side to `size * 256 / 224` and take the centre
+  `size` x `size` crop, again through draft mode and one boxed resize.
+- "none": decode at the stored size (every image of the split must then share one size).
+
+Flips, pad-crops and normalization happen later, batched on the device (fastdata.augment).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+__all__ = ["EVAL_RESIZE_RATIO", "Geometry", "decode_image", "decode_raw"]
+
+EVAL_RESIZE_RATIO = 256 / 224
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Decode-time geometry.
+
+    Args:
+        kind: "none", "rrc" or "center".
+        size: output side in pixels (square output) for "rrc" and "center".
+        scale: area range of the random-resized crop.
+        ratio: aspect-ratio range of the random-resized crop.
+    """
+
+    kind: str = "none"
+    size: int = 0
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("none", "rrc", "center"):
+            raise ValueError(f"geometry kind must be 'none', 'rrc' or 'center', got {self.kind!r}")
+        if self.kind != "none" and self.size < 1:
+            raise ValueError(f"geometry {self.kind!r} needs a positive size, got {self.size}")
+
+
+def decode_raw(data: memoryview | bytes, shape: tuple[int, int, int]) -> np.ndarray:
+    """Raw HWC uint8 pixels (a view when possible). ValueError when the size does not match."""
+    expected = shape[0] * shape[1] * shape[2]
+    if len(data) != expected:
+        raise ValueError(f"raw sample has {len(data)} bytes, expected {expected} for shape {shape}")
+    return np.frombuffer(data, dtype=np.uint8).reshape(shape)
+
+
+def decode_image(data: memoryview | bytes, geometry: Geometry, rng: np.random.Generator) -> np.ndarray:
+    """Decode JPEG/PNG bytes to uint8 HWC RGB with the decode-time `geometry`.
+
+    Raises:
+        ValueError: the bytes are not a readable image (the caller adds the shard and key).
+    """
+    try:
+        image = Image.open(io.BytesIO(data))
+        width, height = image.size
+        if geometry.kind == "none":
+            return _to_array(image)
+        if geometry.kind == "rrc":
+            from fastdata.augment import rrc_params
+
+            top, left, h, w = rrc_params(height, width, geometry.scale, geometry.ratio, rng)
+        else:
+            side = min(width, height) / EVAL_RESIZE_RATIO
+            h = w = max(1, round(side))
+            top, left = (height - h) // 2, (width - w) // 2
+        return _crop_resize(image, (left, top, left + w, top + h), geometry.size)
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        raise ValueError(f"cannot decode image ({type(exc).__name__}: {exc})") from exc
+
+
+def _crop_resize(image: Image.Image, box: tuple[int, int, int, int], size: int) -> np.ndarray:
+    """Crop `box` (in full-resolution pixels) and resize it to size x size, via draft mode."""
+    width, height = image.size
+    box_w, box_h = box[2] - box[0], box[3] - box[1]
+    if image.format == "JPEG":
+        # Ask for the smallest DCT scale at which the box still has >= `size` pixels per side.
+        reduce = max(1.0, min(box_w / size, box_h / size))
+        image.draft("RGB", (max(1, int(width / reduce)), max(1, int(height / reduce))))
+    scale_x = image.size[0] / width
+    scale_y = image.size[1] / height
+    scaled = (box[0] * scale_x, box[1] * scale_y, box[2] * scale_x, box[3] * scale_y)
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    out = image.resize((size, size), Image.BILINEAR, box=scaled)
+    return np.asarray(out, dtype=np.uint8)
+
+
+def _to_array(image: Image.Image) -> np.ndarray:
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    return np.asarray(image, dtype=np.uint8)

@@ -1,0 +1,200 @@
+"""Reading samples out of shards by their index: random access without scanning tars.
+
+The DALI index written beside each shard gives every component's byte offset and size, so a
+sample is one slice of a memory-mapped file. Remote shards (http://, s3://, ... through fsspec)
+are fetched whole into memory once per worker and then sliced the same way.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import tarfile
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from fastdata.manifest import Manifest, ShardInfo
+
+__all__ = ["ShardIndex", "ShardReadError", "ShardReader", "parse_index", "read_sample"]
+
+
+class ShardReadError(RuntimeError):
+    """A shard or one of its samples cannot be read. The message names the shard and the key."""
+
+    def __init__(self, shard: str, key: str | None, reason: str) -> None:
+        where = f"{shard}, sample {key!r}" if key else shard
+        super().__init__(
+            f"{where}: {reason}. Run `fastdata verify` on the shard folder to list every bad "
+            "sample; re-shard, or pass on_error='skip' to skip bad samples"
+        )
+        self.shard = shard
+        self.key = key
+        self.reason = reason
+
+    def __reduce__(self):  # so the error survives the trip from a DataLoader worker
+        return (ShardReadError, (self.shard, self.key, self.reason))
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """A parsed index: the key of each sample and its components' (offset, size) by extension."""
+
+    keys: list[str]
+    components: list[dict[str, tuple[int, int]]]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def parse_index(text: str, shard: str) -> ShardIndex:
+    """Parse DALI's `v1.2` webdataset index (see fastdata.write.tarshard)."""
+    lines = text.splitlines()
+    if not lines or not lines[0].startswith("v1."):
+        raise ShardReadError(shard, None, "index file has no 'v1.x N' header")
+    keys: list[str] = []
+    components: list[dict[str, tuple[int, int]]] = []
+    for number, line in enumerate(lines[1:], start=2):
+        fields = line.split()
+        if not fields or len(fields) % 4:
+            raise ShardReadError(shard, None, f"index line {number} is malformed: {line[:80]!r}")
+        entry = {}
+        for i in range(0, len(fields), 4):
+            ext, offset, size, name = fields[i : i + 4]
+            entry[ext] = (int(offset), int(size))
+        keys.append(name.split(".", 1)[0])
+        components.append(entry)
+    declared = int(lines[0].split()[1])
+    if declared != len(keys):
+        raise ShardReadError(shard, None, f"index declares {declared} samples but lists {len(keys)}")
+    return ShardIndex(keys, components)
+
+
+def index_from_tar(data: bytes | mmap.mmap, shard: str) -> ShardIndex:
+    """Build the index by scanning the tar (used only when the .idx file is missing)."""
+    import io
+
+    keys: list[str] = []
+    components: list[dict[str, tuple[int, int]]] = []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(bytes(data)), mode="r:") as tar:
+            for member in tar:
+                if not member.isreg():
+                    continue
+                key, _, ext = member.name.partition(".")
+                if not keys or keys[-1] != key:
+                    keys.append(key)
+                    components.append({})
+                components[-1][ext] = (member.offset_data, member.size)
+    except tarfile.TarError as exc:
+        raise ShardReadError(shard, keys[-1] if keys else None, f"corrupt tar ({exc})") from exc
+    return ShardIndex(keys, components)
+
+
+class ShardReader:
+    """Open shards of one manifest and return sample components by (shard number, index).
+
+    Keeps at most `max_open` shards open (least recently used are closed). One reader per
+    process: DataLoader workers each build their own after forking.
+    """
+
+    def __init__(self, manifest: Manifest, split: str, max_open: int = 8) -> None:
+        self.manifest = manifest
+        self.shards: list[ShardInfo] = manifest.split(split).shards
+        self.max_open = max_open
+        self._open: OrderedDict[int, tuple[ShardIndex, bytes | mmap.mmap]] = OrderedDict()
+
+    def key(self, shard: int, index: int) -> str:
+        return self._get(shard)[0].keys[index]
+
+    def sample(self, shard: int, index: int, exts: tuple[str, ...] | None = None) -> dict[str, memoryview]:
+        """The components of one sample (all of them, or those in `exts`), as zero-copy views.
+
+        Raises:
+            ShardReadError: a component is missing or lies past the end of a truncated shard.
+        """
+        shard_index, data = self._get(shard)
+        key = shard_index.keys[index]
+        entry = shard_index.components[index]
+        wanted = exts if exts is not None else tuple(entry)
+        view = memoryview(data)
+        out: dict[str, memoryview] = {}
+        for ext in wanted:
+            if ext not in entry:
+                raise ShardReadError(
+                    self.shards[shard].name, key, f"sample has no '{ext}' component (has {sorted(entry)})"
+                )
+            offset, size = entry[ext]
+            if offset + size > len(data):
+                raise ShardReadError(
+                    self.shards[shard].name, key,
+                    f"shard is truncated ({len(data)} bytes; '{ext}' needs bytes up to {offset + size})",
+                )
+            out[ext] = view[offset : offset + size]
+        return out
+
+    def close(self) -> None:
+        for _, data in self._open.values():
+            if isinstance(data, mmap.mmap):
+                data.close()
+        self._open.clear()
+
+    def _get(self, shard: int) -> tuple[ShardIndex, bytes | mmap.mmap]:
+        if shard in self._open:
+            self._open.move_to_end(shard)
+            return self._open[shard]
+        info = self.shards[shard]
+        data = _open_bytes(self.manifest.shard_url(info), info.name)
+        index = _load_index(self.manifest.index_url(info), info.name, data)
+        if len(index) != info.num_samples:
+            raise ShardReadError(
+                info.name, None,
+                f"index lists {len(index)} samples but the manifest says {info.num_samples}",
+            )
+        self._open[shard] = (index, data)
+        while len(self._open) > self.max_open:
+            _, (_, old) = self._open.popitem(last=False)
+            if isinstance(old, mmap.mmap):
+                old.close()
+        return self._open[shard]
+
+
+def read_sample(manifest: Manifest, split: str, shard: int, index: int) -> dict[str, bytes]:
+    """One sample's components as bytes (convenience; loops should keep a `ShardReader`)."""
+    reader = ShardReader(manifest, split, max_open=1)
+    try:
+        return {ext: bytes(view) for ext, view in reader.sample(shard, index).items()}
+    finally:
+        reader.close()
+
+
+def _open_bytes(url: str, name: str) -> bytes | mmap.mmap:
+    if "://" in url:
+        import fsspec  # remote shards only
+
+        try:
+            with fsspec.open(url, "rb") as f:
+                return f.read()
+        except Exception as exc:
+            raise ShardReadError(name, None, f"cannot fetch {url} ({exc})") from exc
+    try:
+        with open(url, "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                return b""
+            return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except FileNotFoundError as exc:
+        raise ShardReadError(name, None, f"shard file {url} is missing") from exc
+
+
+def _load_index(url: str, name: str, data: bytes | mmap.mmap) -> ShardIndex:
+    try:
+        if "://" in url:
+            import fsspec
+
+            with fsspec.open(url, "r") as f:
+                text = f.read()
+        else:
+            with open(url) as f:
+                text = f.read()
+    except (FileNotFoundError, OSError):
+        return index_from_tar(data, name)
+    return parse_index(text, name)

@@ -1,0 +1,138 @@
+"""Sample encoding: how one source item becomes the image component of a shard sample.
+
+Encodings (the `--encoding` choice):
+
+| encoding | array sources (CIFAR)           | file sources (folders, lists)                          |
+|----------|---------------------------------|--------------------------------------------------------|
+| "auto"   | "raw"                           | "keep" (or "jpeg" when `resize` is given)              |
+| "raw"    | `rgb`: the uint8 HWC bytes      | not allowed (images differ in size)                    |
+| "png"    | `png`, lossless                 | decoded, converted to RGB, `png`                       |
+| "jpeg"   | `jpg` at `quality`              | decoded, optionally resized, re-encoded `jpg`          |
+| "keep"   | not allowed                     | JPEG bytes kept byte-identical; other formats -> `png` |
+
+Why "raw" for small images: a 32x32 CIFAR sample is 3,072 bytes raw and ~2,300 as PNG, but decoding
+the PNG costs ~40 us of CPU against ~0 for a reshape, and the loader's CPU is the bottleneck the
+library exists to remove (see benchmarks/bench_encoding.py for the measured trade-off).
+Every file sample is fully decoded once at shard time, so a corrupt or truncated image is found
+here, not in the middle of a training run.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+from fastdata.sources.base import SourceItem
+
+__all__ = ["ENCODINGS", "BadSampleError", "EncodedSample", "encode_item", "resolve_encoding"]
+
+ENCODINGS = ("auto", "raw", "png", "jpeg", "keep")
+# PNG level 1: writes ~5x faster than the default 6 for ~10% more bytes; decode cost is the same.
+PNG_COMPRESS_LEVEL = 1
+
+
+class BadSampleError(ValueError):
+    """One source sample cannot be read or decoded. `origin` names the file or archive row."""
+
+    def __init__(self, origin: str, reason: str) -> None:
+        super().__init__(f"{origin}: {reason}")
+        self.origin = origin
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class EncodedSample:
+    """The image component of a sample: its extension, bytes and stored (height, width)."""
+
+    ext: str
+    data: bytes
+    height: int
+    width: int
+
+
+def resolve_encoding(encoding: str, array_source: bool, resize: int | None) -> str:
+    """The concrete encoding for "auto", or a ValueError for a combination that cannot work."""
+    if encoding not in ENCODINGS:
+        raise ValueError(f"encoding must be one of {ENCODINGS}, got {encoding!r}")
+    if encoding == "auto":
+        if array_source:
+            return "raw" if resize is None else "png"
+        return "keep" if resize is None else "jpeg"
+    if encoding == "raw" and not array_source:
+        raise ValueError(
+            "encoding 'raw' needs images of one size (array sources such as CIFAR); "
+            "use 'keep', 'png' or 'jpeg' for image files"
+        )
+    if encoding == "keep" and array_source:
+        raise ValueError("encoding 'keep' keeps image files as they are; arrays have no file: use 'raw' or 'png'")
+    if encoding == "raw" and resize is not None:
+        raise ValueError("--resize cannot be combined with encoding 'raw'")
+    return encoding
+
+
+def encode_item(item: SourceItem, encoding: str, resize: int | None = None, quality: int = 90) -> EncodedSample:
+    """Encode one source item with a concrete encoding (see `resolve_encoding`).
+
+    Raises:
+        BadSampleError: the item's file is missing, unreadable, truncated or not an image.
+    """
+    if item.pixels is not None:
+        return _encode_pixels(item.pixels, encoding, resize, quality)
+    if item.path is None:
+        raise BadSampleError(item.origin, "source item has neither pixels nor a path")
+    try:
+        data = item.path.read_bytes()
+    except OSError as exc:
+        raise BadSampleError(item.origin, f"cannot read file ({exc.strerror or exc})") from exc
+    image, fmt = _decode_fully(data, item.origin)
+    if encoding == "keep" and fmt == "JPEG":
+        return EncodedSample("jpg", data, image.height, image.width)
+    rgb = image.convert("RGB")
+    if resize is not None:
+        rgb = _resize_shorter(rgb, resize)
+    if encoding == "jpeg":
+        return EncodedSample("jpg", _save(rgb, "JPEG", quality=quality), rgb.height, rgb.width)
+    # "keep" for a non-JPEG file, and "png": lossless PNG.
+    return EncodedSample("png", _save(rgb, "PNG", compress_level=PNG_COMPRESS_LEVEL), rgb.height, rgb.width)
+
+
+def _encode_pixels(pixels: np.ndarray, encoding: str, resize: int | None, quality: int) -> EncodedSample:
+    height, width = int(pixels.shape[0]), int(pixels.shape[1])
+    if encoding == "raw":
+        return EncodedSample("rgb", np.ascontiguousarray(pixels, dtype=np.uint8).tobytes(), height, width)
+    image = Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8), "RGB")
+    if resize is not None:
+        image = _resize_shorter(image, resize)
+    if encoding == "jpeg":
+        return EncodedSample("jpg", _save(image, "JPEG", quality=quality), image.height, image.width)
+    return EncodedSample("png", _save(image, "PNG", compress_level=PNG_COMPRESS_LEVEL), image.height, image.width)
+
+
+def _decode_fully(data: bytes, origin: str) -> tuple[Image.Image, str]:
+    """Decode every byte of an image (truncation shows only on a full decode) and return it."""
+    try:
+        image = Image.open(io.BytesIO(data))
+        fmt = image.format or "?"
+        image.load()
+    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError... for bad files
+        raise BadSampleError(origin, f"not a readable image ({type(exc).__name__}: {exc})") from exc
+    return image, fmt
+
+
+def _resize_shorter(image: Image.Image, size: int) -> Image.Image:
+    """Shrink so the shorter side is `size` (never enlarges; keeps the aspect ratio)."""
+    shorter = min(image.width, image.height)
+    if shorter <= size:
+        return image
+    scale = size / shorter
+    new = (max(1, round(image.width * scale)), max(1, round(image.height * scale)))
+    return image.resize(new, Image.BICUBIC, reducing_gap=3.0)
+
+
+def _save(image: Image.Image, fmt: str, **params: int) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, fmt, **params)
+    return buf.getvalue()
