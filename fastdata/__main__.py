@@ -1,0 +1,3 @@
+from fastdata.cli import main
+
+raise SystemExit(main())

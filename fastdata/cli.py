@@ -1,0 +1,129 @@
+"""The `fastdata` command line: a thin layer over library functions.
+
+    fastdata shard SOURCE INPUT OUT [options]   # cifar10 | cifar100 | folder | list
+    fastdata inspect OUT
+    fastdata verify OUT
+    fastdata tune OUT [--sweep]
+    fastdata train cifar100 [--data ARCHIVE | --download] [options]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from fastdata import __version__
+
+__all__ = ["build_parser", "main"]
+
+# Subcommands that live with their feature: "module:function" taking the subparsers object.
+EXTERNAL_COMMANDS = {
+    "tune": "fastdata.tune.command:register",
+    "train": "fastdata.train.command:register",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fastdata", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"fastdata {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_shard(sub)
+    inspect = sub.add_parser("inspect", help="print a summary of a shard folder")
+    inspect.add_argument("out", help="shard folder (holding manifest.json)")
+    inspect.set_defaults(func=_inspect)
+    verify = sub.add_parser("verify", help="re-hash every shard and decode every sample")
+    verify.add_argument("out", help="shard folder (holding manifest.json)")
+    verify.add_argument("--no-progress", action="store_true")
+    verify.set_defaults(func=_verify)
+    for name, target in EXTERNAL_COMMANDS.items():
+        module, func = target.split(":")
+        try:
+            getattr(importlib.import_module(module), func)(sub)
+        except ImportError as exc:  # a feature whose optional dependency is missing
+            logging.getLogger("fastdata").debug("command %s unavailable: %s", name, exc)
+    return parser
+
+
+def _add_shard(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("shard", help="convert a dataset into tar shards + manifest + DALI index")
+    p.add_argument("source", choices=["cifar10", "cifar100", "folder", "list"])
+    p.add_argument("input", nargs="?", help="archive, folder or list file (omit with --download)")
+    p.add_argument("out", help="output folder")
+    p.add_argument("--download", action="store_true", help="cifar: download the official archive (MD5-checked)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the cross-shard shuffle")
+    p.add_argument("--max-count", type=int, default=10_000, help="most samples per shard")
+    p.add_argument("--max-size", type=_size, default=None, help="most bytes per shard, e.g. 256M")
+    p.add_argument("--workers", type=int, default=None, help="writer processes (default: usable cores)")
+    p.add_argument("--encoding", default="auto", choices=["auto", "raw", "png", "jpeg", "keep"])
+    p.add_argument("--resize", type=int, default=None, help="shrink the shorter side to this many pixels")
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality when re-encoding")
+    p.add_argument("--strict", action="store_true", help="stop at the first bad image instead of skipping it")
+    p.add_argument("--overwrite", action="store_true", help="replace a different dataset in OUT")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=_shard)
+
+
+def _size(text: str) -> int:
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    text = text.strip().upper().removesuffix("B")
+    try:
+        return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
+    except (ValueError, IndexError) as exc:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 500M or 1G)") from exc
+
+
+def _shard(args: argparse.Namespace) -> int:
+    from fastdata.manifest import MANIFEST_NAME
+    from fastdata.sources import open_source
+    from fastdata.verify import summarize
+    from fastdata.write import ShardOptions, write_shards
+
+    kwargs = {"download": True} if args.download else {}
+    if args.input is None and not args.download:
+        raise SystemExit("fastdata shard: give INPUT, or --download for cifar10/cifar100")
+    source = open_source(args.source, args.input, **kwargs)
+    options = ShardOptions(
+        seed=args.seed, max_count=args.max_count, max_size=args.max_size, workers=args.workers,
+        encoding=args.encoding, resize=args.resize, quality=args.quality, strict=args.strict,
+        overwrite=args.overwrite, progress=not args.no_progress,
+    )
+    manifest = write_shards(source, args.out, options)
+    print(summarize(manifest))
+    print(f"wrote {args.out}/{MANIFEST_NAME}")
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from fastdata.manifest import load_manifest
+    from fastdata.verify import summarize
+
+    print(summarize(load_manifest(args.out)))
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from fastdata.verify import verify
+
+    report = verify(args.out, progress=not args.no_progress)
+    print(report)
+    return 0 if report.ok else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `fastdata` console script and `python -m fastdata`."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, RuntimeError, OSError) as exc:
+        # User-facing failures (bad input, a refused output folder...) without a traceback.
+        print(f"fastdata {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
