@@ -82,6 +82,8 @@ def _shard(args: argparse.Namespace) -> int:
     from fastdata.verify import summarize
     from fastdata.write import ShardOptions, write_shards
 
+    if args.download and args.source not in ("cifar10", "cifar100"):
+        raise SystemExit(f"fastdata shard: --download is only for cifar10/cifar100, not {args.source}")
     kwargs = {"download": True} if args.download else {}
     if args.input is None and not args.download:
         raise SystemExit("fastdata shard: give INPUT, or --download for cifar10/cifar100")

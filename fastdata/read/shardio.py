@@ -134,8 +134,7 @@ class ShardReader:
 
     def close(self) -> None:
         for _, data in self._open.values():
-            if isinstance(data, mmap.mmap):
-                data.close()
+            _close(data)
         self._open.clear()
 
     def _get(self, shard: int) -> tuple[ShardIndex, bytes | mmap.mmap]:
@@ -153,8 +152,7 @@ class ShardReader:
         self._open[shard] = (index, data)
         while len(self._open) > self.max_open:
             _, (_, old) = self._open.popitem(last=False)
-            if isinstance(old, mmap.mmap):
-                old.close()
+            _close(old)
         return self._open[shard]
 
 
@@ -165,6 +163,14 @@ def read_sample(manifest: Manifest, split: str, shard: int, index: int) -> dict[
         return {ext: bytes(view) for ext, view in reader.sample(shard, index).items()}
     finally:
         reader.close()
+
+
+def _close(data: bytes | mmap.mmap) -> None:
+    if isinstance(data, mmap.mmap):
+        try:
+            data.close()
+        except BufferError:
+            pass  # a sample view is still alive; the map closes when the last view goes
 
 
 def _open_bytes(url: str, name: str) -> bytes | mmap.mmap:

@@ -222,6 +222,9 @@ def _prepare_out(out_dir: Path, identity: dict[str, Any], overwrite: bool) -> Ma
             )
         _clear_ours(out_dir)
     work.mkdir(exist_ok=True)
+    # Partial files of a killed run: never under a final name, removed before resuming.
+    for tmp in [*out_dir.glob("*.tmp-*"), *work.glob("*.tmp-*")]:
+        tmp.unlink()
     _atomic_write(plan_file, json.dumps(identity, sort_keys=True))
     return None
 

@@ -1,0 +1,61 @@
+"""Shared fixtures: tiny real datasets built in tmp_path, and the real data when present."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from fastdata._env import data_dir
+from fastdata.sources.arrays import ArraySource
+from fastdata.write import ShardOptions, write_shards
+
+
+def unique_label_source(n_train: int = 300, n_test: int = 50, side: int = 8) -> ArraySource:
+    """Every sample is its own class (label == sample id), so a label multiset names samples."""
+    rng = np.random.default_rng(0)
+    train = rng.integers(0, 256, (n_train, side, side, 3), dtype=np.uint8)
+    test = rng.integers(0, 256, (n_test, side, side, 3), dtype=np.uint8)
+    classes = [f"c{i}" for i in range(max(n_train, n_test))]
+    return ArraySource(
+        {"train": (train, np.arange(n_train)), "test": (test, np.arange(n_test))}, classes
+    )
+
+
+@pytest.fixture
+def tiny_shards(tmp_path: Path) -> Path:
+    """300 train + 50 test 8x8 raw samples in shards of 64, labels == sample ids."""
+    out = tmp_path / "tiny"
+    write_shards(unique_label_source(), out, ShardOptions(max_count=64, workers=1, progress=False))
+    return out
+
+
+def write_jpeg_folder(root: Path, classes: int = 3, per_class: int = 4, size=(48, 40)) -> Path:
+    """A class-per-folder tree of real JPEG and PNG files."""
+    rng = np.random.default_rng(1)
+    for c in range(classes):
+        folder = root / f"class{c}"
+        folder.mkdir(parents=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+            fmt = "PNG" if i == per_class - 1 else "JPEG"
+            Image.fromarray(pixels).save(folder / f"img{i}.{fmt.lower()[:3] if fmt == 'PNG' else 'jpg'}", fmt)
+    return root
+
+
+def jpeg_bytes(pixels: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+@pytest.fixture
+def real_data() -> Path:
+    """../shared/data (or $FASTDATA_DATA_DIR); skips the test when it is absent."""
+    root = data_dir()
+    if not (root / "cifar-100-python.tar.gz").exists() or not (root / "clothing-small").is_dir():
+        pytest.skip(f"real data not found at {root} (set FASTDATA_DATA_DIR to the shared data folder)")
+    return root

@@ -1,0 +1,123 @@
+"""The CPU backend: exact lengths, reproducible epochs, workers, resume, corrupt shards."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fastdata.manifest import load_manifest
+from fastdata.read.base import LoaderSpec
+from fastdata.read.cpu import make_cpu_loader
+from fastdata.read.shardio import ShardReader, ShardReadError
+from fastdata.sources.folder import FolderSource
+from fastdata.write import ShardOptions, write_shards
+from tests.conftest import write_jpeg_folder
+
+
+def _spec(root: Path, **kw) -> LoaderSpec:
+    base = dict(manifest=load_manifest(root), split="train", train=True, batch_size=32, seed=5)
+    base.update(kw)
+    return LoaderSpec(**base)
+
+
+def _labels(loader) -> list[int]:
+    return [int(v) for _, y in loader for v in y]
+
+
+def test_epoch_yields_every_sample_once_in_exact_batches(tiny_shards):
+    loader = make_cpu_loader(_spec(tiny_shards, drop_last=False))
+    batches = list(loader)
+    assert len(batches) == len(loader) == 10  # ceil(300 / 32)
+    x, y = batches[0]
+    assert x.dtype.is_floating_point is False and x.shape == (32, 3, 8, 8) and y.dtype.is_floating_point is False
+    assert sorted(_labels(loader)) == list(range(300))
+
+
+def test_workers_do_not_change_the_batches(tiny_shards):
+    reference = [y.tolist() for _, y in make_cpu_loader(_spec(tiny_shards))]
+    with_workers = [y.tolist() for _, y in make_cpu_loader(_spec(tiny_shards, num_workers=2))]
+    assert with_workers == reference and len(reference) == 10  # ceil(300 / 32)
+
+
+def test_new_shuffle_each_epoch_and_resume_mid_epoch(tiny_shards):
+    loader = make_cpu_loader(_spec(tiny_shards, num_workers=2))
+    epoch0 = [y.tolist() for _, y in loader]
+    loader.set_epoch(1)
+    epoch1 = [y.tolist() for _, y in loader]
+    assert epoch0 != epoch1
+    loader.set_epoch(1, start_batch=4)
+    assert [y.tolist() for _, y in loader] == epoch1[4:]
+
+
+def test_eval_split_is_in_file_order_and_complete(tiny_shards):
+    loader = make_cpu_loader(_spec(tiny_shards, split="test", train=False, batch_size=16))
+    labels = _labels(loader)
+    assert sorted(labels) == list(range(50)) and len(loader) == 4
+
+
+def _corrupt(root: Path, shard_name: str, truncate_to: int | None = None) -> None:
+    path = root / shard_name
+    data = path.read_bytes()
+    path.write_bytes(data[:truncate_to])
+
+
+def test_truncated_shard_names_shard_and_key(tiny_shards):
+    manifest = load_manifest(tiny_shards)
+    shard = manifest.split("train").shards[1]
+    _corrupt(tiny_shards, shard.name, truncate_to=shard.bytes // 2)
+    with pytest.raises(ShardReadError, match=rf"{shard.name}, sample 'train_\d{{8}}'.*truncated"):
+        list(make_cpu_loader(_spec(tiny_shards)))
+    loader = make_cpu_loader(_spec(tiny_shards, on_error="skip", drop_last=False))
+    labels = _labels(loader)
+    assert loader.skipped > 0 and len(labels) == 300 - loader.skipped
+
+
+def test_missing_component_names_shard_and_key(tiny_shards):
+    manifest = load_manifest(tiny_shards)
+    shard = manifest.split("train").shards[0]
+    index = Path(manifest.index_url(shard))
+    lines = index.read_text().splitlines()
+    lines[3] = " ".join(lines[3].split()[:8])  # drop the third component (rgb) of sample 3
+    index.write_text("\n".join(lines) + "\n")
+    reader = ShardReader(manifest, "train")
+    with pytest.raises(ShardReadError, match=r"sample 'train_\d{8}': sample has no 'rgb' component"):
+        reader.sample(0, 2, ("rgb",))
+
+
+def test_corrupt_jpeg_at_read_time_is_named(tmp_path):
+    root = write_jpeg_folder(tmp_path / "imgs", classes=2, per_class=3)
+    manifest = write_shards(FolderSource(root), tmp_path / "out", ShardOptions(workers=1, progress=False))
+    shard = manifest.split(next(iter(manifest.splits))).shards[0]
+    path = Path(manifest.shard_url(shard))
+    data = bytearray(path.read_bytes())
+    first_jpg = data.find(b"\xff\xd8\xff")
+    data[first_jpg : first_jpg + 64] = b"\x00" * 64  # wreck the first JPEG's header
+    path.write_bytes(bytes(data))
+    spec = _spec(tmp_path / "out", split=next(iter(manifest.splits)), image_size=16, batch_size=2)
+    with pytest.raises(ShardReadError, match=r"sample '.*': cannot decode image"):
+        list(make_cpu_loader(spec))
+    skipping = make_cpu_loader(replace(spec, on_error="skip", drop_last=False))
+    assert sum(len(y) for _, y in skipping) == 5 and skipping.skipped == 1
+
+
+def test_photo_geometry_gives_fixed_size_batches(tmp_path):
+    root = write_jpeg_folder(tmp_path / "imgs", classes=2, per_class=4, size=(64, 40))
+    write_shards(FolderSource(root), tmp_path / "out", ShardOptions(workers=1, progress=False))
+    split = next(iter(load_manifest(tmp_path / "out").splits))
+    for train in (True, False):
+        batches = list(make_cpu_loader(_spec(tmp_path / "out", split=split, train=train, image_size=24, batch_size=4)))
+        assert all(x.shape == (4, 3, 24, 24) for x, _ in batches)
+
+
+def test_mixed_sizes_without_image_size_is_a_clear_error(tmp_path):
+    root = write_jpeg_folder(tmp_path / "imgs", classes=1, per_class=2)
+    (root / "class0" / "big.jpg").write_bytes(
+        __import__("tests.conftest", fromlist=["jpeg_bytes"]).jpeg_bytes(np.zeros((10, 20, 3), np.uint8))
+    )
+    write_shards(FolderSource(root), tmp_path / "out", ShardOptions(workers=1, progress=False))
+    split = next(iter(load_manifest(tmp_path / "out").splits))
+    with pytest.raises(ValueError, match="different sizes.*image_size"):
+        make_cpu_loader(_spec(tmp_path / "out", split=split))
