@@ -117,10 +117,13 @@ class ShardDataModule(pl.LightningDataModule):
             return self.backend
         from fastdata.read.auto import choose_backend
 
-        name, reason = choose_backend(
+        name, _reason = choose_backend(  # logs its choice and the figures behind it
             self.manifest, self.split_names.get("train", "train"), str(self._device()), self.image_size
         )
-        log.info("backend='auto' chose %r: %s", name, reason)
+        trainer = self._trainer_or_none()
+        if trainer is not None and trainer.world_size > 1:
+            # Free memory differs between ranks; all ranks must use rank 0's choice.
+            name = trainer.strategy.broadcast(name, src=0)
         return name
 
     # ------------------------------------------------------------------ loaders

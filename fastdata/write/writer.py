@@ -234,13 +234,16 @@ def _same_identity(recorded: dict[str, Any], identity: dict[str, Any]) -> bool:
     return all(recorded.get(k) == identity.get(k) for k in keys)
 
 
+CACHE_DIR = ".fastdata-cache"  # decoded splits of the memory backend (fastdata.read.memory)
+
+
 def _is_ours(path: Path) -> bool:
-    return path.name in (MANIFEST_NAME, WORK_DIR) or path.suffix in (".tar", ".idx") or ".tmp-" in path.name
+    return path.name in (MANIFEST_NAME, WORK_DIR, CACHE_DIR) or path.suffix in (".tar", ".idx") or ".tmp-" in path.name
 
 
 def _clear_ours(out_dir: Path) -> None:
     for path in out_dir.iterdir():
-        if path.name == WORK_DIR:
+        if path.name in (WORK_DIR, CACHE_DIR):
             shutil.rmtree(path)
         elif _is_ours(path):
             path.unlink()

@@ -1,0 +1,231 @@
+"""Images named by a list file: CSV (`path,label[,split]`) or JSON Lines.
+
+    path,label,split                      {"path": "img/0001.jpg", "label": "cat", "split": "val"}
+    img/0001.jpg,cat,val                  {"path": "img/0002.jpg", "label": 3}
+    img/0002.jpg,3,
+
+Relative paths are resolved against `root` (default: the list file's folder). Labels are class
+indices or class names. The image files are not opened or checked here (that would stat every
+file of a large list); the writer reports a missing or unreadable file by its origin.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from fastdata.sources.base import BadSourceError, SourceItem, describe_path
+
+__all__ = ["PARSERS", "ListSource"]
+
+_INT = re.compile(r"[+-]?\d+")
+_HELP = (
+    "Expected a CSV with the header 'path,label' (optionally ',split') or JSON Lines with "
+    '{"path": ..., "label": ...} (optionally "split"); a label is a class index or a class name.'
+)
+
+
+class _Row(NamedTuple):
+    line: int
+    path: str
+    label: int | str  # an int from JSON; a str from CSV (maybe decimal) or a JSON name
+    split: str | None
+
+
+class ListSource:
+    """Image files and labels listed in a CSV or JSON Lines file.
+
+    Args:
+        path: the list file (`.csv`, `.jsonl` or `.ndjson`).
+        root: folder that relative image paths are resolved against (default: the list file's).
+        split: split name of rows without a `split` column / field (or with an empty one).
+        classes: class names, so that labels can be names or indices into this list. Without it,
+            labels must be all indices (classes "0".."max") or all names (sorted).
+
+    Raises:
+        BadSourceError: the file is missing, of an unknown format, or a line is bad (named by
+            line number).
+    """
+
+    kind = "list"
+
+    def __init__(
+        self,
+        path: str | Path,
+        root: str | Path | None = None,
+        split: str = "train",
+        classes: Sequence[str] | None = None,
+    ) -> None:
+        if path is None:
+            raise ValueError("ListSource needs the list file as input, got None")
+        self.list_path = Path(path).expanduser().resolve()
+        if not self.list_path.is_file():
+            raise BadSourceError(f"{describe_path(self.list_path)}: no such list file. {_HELP}")
+        parser = PARSERS.get(self.list_path.suffix.lower())
+        if parser is None:
+            raise BadSourceError(
+                f"{self.list_path}: unknown list format {self.list_path.suffix!r}"
+                f"; expected one of {sorted(PARSERS)}. {_HELP}"
+            )
+        self.root = Path(root).expanduser().resolve() if root is not None else self.list_path.parent
+        rows = parser(self.list_path)
+        if not rows:
+            raise BadSourceError(f"{self.list_path}: lists no images. {_HELP}")
+        self.classes, labels = _resolve_labels(rows, classes, self.list_path)
+        self._paths: dict[str, list[str]] = {}
+        label_lists: dict[str, list[int]] = {}
+        line_lists: dict[str, list[int]] = {}
+        for row, label in zip(rows, labels, strict=True):
+            name = row.split or split
+            self._paths.setdefault(name, []).append(row.path)
+            label_lists.setdefault(name, []).append(label)
+            line_lists.setdefault(name, []).append(row.line)
+        # Arrays, not lists of ints: forked writer workers then share them without refcount writes.
+        self._labels = {s: np.asarray(v, dtype=np.int64) for s, v in label_lists.items()}
+        self._lines = {s: np.asarray(v, dtype=np.int64) for s, v in line_lists.items()}
+
+    def splits(self) -> dict[str, int]:
+        """Split name -> number of listed images, in order of first appearance."""
+        return {split: len(paths) for split, paths in self._paths.items()}
+
+    def item(self, split: str, index: int) -> SourceItem:
+        """The `index`-th listed image of `split` (file order)."""
+        if split not in self._paths:
+            raise ValueError(f"unknown split {split!r}; {self.list_path} has {sorted(self._paths)}")
+        paths = self._paths[split]
+        if not 0 <= index < len(paths):
+            raise IndexError(f"{split}[{index}] is out of range: the split has {len(paths)} images")
+        path = self.root / paths[index]
+        line = int(self._lines[split][index])
+        return SourceItem(
+            sample_id=index,
+            label=int(self._labels[split][index]),
+            origin=f"{path} ({self.list_path.name}:{line})",
+            path=path,
+        )
+
+    def fingerprint(self) -> dict[str, Any]:
+        """Kind, the list file's resolved path, size and mtime, the root and the classes."""
+        stat = self.list_path.stat()
+        return {
+            "kind": self.kind,
+            "path": str(self.list_path),
+            "bytes": stat.st_size,
+            "mtime_ns": stat.st_mtime_ns,
+            "root": str(self.root),
+            "classes": list(self.classes),
+        }
+
+
+def _bad(list_path: Path, line: int, problem: str) -> BadSourceError:
+    return BadSourceError(f"{list_path}:{line}: {problem}. {_HELP}")
+
+
+def _parse_csv(list_path: Path) -> list[_Row]:
+    """Rows of a CSV list with a header naming at least `path` and `label`."""
+    # utf-8-sig: spreadsheet programs start CSV files with a byte-order mark.
+    with open(list_path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        if "path" not in header or "label" not in header:
+            raise _bad(list_path, 1, f"header {header} lacks 'path' or 'label'")
+        rows = []
+        for record in reader:
+            line = reader.line_num
+            if None in record or None in record.values():
+                raise _bad(list_path, line, f"{len(header)} columns expected")
+            path, label = record["path"].strip(), record["label"].strip()
+            if not path or not label:
+                raise _bad(list_path, line, "empty path or label")
+            rows.append(_Row(line, path, label, (record.get("split") or "").strip() or None))
+    return rows
+
+
+def _parse_jsonl(list_path: Path) -> list[_Row]:
+    """Rows of a JSON Lines list: one object per line; blank lines are skipped."""
+    rows = []
+    with open(list_path, encoding="utf-8") as f:
+        for line, text in enumerate(f, start=1):
+            if not text.strip():
+                continue
+            try:
+                record = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise _bad(list_path, line, f"not valid JSON ({exc.msg})") from None
+            if not isinstance(record, dict):
+                raise _bad(list_path, line, f"expected an object, got {type(record).__name__}")
+            path, label, split = record.get("path"), record.get("label"), record.get("split")
+            if not isinstance(path, str) or not path.strip():
+                raise _bad(list_path, line, f"'path' must be a non-empty string, got {path!r}")
+            # bool is an int subclass: true/false are not labels.
+            if isinstance(label, bool) or not isinstance(label, (int, str)) or label == "":
+                raise _bad(
+                    list_path, line, f"'label' must be an int or a class name, got {label!r}"
+                )
+            if split is not None and not isinstance(split, str):
+                raise _bad(list_path, line, f"'split' must be a string, got {split!r}")
+            rows.append(_Row(line, path.strip(), label, split or None))
+    return rows
+
+
+# List-file suffix -> parser.
+PARSERS: dict[str, Callable[[Path], list[_Row]]] = {
+    ".csv": _parse_csv,
+    ".jsonl": _parse_jsonl,
+    ".ndjson": _parse_jsonl,
+}
+
+
+def _as_index(label: int | str) -> int | None:
+    """The label as a class index, if it is one (an int, or a decimal string in CSV)."""
+    if isinstance(label, int):
+        return label
+    return int(label) if _INT.fullmatch(label) else None
+
+
+def _resolve_labels(
+    rows: list[_Row], classes: Sequence[str] | None, list_path: Path
+) -> tuple[list[str], list[int]]:
+    """(class names, label index per row) following the rules of `ListSource`."""
+    if classes is not None:
+        names = list(classes)
+        lookup = {name: i for i, name in enumerate(names)}
+        labels = []
+        for row in rows:
+            # A name wins over an index: with classes "0".."9" in any order, "3" means class "3".
+            index = lookup.get(row.label) if isinstance(row.label, str) else None
+            if index is None:
+                index = _as_index(row.label)
+            if index is None or not 0 <= index < len(names):
+                raise _bad(
+                    list_path,
+                    row.line,
+                    f"label {row.label!r} is neither one of the "
+                    f"{len(names)} classes nor an index 0..{len(names) - 1}",
+                )
+            labels.append(index)
+        return names, labels
+    indices = [_as_index(row.label) for row in rows]
+    by_index = indices[0] is not None
+    for row, index in zip(rows, indices, strict=True):
+        if (index is not None) != by_index:
+            first = "class indices" if by_index else "class names"
+            raise _bad(
+                list_path,
+                row.line,
+                f"label {row.label!r} differs in kind from the {first} used since line "
+                f"{rows[0].line}; use one kind, or pass classes=[...] to allow both",
+            )
+        if index is not None and index < 0:
+            raise _bad(list_path, row.line, f"negative label {index}")
+    if by_index:
+        return [str(i) for i in range(max(indices) + 1)], indices  # type: ignore[arg-type,type-var]
+    names = sorted({str(row.label) for row in rows})
+    lookup = {name: i for i, name in enumerate(names)}
+    return names, [lookup[str(row.label)] for row in rows]

@@ -1,0 +1,100 @@
+"""`backend="auto"`: the choice between memory, dali and cpu, with mocked probes."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from fastdata.manifest import Manifest, ShardInfo, SplitInfo
+from fastdata.read.auto import choose_backend, dali_importable, free_device_memory
+
+MiB = 1 << 20
+
+
+def _manifest(n: int, encoding: str = "raw", raw_shape: list[int] | None = None) -> Manifest:
+    shard = ShardInfo("train-000000.tar", "train-000000.idx", n, 1, "0" * 64)
+    split = SplitInfo([shard], [n], encoding, raw_shape, {"min_height": 300, "max_height": 500})
+    return Manifest("/nowhere", ["a"], {"train": split}, {}, 0, "0")
+
+
+CIFAR_LIKE = _manifest(1000, raw_shape=[32, 32, 3])  # 1000 x 3 x 32 x 32 = 3,072,000 bytes
+
+
+def _choose(manifest=CIFAR_LIKE, device="cpu", image_size=None, free=10 * MiB, dali=True, **kw):
+    probed = []
+
+    def free_memory(dev: str) -> int:
+        probed.append(dev)
+        return free
+
+    result = choose_backend(
+        manifest,
+        "train",
+        device,
+        image_size,
+        dali_available=lambda: dali,
+        free_memory=free_memory,
+        **kw,
+    )
+    assert probed == [device], "the free memory of the training device decides"
+    return result
+
+
+def test_fits_in_memory_share():
+    name, reason = _choose(free=10 * MiB)
+    assert name == "memory"
+    for figure in ("2.9 MiB", "1000 x 3x32x32", "10.0 MiB", "5.0 MiB", "0.5"):
+        assert figure in reason
+
+
+def test_memory_share_is_respected():
+    assert _choose(free=5 * MiB, memory_share=0.5)[0] == "cpu"  # budget 2.5 MiB < 2.9 MiB
+    name, reason = _choose(free=5 * MiB, memory_share=0.9)
+    assert name == "memory" and "4.5 MiB" in reason
+
+
+def test_too_big_on_gpu_with_dali_picks_dali():
+    name, reason = _choose(device="cuda:0", free=4 * MiB, dali=True)
+    assert name == "dali"
+    assert "2.9 MiB" in reason and "4.0 MiB" in reason and "cuda:0" in reason
+
+
+def test_too_big_without_gpu_picks_cpu():
+    name, reason = _choose(device="cpu", free=4 * MiB, dali=True)
+    assert name == "cpu" and "not a GPU" in reason and "2.9 MiB" in reason
+
+
+def test_too_big_on_gpu_without_dali_picks_cpu():
+    name, reason = _choose(device="cuda", free=4 * MiB, dali=False)
+    assert name == "cpu" and "DALI is not installed" in reason
+
+
+def test_photos_are_sized_at_the_stored_decode_size():
+    photos = _manifest(100, encoding="jpeg")  # varying sizes: no raw_shape
+    need = 100 * 3 * 256 * 256  # image_size 224 is stored at 256 x 256
+    assert _choose(photos, image_size=224, free=2 * need)[0] == "memory"
+    name, reason = _choose(photos, image_size=224, free=2 * need - 2)
+    assert name == "cpu" and "100 x 3x256x256" in reason
+
+
+def test_photos_of_varying_size_without_image_size_never_go_to_memory():
+    name, reason = _choose(_manifest(10, encoding="jpeg"), free=1 << 40)
+    assert name == "cpu" and "image_size" in reason
+
+
+def test_choice_is_logged_with_its_figures(caplog):
+    with caplog.at_level(logging.INFO, logger="fastdata"):
+        _, reason = _choose()
+    assert any(reason in record.getMessage() for record in caplog.records)
+
+
+@pytest.mark.parametrize("share", [0, -0.1, 1.5])
+def test_bad_memory_share(share):
+    with pytest.raises(ValueError, match="memory_share"):
+        _choose(memory_share=share)
+
+
+def test_real_probes_answer():
+    assert free_device_memory("cpu") > 0
+    assert isinstance(dali_importable(), bool)

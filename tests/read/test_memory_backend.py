@@ -1,0 +1,290 @@
+"""The device-resident backend on tiny real shards: decode + cache, epoch order, ranks, resume."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fastdata.manifest import Manifest
+from fastdata.read import memory
+from fastdata.read.base import BatchLoader, LoaderSpec
+from fastdata.read.memory import decode_split, make_memory_loader
+from fastdata.read.shardio import ShardReader, ShardReadError
+from fastdata.sources.arrays import ArraySource
+from fastdata.sources.folder import FolderSource
+from fastdata.write import ShardOptions, write_shards
+
+N_TRAIN, N_TEST = 51, 13  # odd: two ranks need the documented wrap-around padding
+OPTIONS = ShardOptions(max_count=8, workers=1, progress=False)
+
+
+def _arrays(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    pixels = np.random.default_rng(seed).integers(0, 256, (n, 6, 5, 3), dtype=np.uint8)
+    return pixels, np.arange(n)  # one class per sample: labels identify samples
+
+
+@pytest.fixture(autouse=True)
+def _fresh_device_store():
+    memory.clear_device_cache()
+    yield
+    memory.clear_device_cache()
+
+
+@pytest.fixture
+def raw_shards(tmp_path: Path) -> tuple[Manifest, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    splits = {"train": _arrays(N_TRAIN, 0), "test": _arrays(N_TEST, 1)}
+    source = ArraySource(splits, classes=[f"c{i}" for i in range(N_TRAIN)])
+    return write_shards(source, tmp_path / "shards", OPTIONS), splits
+
+
+def _spec(manifest: Manifest, **kw) -> LoaderSpec:
+    args = dict(manifest=manifest, split="train", train=True, batch_size=8, seed=3)
+    return LoaderSpec(**{**args, **kw})
+
+
+def _labels(loader: BatchLoader) -> list[list[int]]:
+    return [labels.tolist() for _, labels in loader]
+
+
+def test_decode_split_returns_the_source_pixels_and_labels(raw_shards):
+    manifest, splits = raw_shards
+    pixels, labels = splits["train"]
+    images, got_labels, sample_ids = decode_split(manifest, "train")
+    assert images.dtype == torch.uint8 and images.shape == (N_TRAIN, 3, 6, 5)
+    assert sorted(sample_ids.tolist()) == list(range(N_TRAIN))
+    np.testing.assert_array_equal(images.permute(0, 2, 3, 1).numpy(), pixels[sample_ids.numpy()])
+    np.testing.assert_array_equal(got_labels.numpy(), labels[sample_ids.numpy()])
+
+
+def test_second_decode_hits_the_cache(raw_shards, monkeypatch, tmp_path):
+    manifest, _ = raw_shards
+    calls = []
+    real = memory._decode_shard
+    monkeypatch.setattr(memory, "_decode_shard", lambda *a: calls.append(a[2]) or real(*a))
+    first = decode_split(manifest, "train", cache_dir=tmp_path / "cache")
+    assert sorted(calls) == list(range(len(manifest.split("train").shards)))
+    calls.clear()
+    second = decode_split(manifest, "train", cache_dir=tmp_path / "cache")
+    assert calls == []
+    for a, b in zip(first, second, strict=True):
+        assert torch.equal(a, b)
+    assert not list((tmp_path / "cache").glob("*.tmp-*")), "temporary files left behind"
+    decode_split(manifest, "test", cache_dir=tmp_path / "cache")  # another split: another entry
+    assert calls, "the test split must not hit the train split's entry"
+
+
+def test_cache_dir_comes_from_the_environment(raw_shards, monkeypatch, tmp_path):
+    manifest, _ = raw_shards
+    monkeypatch.setenv(memory.CACHE_DIR_ENV, str(tmp_path / "env-cache"))
+    decode_split(manifest, "test")
+    assert len(list((tmp_path / "env-cache").glob("test-*.json"))) == 1
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks_cover_the_split_with_equal_lengths(raw_shards, world_size, drop_last):
+    manifest, _ = raw_shards
+    spec = _spec(manifest, world_size=world_size, drop_last=drop_last)
+    loaders = [make_memory_loader(replace(spec, rank=r)) for r in range(world_size)]
+    per_rank = [_labels(loader) for loader in loaders]
+    assert len({len(loader) for loader in loaders}) == 1
+    assert [len(batches) for batches in per_rank] == [len(loader) for loader in loaders]
+    seen = [label for batches in per_rank for batch in batches for label in batch]
+    span = -(-N_TRAIN // world_size)
+    if drop_last:
+        assert len(seen) == world_size * (span // 8 * 8)
+    else:  # every sample at least once; only the wrap-around padding repeats
+        assert set(seen) == set(range(N_TRAIN))
+        assert len(seen) == world_size * span
+        assert all(len(batch) == 8 for batches in per_rank for batch in batches[:-1])
+
+
+def test_same_order_for_same_seed_and_epoch_new_order_next_epoch(raw_shards):
+    manifest, _ = raw_shards
+    epoch0 = _labels(make_memory_loader(_spec(manifest, epoch=0)))
+    assert _labels(make_memory_loader(_spec(manifest, epoch=0))) == epoch0
+    epoch1 = _labels(make_memory_loader(_spec(manifest, epoch=1)))
+    assert epoch1 != epoch0
+    assert sorted(sum(epoch1, [])) == sorted(sum(epoch0, []))
+    loader = make_memory_loader(_spec(manifest, epoch=0))
+    loader.set_epoch(1)
+    assert _labels(loader) == epoch1
+    assert _labels(make_memory_loader(_spec(manifest, seed=4))) != epoch0
+
+
+def test_start_batch_skips_exactly_those_batches(raw_shards, monkeypatch):
+    manifest, _ = raw_shards
+    full = _labels(make_memory_loader(_spec(manifest, epoch=2, drop_last=True)))
+    monkeypatch.setattr(memory, "_decode_shard", _must_not_decode)  # resume never decodes
+    resumed = make_memory_loader(_spec(manifest, epoch=2, drop_last=True, start_batch=2))
+    assert len(resumed) == len(full), "len is the whole epoch, as for the CPU backend"
+    assert _labels(resumed) == full[2:]
+    assert _labels(resumed) == full, "a second pass replays the whole epoch"
+    with pytest.raises(ValueError, match="start_batch"):
+        make_memory_loader(_spec(manifest, start_batch=len(full) + 1, drop_last=True))
+
+
+def _must_not_decode(*args):
+    raise AssertionError("decoded again although the split is cached")
+
+
+def test_eval_split_in_file_order_without_drop(raw_shards):
+    manifest, _ = raw_shards
+    spec = _spec(manifest, split="test", train=False, drop_last=True, batch_size=4)
+    batches = _labels(make_memory_loader(spec))
+    _, _, sample_ids = decode_split(manifest, "test")
+    assert sum(batches, []) == sample_ids.tolist()  # labels == sample ids here
+    assert len(batches) == 4 and len(batches[-1]) == 1
+
+
+def test_batches_are_uint8_nchw_on_the_spec_device(raw_shards):
+    manifest, _ = raw_shards
+    loader = make_memory_loader(_spec(manifest))
+    assert isinstance(loader, BatchLoader) and loader.augmented is False
+    images, labels = next(iter(loader))
+    assert images.dtype == torch.uint8 and images.shape == (8, 3, 6, 5)
+    assert labels.dtype == torch.int64 and images.device == torch.device("cpu")
+
+
+def test_same_samples_as_the_cpu_backend(raw_shards):
+    cpu = pytest.importorskip("fastdata.read.cpu", reason="the CPU backend has not landed yet")
+    manifest, _ = raw_shards
+    spec = _spec(manifest, drop_last=False)
+    ours, theirs = _labels(make_memory_loader(spec)), _labels(cpu.make_cpu_loader(spec))
+    assert len(ours) == len(theirs)
+    assert Counter(sum(ours, [])) == Counter(sum(theirs, []))
+
+
+def test_photos_are_stored_at_the_documented_size(tmp_path):
+    colours = {"red": (200, 10, 10), "blue": (10, 10, 200)}
+    for name, colour in colours.items():
+        (tmp_path / "photos" / name).mkdir(parents=True)
+        for j, size in enumerate([(90, 60), (50, 120), (64, 64)]):
+            Image.new("RGB", size, colour).save(tmp_path / "photos" / name / f"{j}.jpg", quality=95)
+    source = FolderSource(tmp_path / "photos")
+    manifest = write_shards(source, tmp_path / "shards", OPTIONS)
+    with pytest.raises(ValueError, match="image_size"):
+        decode_split(manifest, "train")
+    images, labels, _ = decode_split(manifest, "train", image_size=28)
+    assert images.shape == (6, 3, 32, 32)  # floor(28 * 256 / 224)
+    for image, label in zip(images, labels, strict=True):
+        expected = torch.tensor(colours[source.classes[label]], dtype=torch.float32)
+        assert (image.float().mean(dim=(1, 2)) - expected).abs().max() < 6
+
+
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_corrupt_sample_named_or_skipped(tmp_path, on_error):
+    pixels, labels = _arrays(20, 2)
+    source = ArraySource({"train": (pixels, labels)}, classes=[f"c{i}" for i in range(20)])
+    opts = replace(OPTIONS, encoding="png")
+    manifest = write_shards(source, tmp_path / "shards", opts)
+    reader = ShardReader(manifest, "train")
+    key = reader.key(0, 1)
+    offset, size = reader._get(0)[0].components[1]["png"]
+    reader.close()
+    with open(manifest.shard_url(manifest.split("train").shards[0]), "r+b") as f:
+        f.seek(offset)
+        f.write(b"\0" * size)  # the second sample of shard 0 is now unreadable
+    if on_error == "raise":
+        with pytest.raises(ShardReadError, match=key):
+            decode_split(manifest, "train", on_error=on_error)
+    else:
+        images, _, ids = decode_split(manifest, "train", on_error=on_error)
+        assert len(images) == 19 and int(key.rsplit("_", 1)[1]) not in ids.tolist()
+
+
+_DDP_SCRIPT = """
+import sys
+import lightning as L
+import torch
+from fastdata.datamodule import ShardDataModule
+
+root, out = sys.argv[1], sys.argv[2]
+
+class Probe(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.seen = []
+
+    def on_train_epoch_start(self):
+        self.batches = len(self.trainer.train_dataloader)
+
+    def training_step(self, batch, i):
+        self.seen.extend(batch[1].tolist())
+        return (self.w * batch[0].float().mean()).sum()
+
+    def on_train_epoch_end(self):
+        backend = self.trainer.datamodule._backend_name
+        with open(f"{out}/rank{self.global_rank}.txt", "w") as f:
+            f.write(f"{backend} {self.batches} " + " ".join(map(str, self.seen)))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+if __name__ == "__main__":
+    dm = ShardDataModule(root, batch_size=4, num_workers=0, prefetch_factor=2, backend="memory",
+                         preset="none", drop_last=True)
+    trainer = L.Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=1,
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)
+    trainer.fit(Probe(), datamodule=dm)
+"""
+
+
+@pytest.mark.slow  # two Lightning processes on a 2-core machine: about 30 s
+@pytest.mark.timeout(240)
+def test_two_process_ddp_ranks_see_the_same_number_of_batches(raw_shards, tmp_path):
+    pytest.importorskip("fastdata.datamodule", reason="ShardDataModule has not landed yet")
+    manifest, _ = raw_shards
+    decode_split(manifest, "train")  # decode once here; both ranks then hit the cache
+    script = tmp_path / "ddp_probe.py"
+    script.write_text(textwrap.dedent(_DDP_SCRIPT))
+    env = {**os.environ, "PYTHONPATH": str(Path(memory.__file__).parents[2])}
+    cmd = ["timeout", "200", sys.executable, str(script), manifest.root, str(tmp_path)]
+    result = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    backend, batches, *seen0 = (tmp_path / "rank0.txt").read_text().split()
+    backend1, batches1, *seen1 = (tmp_path / "rank1.txt").read_text().split()
+    assert backend == backend1 == "memory"
+    per_rank = -(-N_TRAIN // 2) // 4  # ceil(51 / 2) = 26 samples -> 6 full batches of 4
+    assert int(batches) == int(batches1) == per_rank
+    assert len(seen0) == len(seen1) == per_rank * 4
+    assert not set(seen0) & set(seen1), "ranks must take disjoint spans of the permutation"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_batches_live_on_the_gpu_and_match_the_cpu_store(raw_shards):
+    manifest, _ = raw_shards
+    on_gpu = list(make_memory_loader(_spec(manifest, device="cuda")))
+    on_cpu = list(make_memory_loader(_spec(manifest, device="cpu")))
+    assert all(x.is_cuda and y.is_cuda for x, y in on_gpu)
+    for (xg, yg), (xc, yc) in zip(on_gpu, on_cpu, strict=True):
+        assert torch.equal(xg.cpu(), xc) and torch.equal(yg.cpu(), yc)
+
+
+@pytest.mark.realdata
+def test_clothing_photos_decode_to_the_photo_device_store(tmp_path):
+    from fastdata._env import data_dir
+
+    folder = data_dir() / "clothing-small"
+    if not folder.is_dir():
+        pytest.skip(f"real data not found at {folder} (set FASTDATA_DATA_DIR)")
+    manifest = write_shards(
+        FolderSource(folder), tmp_path / "shards", replace(OPTIONS, max_count=200)
+    )
+    images, labels, _ = decode_split(manifest, "train", image_size=224)
+    assert images.shape == (800, 3, 256, 256)
+    assert np.bincount(labels.numpy()).tolist() == manifest.split("train").class_counts
+    assert 40 < images.float().mean() < 220, "decoded photos should not be blank"
