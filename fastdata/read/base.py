@@ -63,7 +63,7 @@ class LoaderSpec:
     world_size: int = 1
     num_workers: int = 0
     prefetch_factor: int = 2
-    image_size: tuple[int, int] | None = None
+    image_size: int | tuple[int, int] | None = None
     preset: str = "none"
     on_error: str = "raise"
     device: str = "cpu"

@@ -1,0 +1,134 @@
+"""ShardDataModule: the user contract, a LightningModule trained unchanged, DDP with 2 processes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch import nn
+
+from fastdata.datamodule import ShardDataModule
+
+
+class SmallCNN(pl.LightningModule):
+    """An ordinary LightningModule: it knows nothing about fastdata."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.Linear(8, num_classes),
+        )
+        self.seen: list[int] = []
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        self.seen.extend(y.tolist())
+        loss = nn.functional.cross_entropy(self.net(x), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.cross_entropy(self.net(x), y))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_contract_of_the_readme(tiny_shards):
+    dm = ShardDataModule(tiny_shards, batch_size=32, num_workers=2, prefetch_factor=2, backend="cpu")
+    dm.setup("fit")
+    device = torch.device("cpu")
+    n = 0
+    for batch in dm.train_dataloader():
+        x, y = dm.on_after_batch_transfer(dm.transfer_batch_to_device(batch, device, 0), 0)
+        assert x.dtype == torch.float32 and x.shape[1:] == (3, 8, 8) and x.device == device
+        assert y.dtype == torch.int64 and y.shape == (x.shape[0],)
+        n += 1
+    assert n == len(dm.train_dataloader()) == 300 // 32
+
+
+def test_unchanged_lightning_module_trains_one_epoch(tiny_shards):
+    dm = ShardDataModule(tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="cpu", preset="cifar")
+    model = SmallCNN(num_classes=300)
+    trainer = pl.Trainer(
+        max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False,
+    )
+    trainer.fit(model, datamodule=dm)
+    assert len(model.seen) == 9 * 32 and len(set(model.seen)) == len(model.seen)
+    assert torch.isfinite(trainer.callback_metrics["train_loss"])
+    assert "val_loss" in trainer.callback_metrics
+    assert dm.state_dict() == {"epoch": 0, "batches_seen": 9}
+
+
+def test_load_state_dict_resumes_mid_epoch(tiny_shards):
+    full = ShardDataModule(tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="cpu")
+    full.setup()
+    epoch0 = [y.tolist() for _, y in full.train_dataloader()]
+    resumed = ShardDataModule(tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="cpu")
+    resumed.load_state_dict({"epoch": 0, "batches_seen": 4})
+    resumed.setup()
+    assert [y.tolist() for _, y in resumed.train_dataloader()] == epoch0[4:]
+
+
+def test_bad_arguments_are_refused(tiny_shards):
+    with pytest.raises(ValueError, match="num_workers"):
+        ShardDataModule(tiny_shards, num_workers=-1)
+    with pytest.raises(ValueError, match="on_error"):
+        ShardDataModule(tiny_shards, on_error="ignore")
+    with pytest.raises(ValueError, match="backend must be one of"):
+        ShardDataModule(tiny_shards, backend="gpu", num_workers=0, prefetch_factor=2).setup()
+    with pytest.raises(ValueError, match="no manifest.json"):
+        ShardDataModule(tiny_shards / "nowhere").setup()
+
+
+DDP_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    sys.path.insert(0, {root!r})
+    import lightning.pytorch as pl
+    from fastdata.datamodule import ShardDataModule
+    from tests.test_datamodule import SmallCNN
+
+    class Recorder(SmallCNN):
+        def on_train_epoch_end(self):
+            with open({out!r} + f"/rank{{self.global_rank}}-epoch{{self.current_epoch}}.json", "w") as f:
+                json.dump(self.seen, f)
+            self.seen = []
+
+    dm = ShardDataModule({shards!r}, batch_size=16, num_workers=1, prefetch_factor=2,
+                         backend={backend!r}, drop_last=False)
+    trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=2, strategy="ddp", logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(Recorder(300), datamodule=dm)
+    """
+)
+
+
+def run_ddp(tmp_path: Path, shards: Path, backend: str) -> dict[str, list[int]]:
+    script = DDP_SCRIPT.format(root=str(Path(__file__).parents[1]), out=str(tmp_path), shards=str(shards), backend=backend)
+    path = tmp_path / "ddp_run.py"  # a file: Lightning's DDP launcher re-runs the script per rank
+    path.write_text(script)
+    result = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("rank*-epoch*.json")}
+
+
+@pytest.mark.slow
+def test_ddp_two_processes_get_equal_batches_and_the_whole_split(tiny_shards, tmp_path):
+    seen = run_ddp(tmp_path, tiny_shards, "cpu")
+    assert sorted(seen) == ["rank0-epoch0", "rank0-epoch1", "rank1-epoch0", "rank1-epoch1"]
+    for epoch in (0, 1):
+        r0, r1 = seen[f"rank0-epoch{epoch}"], seen[f"rank1-epoch{epoch}"]
+        assert len(r0) == len(r1) == 150  # 300 samples, 2 ranks, 10 batches of <= 16 each
+        assert set(r0) | set(r1) == set(range(300)) and not set(r0) & set(r1)
+    assert seen["rank0-epoch0"] != seen["rank0-epoch1"]  # a new shuffle each epoch
