@@ -107,9 +107,13 @@ class ShardDataModule(pl.LightningDataModule):
         small = train.raw_shape is not None and max(train.raw_shape[:2]) <= SMALL_IMAGE_SIDE
         if self.image_size is None and not (train.encoding == "raw" and train.raw_shape):
             self.image_size = DEFAULT_PHOTO_SIZE
-        preset = self.preset if self.preset != "auto" else ("cifar" if small else "photo")
-        self._preset = get_preset(preset, self.image_size)
         self._backend_name = self._choose_backend()
+        preset = self.preset if self.preset != "auto" else ("cifar" if small else "photo")
+        if preset == "photo" and self._backend_name == "memory":
+            # The memory backend stores photos whole (resized to 256/224 of the output size), so
+            # the random-resized crop runs on the device instead of at decode time.
+            preset = "photo_device"
+        self._preset = get_preset(preset, self.image_size)
 
     def _choose_backend(self) -> str:
         if self.backend != "auto":
