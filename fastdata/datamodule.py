@@ -94,6 +94,7 @@ class ShardDataModule(pl.LightningDataModule):
         self._batches_seen = 0
         self._resume: tuple[int, int] | None = None
         self._generators: dict[torch.device, torch.Generator] = {}
+        self._loaders: list[_EpochLoader] = []
 
     # ------------------------------------------------------------------ setup
 
@@ -161,14 +162,33 @@ class ShardDataModule(pl.LightningDataModule):
 
     def _loader(self, role: str, train: bool) -> BatchLoader:
         spec = self.loader_spec(role, train)
-        return _EpochLoader(self, spec, get_backend(self._backend_name))
+        loader = _EpochLoader(self, spec, get_backend(self._backend_name))
+        self._loaders.append(loader)
+        return loader
+
+    def resize_workers(self, num_workers: int, prefetch_factor: int | None = None) -> None:
+        """Change the loader processes from the next epoch on (used by `LoaderMonitor`).
+
+        Every loader built so far rebuilds its backend with the new figures the next time it is
+        iterated (shutting down its persistent workers); loaders built later use them directly.
+        """
+        if num_workers < 0 or (prefetch_factor is not None and prefetch_factor < 1):
+            raise ValueError(f"need num_workers >= 0 and prefetch_factor >= 1, got {num_workers}, {prefetch_factor}")
+        self.num_workers = num_workers
+        if prefetch_factor is not None:
+            self.prefetch_factor = prefetch_factor
+        for loader in self._loaders:
+            loader.resize(num_workers, prefetch_factor)
 
     def _size_workers(self, spec: LoaderSpec) -> LoaderSpec:
         workers, prefetch = self.num_workers, self.prefetch_factor
         if "auto" in (workers, prefetch):
             from fastdata.tune import auto_loader_settings
 
-            settings = auto_loader_settings(spec)
+            trainer = self._trainer_or_none()
+            # Ranks on one node share its cores; Lightning's launcher does not export that count.
+            ranks_per_node = trainer.num_devices if trainer is not None else None
+            settings = auto_loader_settings(spec, backend=self._backend_name, ranks_per_node=ranks_per_node)
             workers = settings.num_workers if workers == "auto" else workers
             prefetch = settings.prefetch_factor if prefetch == "auto" else prefetch
         return _replace(spec, num_workers=int(workers), prefetch_factor=int(prefetch))
@@ -263,21 +283,34 @@ class _EpochLoader:
         self.loader: BatchLoader = factory(spec)
         self.augmented = self.loader.augmented
         self._built_for = (spec.epoch, spec.start_batch)
+        self._stale = False
 
     def __len__(self) -> int:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         epoch, start = self.datamodule._start_epoch(self.spec.train, self.augmented)
-        if hasattr(self.loader, "set_epoch"):
+        if hasattr(self.loader, "set_epoch") and not self._stale:
             self.loader.set_epoch(epoch, start)
-        elif (epoch, start) != self._built_for:
-            close = getattr(self.loader, "close", None)
-            if close is not None:
-                close()
-            self.loader = self.factory(_replace(self.spec, epoch=epoch, start_batch=start))
-            self._built_for = (epoch, start)
+        elif (epoch, start) != self._built_for or self._stale:
+            self._rebuild(epoch, start)
         return iter(self.loader)
+
+    def resize(self, num_workers: int, prefetch_factor: int | None) -> None:
+        """Use new worker figures from the next iteration on."""
+        changes = {"num_workers": num_workers}
+        if prefetch_factor is not None:
+            changes["prefetch_factor"] = prefetch_factor
+        self.spec = _replace(self.spec, **changes)
+        self._stale = True
+
+    def _rebuild(self, epoch: int, start: int) -> None:
+        close = getattr(self.loader, "close", None)
+        if close is not None:
+            close()
+        self.loader = self.factory(_replace(self.spec, epoch=epoch, start_batch=start))
+        self._built_for = (epoch, start)
+        self._stale = False
 
     def __getattr__(self, name: str) -> Any:  # the backend's extras (skipped, dataset, ...)
         if name == "loader":

@@ -1,0 +1,221 @@
+"""The sizing rule on mocked probe figures."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from fastdata.tune.probe import Probe
+from fastdata.tune.sizing import free_cores, size_loader
+
+GiB = 2**30
+MiB = 2**20
+
+
+def _probe(busy=(0.0, 0.0, 0.0, 0.0), quota=None, memory=16 * GiB, rss=200 * MiB, cuda=False):
+    affinity = tuple(range(len(busy)))
+    usable = len(busy) if quota is None else min(len(busy), max(1, -int(-quota // 1)))
+    return Probe(
+        affinity=affinity,
+        cgroup_quota=quota,
+        usable_cores=usable,
+        busy_total=tuple(busy),
+        busy_others=tuple(busy),
+        own_cores=0.0,
+        window_s=0.5,
+        available_bytes=memory,
+        worker_rss_bytes=rss,
+        cuda_available=cuda,
+    )
+
+
+def _size(probe, cost=1e-3, rate=None, batch=256, batch_bytes=1 * MiB, **kw):
+    return size_loader(probe, cost, rate, batch, batch_bytes, **kw)
+
+
+def test_idle_machine_unknown_rate_uses_every_free_core():
+    s = _size(_probe())
+    assert s.num_workers == 3  # 4 cores, one for the main process
+    assert s.persistent_workers and s.prefetch_factor == 2 and not s.pin_memory
+    assert any("free cores 3.00" in r for r in s.reasons)
+    assert any("consumer rate unknown" in r for r in s.reasons)
+
+
+def test_busy_cores_lower_the_worker_count():
+    idle = _size(_probe())
+    busy = _size(_probe(busy=(1.0, 1.0, 0.2, 0.0)))
+    assert busy.num_workers < idle.num_workers
+    assert busy.num_workers == 0  # 0.8 + 1.0 - 1 = 0.8 free cores
+    assert any("2.20 cores busy with other processes" in r for r in busy.reasons)
+    assert any("less than one free core (0.80)" in r for r in busy.reasons)
+
+
+def test_consumer_rate_sets_needed_workers():
+    # 2,000 samples/s at 1 ms/sample = 2 cores of decoding -> 2 workers (3 are free).
+    s = _size(_probe(busy=(0.0,) * 8), cost=1e-3, rate=2000)
+    assert s.num_workers == 2
+    assert any("workers needed 2" in r and "2.00 cores" in r for r in s.reasons)
+    # More than the free cores: capped at floor(free) = 7.
+    assert _size(_probe(busy=(0.0,) * 8), cost=1e-3, rate=20000).num_workers == 7
+
+
+def test_main_process_alone_keeps_up():
+    s = _size(_probe(), cost=1e-6, rate=10000)  # 1% of a core
+    assert s.num_workers == 0 and not s.persistent_workers
+    assert any("main process alone keeps up" in r and "1.0%" in r for r in s.reasons)
+    assert s.dataloader_kwargs() == {"num_workers": 0, "pin_memory": False}
+
+
+def test_cgroup_quota_and_affinity_are_respected():
+    # 1.5 CPUs of quota on a 4-core affinity: at most 1 worker + the main process.
+    s = _size(_probe(quota=1.5))
+    assert s.num_workers <= 1
+    assert any("2 usable cores (affinity 4, cgroup quota 1.50 CPUs)" in r for r in s.reasons)
+    assert _size(_probe(busy=(0.0, 0.0))).num_workers == 1  # 2-core affinity
+    assert _size(_probe(busy=(0.0,))).num_workers == 0  # 1 core: nothing left beside the main
+
+
+def test_least_loaded_cores_are_used_under_quota():
+    # Quota 2 CPUs on 4 cores, two of them busy: the two idle ones are the usable ones.
+    probe = _probe(busy=(1.0, 1.0, 0.0, 0.0), quota=2.0)
+    assert free_cores(probe) == pytest.approx(1.0)
+
+
+def test_low_memory_lowers_prefetch():
+    def size(memory):
+        return _size(_probe(memory=memory, rss=10 * MiB), batch_bytes=100 * MiB)
+
+    assert size(16 * GiB).prefetch_factor == 2
+    lower = size(2 * GiB)  # 512 MiB for 3 workers x p x 100 MiB: p = 1 fits
+    assert lower.num_workers == 3 and lower.prefetch_factor == 1
+    assert any("prefetch_factor 1" in r and "300 MiB fits" in r for r in lower.reasons)
+    tight = size(1 * GiB)  # 256 MiB: even p = 1 does not fit
+    assert tight.prefetch_factor == 1
+    assert any("does NOT fit" in r and "1.00 GiB free memory" in r for r in tight.reasons)
+
+
+def test_low_memory_lowers_workers():
+    s = _size(_probe(memory=1 * GiB, rss=400 * MiB))  # 512 MiB budget -> 1 worker
+    assert s.num_workers == 1
+    assert any("lowered 3 -> 1" in r for r in s.reasons)
+
+
+def test_variable_batch_cost_raises_prefetch():
+    assert _size(_probe(), batch_cost_cv=0.9).prefetch_factor == 4
+    assert _size(_probe(), batch_cost_cv=0.1).prefetch_factor == 2
+
+
+def test_cuda_pins_memory_and_kwargs():
+    s = _size(_probe(cuda=True))
+    assert s.pin_memory
+    assert s.dataloader_kwargs() == {
+        "num_workers": 3,
+        "pin_memory": True,
+        "prefetch_factor": 2,
+        "persistent_workers": True,
+    }
+    assert s.describe().startswith("num_workers=3 prefetch_factor=2")
+
+
+def test_main_cores_is_the_reserve_for_the_training_loop():
+    probe = _probe(busy=(0.0, 0.0))
+    assert _size(probe).num_workers == 1
+    alone = _size(probe, main_cores=0)  # a loader benchmark: nothing else runs in the main process
+    assert alone.num_workers == 2
+    assert any("minus 0 for the main process" in r for r in alone.reasons)
+
+
+def test_ranks_per_node_share_the_cores():
+    probe = _probe(busy=(0.0,) * 8)
+    assert _size(probe, ranks_per_node=2).num_workers == 3  # (8 - 2) / 2
+    assert any("per rank (2 ranks" in r for r in _size(probe, ranks_per_node=2).reasons)
+
+
+@pytest.mark.parametrize(
+    ("kw", "match"),
+    [
+        ({"cost": -1.0}, "sample_cost_s"),
+        ({"rate": 0.0}, "consumer_rate"),
+        ({"batch": 0}, "batch_size"),
+        ({"ranks_per_node": 0}, "ranks_per_node"),
+    ],
+)
+def test_bad_inputs(kw, match):
+    with pytest.raises(ValueError, match=match):
+        _size(_probe(), **kw)
+
+
+# ---- end to end on tiny real shards: tune(), auto_loader_settings(), sweep, `fastdata tune` ----
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    import numpy as np
+
+    from fastdata.sources.arrays import ArraySource
+    from fastdata.write import ShardOptions, write_shards
+
+    pixels = np.random.default_rng(0).integers(0, 256, (96, 8, 8, 3), dtype=np.uint8)
+    source = ArraySource({"train": (pixels, np.arange(96) % 4)}, classes=["a", "b", "c", "d"])
+    out = tmp_path_factory.mktemp("tune") / "shards"
+    return write_shards(source, out, ShardOptions(max_count=32, workers=1, progress=False))
+
+
+def test_tune_on_shards_names_the_measurements(shards):
+    from fastdata.tune import tune
+
+    s = tune(shards.root, batch_size=16, window_s=0.05, n_batches=3)
+    assert 0 <= s.num_workers < len(os.sched_getaffinity(0))
+    assert s.persistent_workers == (s.num_workers > 0)
+    assert s.reasons[0].startswith("sample cost") and "KiB per sample" in s.reasons[0]
+    assert any(r.startswith("free cores") for r in s.reasons)
+    memory = tune(shards.root, backend="memory")
+    assert memory.num_workers == 0 and "memory backend" in memory.reasons[0]
+
+
+def test_auto_loader_settings_is_cached_per_key(shards, monkeypatch):
+    import time
+
+    import fastdata.tune as tune_mod
+
+    calls = []
+    real_probe = tune_mod.probe_system
+    monkeypatch.setattr(tune_mod, "probe_system", lambda w: calls.append(w) or real_probe(w))
+    tune_mod.clear_auto_cache()
+    spec = tune_mod.tuning_spec(shards, batch_size=16)
+    start = time.perf_counter()
+    first = tune_mod.auto_loader_settings(spec, ranks_per_node=1)
+    assert time.perf_counter() - start < 5  # ~0.5 s; generous for a loaded test machine
+    first.reasons.append("edited by the caller")
+    again = tune_mod.auto_loader_settings(spec, ranks_per_node=1)
+    assert calls == [tune_mod.AUTO_WINDOW_S]  # the second call measured nothing
+    assert again.num_workers == first.num_workers and "edited by the caller" not in again.reasons
+    tune_mod.auto_loader_settings(tune_mod.tuning_spec(shards, batch_size=8), ranks_per_node=1)
+    assert len(calls) == 2  # another batch size is another key
+    tune_mod.clear_auto_cache()
+
+
+def test_sweep_and_table(shards):
+    from fastdata.tune import sweep, tuning_spec
+    from fastdata.tune.command import format_sweep
+
+    points = sweep(tuning_spec(shards, batch_size=16), workers=(0, 1), prefetch=(1, 2), n_batches=3)
+    assert [(p.num_workers, p.prefetch_factor) for p in points] == [(0, 1), (1, 1), (1, 2)]
+    assert all(p.throughput.batches == 3 and p.samples_per_s > 0 for p in points)
+    table = format_sweep(points, tuned=(1, 2))
+    assert table.count("*") == 2  # the best row and the legend
+    assert "< tuned" in table.splitlines()[4]
+
+
+def test_cli_tune(shards, capsys, monkeypatch):
+    from fastdata.cli import main
+    from fastdata.tune import command
+
+    monkeypatch.setattr(command, "SWEEP_WORKERS", (0, 1))
+    monkeypatch.setattr(command, "SWEEP_PREFETCH", (2,))
+    assert main(["tune", shards.root, "--batch-size", "16", "--batches", "3", "--sweep"]) == 0
+    out = capsys.readouterr().out
+    assert "usable cores" in out and "sample cost" in out
+    assert "choice: num_workers=" in out and "throughput with it:" in out
+    assert "num_workers  prefetch" in out
