@@ -19,6 +19,7 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 
+from fastdata._threads import one_thread_on_cpu
 from fastdata.augment import Preset, get_preset
 from fastdata.manifest import Manifest, load_manifest
 from fastdata.read import BatchLoader, LoaderSpec, get_backend
@@ -204,7 +205,8 @@ class ShardDataModule(pl.LightningDataModule):
         if self._augmented or x.is_floating_point():
             return x, y
         self.setup()
-        return self._preset.apply(x, train=train, generator=self._generator(x.device)), y
+        with one_thread_on_cpu(x.device):
+            return self._preset.apply(x, train=train, generator=self._generator(x.device)), y
 
     def _is_training(self) -> bool:
         trainer = self._trainer_or_none()

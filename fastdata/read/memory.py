@@ -52,6 +52,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from fastdata._threads import one_thread_on_cpu
 from fastdata.manifest import FORMAT_VERSION, Manifest, SplitInfo
 from fastdata.read.base import BatchLoader, LoaderSpec
 from fastdata.read.decode import decode_raw
@@ -408,7 +409,9 @@ class MemoryLoader:
         rows = torch.from_numpy(span).to(self.images.device)
         for b in range(self.start_batch, self.total_batches):
             idx = rows[b * bs : (b + 1) * bs]
-            yield self.images.index_select(0, idx), self.labels.index_select(0, idx)
+            with one_thread_on_cpu(self.images.device):
+                batch = self.images.index_select(0, idx), self.labels.index_select(0, idx)
+            yield batch
         self.start_batch = 0
 
 
