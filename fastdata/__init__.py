@@ -26,13 +26,13 @@ _EXPORTS = {
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fastdata.datamodule import ShardDataModule
-    from fastdata.manifest import Manifest, load_manifest
-    from fastdata.sources import open_source
-    from fastdata.train import make_trainer
-    from fastdata.tune import tune
-    from fastdata.tune.monitor import LoaderMonitor
-    from fastdata.write import ShardOptions, write_shards
+    from fastdata.datamodule import ShardDataModule  # noqa: F401
+    from fastdata.manifest import Manifest, load_manifest  # noqa: F401
+    from fastdata.sources import open_source  # noqa: F401
+    from fastdata.train import make_trainer  # noqa: F401
+    from fastdata.tune import tune  # noqa: F401
+    from fastdata.tune.monitor import LoaderMonitor  # noqa: F401
+    from fastdata.write import ShardOptions, write_shards  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

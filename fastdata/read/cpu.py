@@ -19,7 +19,13 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fastdata.read.base import LoaderSpec
 from fastdata.read.decode import Geometry, decode_image, decode_raw
-from fastdata.read.plan import epoch_order, num_batches, rank_batches, rank_span, worker_batch_numbers
+from fastdata.read.plan import (
+    epoch_order,
+    num_batches,
+    rank_batches,
+    rank_span,
+    worker_batch_numbers,
+)
 from fastdata.read.shardio import ShardReader, ShardReadError
 
 __all__ = ["CpuLoader", "ShardBatchDataset", "decode_geometry", "make_cpu_loader"]

@@ -1,44 +1,7 @@
-"""The DALI backend: NVIDIA DALI reads the shards, decodes and augments (GPU, or CPU operators).
+"""`DaliLoader`: one rank's epochs of a split, read, decoded and augmented by a DALI pipeline.
 
-With a CUDA training device, JPEG/PNG are decoded by DALI's ``mixed`` decoders (nvJPEG and the
-hardware JPEG decoder) and every crop, resize, flip and normalization runs on the GPU, so the
-batches come out already augmented (``augmented = True``): float32 NCHW normalized images on the
-training device and int64 labels. Without a GPU the same graph is built from DALI's CPU operators
-(pipeline ``device_id=None``), which is what the tests exercise.
-
-Presets (the semantics of `fastdata.augment`, computed by DALI operators):
-
-- ``"cifar"``: train = zero-pad 4 pixels, random crop back to the input size at integer offsets
-  uniform in [0, 8], horizontal flip p = 0.5, normalize (CIFAR-100 mean/std); eval = normalize.
-- ``"photo"``: train = random-resized-crop fused with the decoder (area (0.08, 1), aspect ratio
-  (3/4, 4/3)), resize to ``image_size``, flip p = 0.5, normalize (ImageNet); eval = shorter side
-  resized to ``floor(image_size * 256 / 224)``, centre crop ``image_size``, normalize.
-- ``"none"``: decode (resize to ``image_size`` when given), scale to [0, 1].
-
-Epochs. DALI shards a reader's sample list into `world_size` contiguous parts whose sizes differ by
-at most one; with ``pad_last_batch=True`` every part is padded with copies of its last sample to
-``ceil(N / world_size)`` (the reader's ``epoch_size_padded / world_size``). The iterator runs with
-``LastBatchPolicy.FILL`` and this loader keeps exactly ``ceil(N / world_size)`` samples per rank
-(one duplicate on the smaller parts: the "documented padding" of `read/plan.py`), so
-
-    len = ceil(ceil(N / world_size) / batch_size)     (eval, or drop_last=False)
-    len = floor(ceil(N / world_size) / batch_size)    (train with drop_last)
-
-on every rank, the same as the CPU and memory backends. ``LastBatchPolicy.PARTIAL`` is not used:
-when the smaller part is a multiple of the batch size it yields an *empty* last batch on that rank
-(DALI 2.4, checked), and ``DROP`` gives ``floor(floor(N / world_size) / batch_size)``, one batch
-fewer than the other backends in some cases.
-
-Shuffling. The pipeline is built afresh for every epoch: the tar files are listed in the shard
-order of `read.plan.epoch_order` for (seed, epoch) (the CPU backend's order, so a sample lands on
-the same rank's side of the split), and DALI's reader shuffles samples inside a buffer of
-`initial_fill` samples (``random_shuffle``) seeded from (seed, epoch, rank). Rebuilding, rather than
-DALI's ``shuffle_after_epoch``, makes every epoch a pure function of (seed, epoch, rank, world
-size), so a mid-epoch resume (`start_batch`) replays exactly the batches that were not consumed
-(skipping costs their decode: DALI cannot seek).
-
-Not supported here: ``on_error="skip"`` (DALI stops at a corrupt sample; shards are fully decoded
-once at write time, so a corrupt sample means a damaged file) and remote shard folders.
+The epoch length and shuffling rules are in the `fastdata.read.dali` package docstring.
+`nvidia.dali` is imported on first use only (``import fastdata`` never needs it).
 """
 
 from __future__ import annotations
@@ -46,25 +9,20 @@ from __future__ import annotations
 import gc
 import math
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from fastdata.augment import get_preset
 from fastdata.read.base import BatchLoader, LoaderSpec
+from fastdata.read.dali.pipeline import _EXTS, GRAPHS, _graph
 from fastdata.read.plan import epoch_order
 
 __all__ = ["DaliLoader", "dali_available", "make_dali_loader", "rank_samples"]
 
 READER_NAME = "Reader"
-_EXTS = {"raw": "rgb", "png": "png", "jpeg": "jpg", "mixed": "jpg;png"}
-_RRC_AREA = (0.08, 1.0)
-_RRC_RATIO = (3 / 4, 4 / 3)
-_EVAL_RESIZE_RATIO = 256 / 224
-_CIFAR_PAD = 4
 # The reader's shuffle buffer holds about this many bytes of encoded samples (bounded memory);
 # shards are already pre-shuffled at write time and listed in a fresh order every epoch.
 _SHUFFLE_BUFFER_BYTES = 64 << 20
@@ -97,136 +55,6 @@ def _dali() -> Any:
 def rank_samples(total: int, world_size: int) -> int:
     """Samples every rank yields per epoch, padding included: ``ceil(total / world_size)``."""
     return math.ceil(total / world_size)
-
-
-# ---------------------------------------------------------------------------- graph
-
-
-@dataclass(frozen=True)
-class _Graph:
-    """What the preset graphs need to know; fixed for the life of the loader."""
-
-    preset: str
-    train: bool
-    encoding: str
-    raw_shape: tuple[int, int, int] | None
-    size: tuple[int, int]  # output (H, W)
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    gpu: bool
-
-    @property
-    def decoder_device(self) -> str:
-        return "mixed" if self.gpu else "cpu"
-
-    @property
-    def op_device(self) -> str:
-        return "gpu" if self.gpu else "cpu"
-
-
-def _decode(data: Any, g: _Graph) -> Any:
-    """Encoded bytes or raw pixels -> uint8 HWC on the graph's device."""
-    from nvidia.dali import fn, types
-
-    if g.encoding == "raw":
-        images = fn.reshape(data, shape=list(g.raw_shape), layout="HWC")
-        return images.gpu() if g.gpu else images
-    return fn.decoders.image(data, device=g.decoder_device, output_type=types.RGB)
-
-
-def _normalize(images: Any, g: _Graph, **crop: Any) -> Any:
-    from nvidia.dali import fn, types
-
-    mirror = fn.random.coin_flip(probability=0.5) if g.train else 0
-    return fn.crop_mirror_normalize(
-        images,
-        device=g.op_device,
-        dtype=types.FLOAT,
-        output_layout="CHW",
-        mean=list(g.mean),
-        std=list(g.std),
-        mirror=mirror,
-        **crop,
-    )
-
-
-def _resize_to(images: Any, g: _Graph) -> Any:
-    from nvidia.dali import fn
-
-    if g.raw_shape is not None and g.size == g.raw_shape[:2]:
-        return images  # every image already has the output size
-    return fn.resize(images, device=g.op_device, resize_y=g.size[0], resize_x=g.size[1])
-
-
-def _cifar_graph(data: Any, g: _Graph) -> Any:
-    from nvidia.dali import fn
-
-    images = _resize_to(_decode(data, g), g)
-    if not g.train:
-        return _normalize(images, g)
-    h, w = g.size
-    pad = _CIFAR_PAD
-    # A centred (H + 8) x (W + 8) window of an H x W image starts at -4: zero padding on each side.
-    padded = fn.crop(
-        images,
-        device=g.op_device,
-        crop=(h + 2 * pad, w + 2 * pad),
-        out_of_bounds_policy="pad",
-        fill_values=0,
-    )
-    # crop_pos p places the window at p * (padded - crop) = p * 2 * pad: p = k / (2 * pad) gives
-    # the integer offset k, uniform over 0..2 * pad like `augment.random_crop_with_padding`.
-    offsets = [k / (2 * pad) for k in range(2 * pad + 1)]
-    return _normalize(
-        padded,
-        g,
-        crop=(h, w),
-        crop_pos_x=fn.random.uniform(values=offsets),
-        crop_pos_y=fn.random.uniform(values=offsets),
-    )
-
-
-def _photo_graph(data: Any, g: _Graph) -> Any:
-    from nvidia.dali import fn, types
-
-    h, w = g.size
-    if g.train:
-        if g.encoding == "raw":
-            images = fn.random_resized_crop(
-                _decode(data, g),
-                device=g.op_device,
-                size=[h, w],
-                random_area=list(_RRC_AREA),
-                random_aspect_ratio=list(_RRC_RATIO),
-            )
-            return _normalize(images, g)
-        # Fused decode + crop: only the crop window's part of the JPEG is decoded.
-        images = fn.decoders.image_random_crop(
-            data,
-            device=g.decoder_device,
-            output_type=types.RGB,
-            random_area=list(_RRC_AREA),
-            random_aspect_ratio=list(_RRC_RATIO),
-            num_attempts=10,
-        )
-        images = fn.resize(images, device=g.op_device, resize_y=h, resize_x=w)
-        return _normalize(images, g)
-    # floor(S * 256 / 224) like `augment.center_crop_params` (the epsilon keeps 224 -> 256).
-    shorter = math.floor(min(h, w) * _EVAL_RESIZE_RATIO + 1e-6)
-    images = fn.resize(_decode(data, g), device=g.op_device, resize_shorter=shorter)
-    return _normalize(images, g, crop=(h, w))
-
-
-def _plain_graph(data: Any, g: _Graph) -> Any:
-    return _normalize(_resize_to(_decode(data, g), g), g)
-
-
-#: Preset name -> graph builder ``(encoded or raw sample, _Graph) -> float CHW images``.
-GRAPHS: dict[str, Callable[[Any, _Graph], Any]] = {
-    "cifar": _cifar_graph,
-    "photo": _photo_graph,
-    "none": _plain_graph,
-}
 
 
 # ---------------------------------------------------------------------------- setup
@@ -269,35 +97,6 @@ def _check_files(spec: LoaderSpec) -> tuple[list[str], list[str]]:
         paths.append(tar)
         index_paths.append(idx)
     return paths, index_paths
-
-
-def _graph(spec: LoaderSpec, gpu: bool) -> _Graph:
-    if spec.preset not in GRAPHS:
-        raise ValueError(f"the dali backend has presets {sorted(GRAPHS)}, got {spec.preset!r}")
-    info = spec.manifest.split(spec.split)
-    if info.encoding not in _EXTS:
-        raise ValueError(f"split {spec.split!r} has an unknown encoding {info.encoding!r}")
-    raw_shape = tuple(int(v) for v in info.raw_shape) if info.raw_shape else None
-    if info.encoding == "raw" and (raw_shape is None or raw_shape[2] != 3):
-        raise ValueError(
-            f"split {spec.split!r} is raw but its raw_shape is {info.raw_shape}; re-run `fastdata shard`"
-        )
-    preset = get_preset(spec.preset)  # mean / std (and photo's default size) of fastdata.augment
-    size: Any = spec.image_size
-    if isinstance(size, int):
-        size = (size, size)
-    if size is None and preset.image_size is not None:
-        size = (preset.image_size, preset.image_size)
-    if size is None and raw_shape is None:
-        raise ValueError(
-            f"split {spec.split!r} holds {info.encoding} images of varying size: pass image_size"
-        )
-    size = tuple(int(v) for v in (size or raw_shape[:2]))
-    if min(size) < 1:
-        raise ValueError(f"image_size must be positive, got {spec.image_size!r}")
-    return _Graph(
-        spec.preset, spec.train, info.encoding, raw_shape, size, preset.mean, preset.std, gpu
-    )
 
 
 def _setup(spec: LoaderSpec, gpu: bool) -> _Setup:
@@ -505,5 +304,5 @@ class DaliLoader:
 
 
 def make_dali_loader(spec: LoaderSpec) -> BatchLoader:
-    """The DALI loader of `spec.split` on `spec.rank` (see the module docstring)."""
+    """The DALI loader of `spec.split` on `spec.rank` (see the `fastdata.read.dali` docstring)."""
     return DaliLoader(spec)

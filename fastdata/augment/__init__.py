@@ -1,0 +1,77 @@
+"""Batched augmentation and normalization on the device (torch only), and the presets.
+
+Every kernel takes a whole uint8 (or 0..255 float) batch ``(N, C, H, W)`` and works the same on CPU
+and CUDA tensors: no per-sample Python loop, no host sync on the hot path (airbench style: the batch
+is augmented where it already lives). Random parameters are drawn apart from the kernels that apply
+them (torchvision v2 style), on the device of the ``torch.Generator`` when one is given (else on the
+batch's device) and then moved to the batch: a CPU generator with a fixed seed gives the same
+augmentation for a CPU batch and for a CUDA batch.
+
+Presets (`get_preset(name)`); other backends (DALI) must match these semantics:
+
+- ``"cifar"``: train = random 32x32 crop (the input size) of the input zero-padded by 4 pixels on
+  every side, offsets ``(dy, dx)`` uniform in ``[0, 8]`` each (torchvision
+  ``RandomCrop(32, padding=4)``, zero fill), then horizontal flip with p = 0.5 (fused into the
+  crop's gather), then normalize with the CIFAR-100 mean/std. Eval = normalize only.
+- ``"photo"``: the CPU decoder already did the geometry (train: random-resized-crop with
+  `rrc_params`, scale (0.08, 1), ratio (3/4, 4/3), to ``image_size`` squared; eval: shorter side
+  resized to ``floor(image_size * 256 / 224)`` then centre crop, see `center_crop_params`). On the
+  device: train = horizontal flip p = 0.5 + normalize (ImageNet mean/std); eval = normalize.
+- ``"photo_device"``: for backends that hand over full-size, fixed-size images (the device-resident
+  backend): train = random-resized-crop on the device (`batch_rrc_params` + `resized_crop`) + flip +
+  normalize; eval = `resize_center_crop` + normalize.
+- ``"none"``: normalize to float in [0, 1] (mean 0, std 255).
+
+Resizing is bilinear with antialiasing when shrinking (the filter of PIL and of torchvision /
+``F.interpolate(..., antialias=True)``), computed as two batched matrix products with per-sample
+weights, so each sample is cropped to its own box and resized exactly as "crop, then resize" would.
+Resized pixels stay float (0..255 scale, not rounded back to uint8). Normalization is
+``(x - mean) / std`` per channel with mean and std on the 0..255 scale; `Preset.apply` returns
+float32 (by default) with the NCHW shape, on the input's device.
+"""
+
+from __future__ import annotations
+
+from fastdata.augment.constants import (
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    CIFAR100_MEAN,
+    CIFAR100_STD,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+)
+from fastdata.augment.kernels import (
+    crop_with_padding,
+    flip_horizontal,
+    normalize,
+    random_crop_with_padding,
+    random_flip,
+    resize_center_crop,
+    resized_crop,
+)
+from fastdata.augment.params import batch_rrc_params, center_crop_params, rrc_params
+from fastdata.augment.presets import OPS, PRESETS, Op, Preset, get_preset
+
+__all__ = [
+    "CIFAR10_MEAN",
+    "CIFAR10_STD",
+    "CIFAR100_MEAN",
+    "CIFAR100_STD",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "OPS",
+    "PRESETS",
+    "Op",
+    "Preset",
+    "batch_rrc_params",
+    "center_crop_params",
+    "crop_with_padding",
+    "flip_horizontal",
+    "get_preset",
+    "normalize",
+    "random_crop_with_padding",
+    "random_flip",
+    "resize_center_crop",
+    "resized_crop",
+    "rrc_params",
+]
