@@ -21,7 +21,7 @@ webdataset; photo: fastdata cpu >= 1.5x Pillow per-sample.
 from __future__ import annotations
 
 import argparse
-import io
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,10 +29,10 @@ from typing import Any
 
 import numpy as np
 import torch
+from common import measure_throughput, print_table, results_dir, save_results  # noqa: I001
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from common import measure_throughput, print_table, results_dir, save_results  # noqa: I001
 from fastdata._env import data_dir
 from fastdata.augment import CIFAR100_MEAN, CIFAR100_STD, IMAGENET_MEAN, IMAGENET_STD, rrc_params
 from fastdata.datamodule import ShardDataModule
@@ -44,8 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, default=data_dir())
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--prefetch", type=int, default=4, help="prefetch_factor of every method's loader")
     p.add_argument("--batches", type=int, default=120, help="timed CIFAR batches per method")
-    p.add_argument("--photo-epochs", type=int, default=2, help="timed clothing epochs per method")
+    p.add_argument("--photo-epochs", type=int, default=3, help="timed clothing epochs per method")
     p.add_argument("--quick", action="store_true", help="a smoke run: few batches")
     p.add_argument("--skip-dali", action="store_true")
     p.add_argument("--out", default=None)
@@ -70,27 +71,33 @@ def cifar_augment(pixels: np.ndarray, rng: np.random.Generator) -> torch.Tensor:
     return _to_tensor(crop, CIFAR100_MEAN, CIFAR100_STD)
 
 
+def _process_rng() -> np.random.Generator:
+    """A generator per process, so that DataLoader workers do not draw identical augmentations."""
+    return np.random.default_rng([0, os.getpid()])
+
+
 class ArrayDataset(Dataset):
     """Map-style: in-memory uint8 arrays, per-sample augmentation."""
 
     def __init__(self, pixels: np.ndarray, labels: np.ndarray) -> None:
         self.pixels, self.labels = pixels, labels
-        self.rng = np.random.default_rng(0)
+        self.rng: np.random.Generator | None = None
 
     def __len__(self) -> int:
         return len(self.labels)
 
     def __getitem__(self, i: int):
+        self.rng = self.rng or _process_rng()
         return cifar_augment(self.pixels[i], self.rng), int(self.labels[i])
 
 
-def webdataset_loader(urls: list[str], batch_size: int, workers: int):
+def webdataset_loader(urls: list[str], batch_size: int, workers: int, prefetch: int):
     import webdataset as wds
 
-    rng = np.random.default_rng(0)
+    state: dict[str, np.random.Generator] = {}
 
     def augment(image: Image.Image) -> torch.Tensor:
-        return cifar_augment(np.asarray(image), rng)
+        return cifar_augment(np.asarray(image), state.setdefault("rng", _process_rng()))
 
     dataset = (
         wds.WebDataset(
@@ -102,7 +109,10 @@ def webdataset_loader(urls: list[str], batch_size: int, workers: int):
         .map_tuple(augment, int)
         .batched(batch_size)
     )
-    return wds.WebLoader(dataset, batch_size=None, num_workers=workers)
+    return wds.WebLoader(
+        dataset, batch_size=None, num_workers=workers, persistent_workers=workers > 0,
+        prefetch_factor=prefetch if workers else None,
+    )
 
 
 class PhotoFolder(Dataset):
@@ -114,13 +124,14 @@ class PhotoFolder(Dataset):
             (f, i) for i, c in enumerate(classes) for f in sorted((root / c).glob("*.jpg"))
         ]
         self.size = size
-        self.rng = np.random.default_rng(0)
+        self.rng: np.random.Generator | None = None
 
     def __len__(self) -> int:
         return len(self.items)
 
     def __getitem__(self, i: int):
         path, label = self.items[i]
+        self.rng = self.rng or _process_rng()
         image = Image.open(path).convert("RGB")
         top, left, h, w = rrc_params(
             image.height, image.width, (0.08, 1.0), (3 / 4, 4 / 3), self.rng
@@ -136,11 +147,20 @@ class PhotoFolder(Dataset):
 # ------------------------------------------------------------------ runs
 
 
-def fastdata_run(
-    root: Path, backend: str, batch: int, workers: int, limit: int | None, **kw
-) -> dict[str, Any]:
+def _warmup(args) -> int:
+    """Untimed batches: past the start-up burst of `workers * prefetch` batches made in advance."""
+    return args.workers * args.prefetch + 1
+
+
+def _loader_kwargs(args) -> dict[str, Any]:
+    w = args.workers
+    return dict(num_workers=w, persistent_workers=w > 0, prefetch_factor=args.prefetch if w else None)
+
+
+def fastdata_run(root: Path, backend: str, batch: int, args, limit: int | None, **kw) -> dict[str, Any]:
     dm = ShardDataModule(
-        root, batch_size=batch, num_workers=workers, prefetch_factor=4, backend=backend, **kw
+        root, batch_size=batch, num_workers=args.workers, prefetch_factor=args.prefetch,
+        backend=backend, **kw,
     )
     dm.setup("fit")
     loader = dm.train_dataloader()
@@ -153,17 +173,18 @@ def fastdata_run(
         while True:
             yield from loader
 
-    result = measure_throughput(epochs(), consume, warmup=2, max_batches=limit)
+    result = measure_throughput(epochs(), consume, warmup=_warmup(args), max_batches=limit)
     getattr(loader.loader, "close", lambda: None)()
     return result
 
 
-def plain_run(loader, limit: int | None) -> dict[str, Any]:
+def plain_run(loader, args, limit: int | None) -> dict[str, Any]:
     def epochs():
         while True:
             yield from loader
 
-    return measure_throughput(epochs(), lambda b: b[0].shape[0], warmup=2, max_batches=limit)
+    consume = lambda b: b[0].shape[0]  # noqa: E731
+    return measure_throughput(epochs(), consume, warmup=_warmup(args), max_batches=limit)
 
 
 def cifar_suite(args, work: Path) -> list[dict[str, Any]]:
@@ -180,27 +201,22 @@ def cifar_suite(args, work: Path) -> list[dict[str, Any]]:
             sink.write({"__key__": f"{i:08d}", "png": pixels[i], "cls": int(labels[i])})
     shards = work / "fastdata"
     write_shards(source, shards, ShardOptions(progress=False))
-    b, w, limit = 256, args.workers, args.batches
+    b, limit = 256, args.batches
+    urls = sorted(str(f) for f in png.glob("*.tar"))
     runs = {
         "webdataset (PNG, per-sample PIL)": lambda: plain_run(
-            webdataset_loader(sorted(str(p) for p in png.glob("*.tar")), b, w), limit
+            webdataset_loader(urls, b, args.workers, args.prefetch), args, limit
         ),
         "map-style (arrays, per-sample aug)": lambda: plain_run(
-            DataLoader(
-                ArrayDataset(pixels, labels),
-                batch_size=b,
-                shuffle=True,
-                num_workers=w,
-                drop_last=True,
-                persistent_workers=w > 0,
-            ),
-            limit,
+            DataLoader(ArrayDataset(pixels, labels), batch_size=b, shuffle=True, drop_last=True,
+                       **_loader_kwargs(args)),
+            args, limit,
         ),
-        "fastdata cpu": lambda: fastdata_run(shards, "cpu", b, w, limit),
-        "fastdata memory": lambda: fastdata_run(shards, "memory", b, w, max(limit, 400)),
+        "fastdata cpu": lambda: fastdata_run(shards, "cpu", b, args, limit),
+        "fastdata memory": lambda: fastdata_run(shards, "memory", b, args, max(limit, 400)),
     }
     if not args.skip_dali:
-        runs["fastdata dali (CPU operators)"] = lambda: fastdata_run(shards, "dali", b, w, limit)
+        runs["fastdata dali (CPU operators)"] = lambda: fastdata_run(shards, "dali", b, args, limit)
     return _rows(runs, baseline="webdataset (PNG, per-sample PIL)")
 
 
@@ -208,27 +224,21 @@ def photo_suite(args, work: Path) -> list[dict[str, Any]]:
     root = args.data / "clothing-small"
     shards = work / "clothing"
     write_shards(open_source("folder", root), shards, ShardOptions(progress=False))
-    b, w = 64, args.workers
+    b = 64
     limit = args.photo_epochs * (800 // b)
     runs = {
         "Pillow per-sample DataLoader": lambda: plain_run(
-            DataLoader(
-                PhotoFolder(root / "train", 224),
-                batch_size=b,
-                shuffle=True,
-                num_workers=w,
-                drop_last=True,
-                persistent_workers=w > 0,
-            ),
-            limit,
+            DataLoader(PhotoFolder(root / "train", 224), batch_size=b, shuffle=True, drop_last=True,
+                       **_loader_kwargs(args)),
+            args, limit,
         ),
         "fastdata cpu (draft-mode decode)": lambda: fastdata_run(
-            shards, "cpu", b, w, limit, image_size=224
+            shards, "cpu", b, args, limit, image_size=224
         ),
     }
     if not args.skip_dali:
         runs["fastdata dali (CPU operators)"] = lambda: fastdata_run(
-            shards, "dali", b, w, limit, image_size=224
+            shards, "dali", b, args, limit, image_size=224
         )
     return _rows(runs, baseline="Pillow per-sample DataLoader")
 

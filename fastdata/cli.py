@@ -44,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             getattr(importlib.import_module(module), func)(sub)
         except ImportError as exc:  # a feature whose optional dependency is missing
-            logging.getLogger("fastdata").debug("command %s unavailable: %s", name, exc)
+            logging.getLogger("fastdata").warning("command %r unavailable: %s", name, exc)
     return parser
 
 
@@ -117,8 +117,11 @@ def _verify(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `fastdata` console script and `python -m fastdata`."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Before the parser is built: it logs (at debug) a feature command that could not load.
+    verbose = "-v" in argv or "--verbose" in argv
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s")
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s")
     try:
         return int(args.func(args) or 0)
     except (ValueError, RuntimeError, OSError) as exc:

@@ -107,7 +107,8 @@ class ShardDataModule(pl.LightningDataModule):
         self.split_names = _resolve_splits(self.manifest, self.split_names)
         train = self.manifest.split(self.split_names.get("train") or next(iter(self.manifest.splits)))
         small = train.raw_shape is not None and max(train.raw_shape[:2]) <= SMALL_IMAGE_SIDE
-        if self.image_size is None and not (train.encoding == "raw" and train.raw_shape):
+        if self.image_size is None and train.raw_shape is None:
+            # Images of different sizes must be cropped to one; fixed-size data keeps its size.
             self.image_size = DEFAULT_PHOTO_SIZE
         self._backend_name = self._choose_backend()
         preset = self.preset if self.preset != "auto" else ("cifar" if small else "photo")
@@ -192,6 +193,7 @@ class ShardDataModule(pl.LightningDataModule):
             settings = auto_loader_settings(spec, backend=self._backend_name, ranks_per_node=ranks_per_node)
             workers = settings.num_workers if workers == "auto" else workers
             prefetch = settings.prefetch_factor if prefetch == "auto" else prefetch
+            spec = _replace(spec, pin_memory=settings.pin_memory, persistent_workers=settings.persistent_workers)
         return _replace(spec, num_workers=int(workers), prefetch_factor=int(prefetch))
 
     # ------------------------------------------------------------------ device augmentation
@@ -314,8 +316,10 @@ class _EpochLoader:
         self._built_for = (epoch, start)
         self._stale = False
 
-    def __getattr__(self, name: str) -> Any:  # the backend's extras (skipped, dataset, ...)
-        if name == "loader":
+    def __getattr__(self, name: str) -> Any:  # the backend's extras (skipped, ...)
+        # Not `dataset`: Lightning would then warn that an IterableDataset's length may be
+        # inexact with workers, which this plan's is not.
+        if name in ("loader", "dataset"):
             raise AttributeError(name)
         return getattr(self.loader, name)
 

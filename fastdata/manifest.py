@@ -214,7 +214,7 @@ def load_manifest(root: str | os.PathLike[str]) -> Manifest:
 
 
 def _is_remote(root: str) -> bool:
-    return "://" in root or root.startswith("pipe:")
+    return "://" in root  # read through fsspec: http(s)://, s3://, gs://, ... where reachable
 
 
 def _join(root: str, name: str) -> str:

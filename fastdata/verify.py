@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
 from fastdata.manifest import Manifest, load_manifest
 from fastdata.read.decode import Geometry, decode_image, decode_raw
-from fastdata.read.shardio import ShardReader, ShardReadError
-from fastdata.write.tarshard import sha256_file
+from fastdata.read.shardio import ShardReader, ShardReadError, _close, _open_bytes
 
 __all__ = ["VerifyReport", "summarize", "verify"]
 
@@ -77,13 +76,16 @@ def verify(root: str | os.PathLike[str], progress: bool = True) -> VerifyReport:
         shape = tuple(split.raw_shape) if split.encoding == "raw" and split.raw_shape else None
         for number, shard in enumerate(split.shards):
             report.shards_checked += 1
-            path = Path(manifest.shard_url(shard))
-            if not path.exists():
-                report.bad_shards.append(f"{shard.name}: missing")
+            try:
+                data = _open_bytes(manifest.shard_url(shard), shard.name)  # local or remote
+            except ShardReadError as exc:
+                report.bad_shards.append(f"{shard.name}: {exc.reason}")
                 bar.update(shard.num_samples)
                 continue
-            digest = sha256_file(path)
-            if digest != shard.sha256 or path.stat().st_size != shard.bytes:
+            digest = hashlib.sha256(data).hexdigest()
+            size = len(data)
+            _close(data)
+            if digest != shard.sha256 or size != shard.bytes:
                 report.bad_shards.append(
                     f"{shard.name}: sha256/size differ from the manifest (file changed or truncated)"
                 )

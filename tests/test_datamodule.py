@@ -109,7 +109,7 @@ DDP_SCRIPT = textwrap.dedent(
     trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=2, strategy="ddp", logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False, limit_val_batches=0)
-    trainer.fit(Recorder(300), datamodule=dm)
+    trainer.fit(Recorder(301), datamodule=dm)
     """
 )
 
@@ -124,11 +124,17 @@ def run_ddp(tmp_path: Path, shards: Path, backend: str) -> dict[str, list[int]]:
 
 
 @pytest.mark.slow
-def test_ddp_two_processes_get_equal_batches_and_the_whole_split(tiny_shards, tmp_path):
-    seen = run_ddp(tmp_path, tiny_shards, "cpu")
+def test_ddp_two_processes_get_equal_batches_and_the_whole_split(tmp_path):
+    from fastdata.write import ShardOptions, write_shards
+    from tests.conftest import unique_label_source
+
+    shards = tmp_path / "shards"  # 301 samples: one rank needs one padding sample
+    write_shards(unique_label_source(n_train=301), shards, ShardOptions(max_count=64, workers=1, progress=False))
+    seen = run_ddp(tmp_path, shards, "cpu")
     assert sorted(seen) == ["rank0-epoch0", "rank0-epoch1", "rank1-epoch0", "rank1-epoch1"]
     for epoch in (0, 1):
         r0, r1 = seen[f"rank0-epoch{epoch}"], seen[f"rank1-epoch{epoch}"]
-        assert len(r0) == len(r1) == 150  # 300 samples, 2 ranks, 10 batches of <= 16 each
-        assert set(r0) | set(r1) == set(range(300)) and not set(r0) & set(r1)
+        assert len(r0) == len(r1) == 151  # ceil(301 / 2) each, in 10 batches of <= 16
+        assert set(r0) | set(r1) == set(range(301))
+        assert len(set(r0) & set(r1)) == 1 and len(set(r0)) == len(set(r1)) == 151  # the padding
     assert seen["rank0-epoch0"] != seen["rank0-epoch1"]  # a new shuffle each epoch

@@ -50,7 +50,8 @@ class LoaderSpec:
         device: the training device ("cpu", "cuda:0"); backends that place data there use it.
         start_batch: batches of this epoch already consumed (mid-epoch resume).
         drop_last: drop the last partial batch of each rank (train default True).
-        shuffle_buffer: batches per worker mixed together by the sample shuffle buffer.
+        pin_memory: pin batches for faster host-to-GPU copies; None: when CUDA is available.
+        persistent_workers: keep workers between epochs; None: when there are workers.
     """
 
     manifest: Manifest
@@ -69,4 +70,5 @@ class LoaderSpec:
     device: str = "cpu"
     start_batch: int = 0
     drop_last: bool = False
-    shuffle_buffer: int = 4
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None

@@ -60,8 +60,10 @@ class ShardBatchDataset(IterableDataset):
         self.shard_sizes = [s.num_samples for s in split.shards]
         self.raw_shape = tuple(split.raw_shape) if split.encoding == "raw" and split.raw_shape else None
         self.geometry = decode_geometry(spec)
-        # [epoch, start_batch, skipped samples]; shared so that (persistent) workers see updates.
-        self.state = torch.tensor([spec.epoch, spec.start_batch, 0], dtype=torch.int64).share_memory_()
+        # [epoch, start_batch, skipped samples of worker 0, 1, ...]: shared so that (persistent)
+        # workers see a new epoch; one skip counter per worker so that no increment is lost.
+        state = [spec.epoch, spec.start_batch] + [0] * max(1, spec.num_workers)
+        self.state = torch.tensor(state, dtype=torch.int64).share_memory_()
 
     def __len__(self) -> int:
         """Batches per rank per epoch (the full epoch, also when resuming mid-epoch)."""
@@ -95,12 +97,15 @@ class ShardBatchDataset(IterableDataset):
         labels: list[int] = []
         for shard, index in refs.tolist():
             try:
-                images.append(self._decode(reader, shard, index, rng))
-                labels.append(self._label(reader, shard, index))
+                image = self._decode(reader, shard, index, rng)
+                label = self._label(reader, shard, index)
             except ShardReadError:
                 if self.spec.on_error != "skip":
                     raise
                 self._skip(reader, shard, index)
+                continue
+            images.append(image)  # both or neither: images and labels stay aligned
+            labels.append(label)
         if not images:
             empty = self.raw_shape or (self.geometry.size, self.geometry.size, 3)
             return torch.zeros((0, 3, empty[0], empty[1]), dtype=torch.uint8), torch.zeros(0, dtype=torch.int64)
@@ -123,7 +128,8 @@ class ShardBatchDataset(IterableDataset):
         return int(np.frombuffer(lid, dtype="<i8")[0])
 
     def _skip(self, reader: ShardReader, shard: int, index: int) -> None:
-        self.state[2] += 1
+        info = get_worker_info()
+        self.state[2 + (info.id if info else 0)] += 1
         name = reader.shards[shard].name
         try:
             key = reader.key(shard, index)
@@ -153,12 +159,13 @@ class CpuLoader:
 
     augmented = False
 
-    def __init__(self, spec: LoaderSpec, pin_memory: bool | None = None, persistent_workers: bool | None = None) -> None:
+    def __init__(self, spec: LoaderSpec) -> None:
         if spec.on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {spec.on_error!r}")
         self.spec = spec
         self.dataset = ShardBatchDataset(spec)
-        pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+        pin = torch.cuda.is_available() if spec.pin_memory is None else spec.pin_memory
+        persistent_workers = spec.persistent_workers
         workers = spec.num_workers
         self.dataloader = DataLoader(
             self.dataset,
@@ -166,7 +173,7 @@ class CpuLoader:
             num_workers=workers,
             pin_memory=pin,
             prefetch_factor=spec.prefetch_factor if workers > 0 else None,
-            persistent_workers=bool(workers > 0 if persistent_workers is None else persistent_workers),
+            persistent_workers=workers > 0 and (persistent_workers is None or persistent_workers),
         )
 
     def __len__(self) -> int:
@@ -183,7 +190,7 @@ class CpuLoader:
     @property
     def skipped(self) -> int:
         """Samples skipped under on_error='skip' so far (all workers)."""
-        return int(self.dataset.state[2])
+        return int(self.dataset.state[2:].sum())
 
 
 def make_cpu_loader(spec: LoaderSpec) -> CpuLoader:

@@ -234,21 +234,26 @@ def _build_cache(
         )
     t0 = time.perf_counter()
     tmp, final = _paths(stem, f".tmp-{os.getpid()}"), _paths(stem)
-    images = np.lib.format.open_memmap(tmp[".npy"], mode="w+", dtype=np.uint8, shape=(n, 3, *hw))
-    meta = np.zeros((n, 3), dtype=np.int64)  # label, sample_id, ok
-    offsets = np.cumsum([0] + [s.num_samples for s in shards]).tolist()
-    jobs = [(manifest, split, i, offsets[i], images, meta, on_error) for i in range(len(shards))]
-    # Threads, not processes: Pillow releases the GIL while decoding and resizing, and every
-    # thread writes its rows straight into the one memory-mapped file.
-    with ThreadPoolExecutor(max(1, min(workers or os.cpu_count() or 1, len(jobs)))) as pool:
-        skipped = [key for keys in pool.map(lambda job: _decode_shard(*job), jobs) for key in keys]
-    images.flush()
-    del images
-    np.save(tmp[".meta.npy"], meta)
-    header = dict(split=split, root=manifest.root, num_samples=n, stored_hw=hw, skipped=skipped)
-    tmp[".json"].write_text(json.dumps(header, indent=1) + "\n")
-    for part in (".npy", ".meta.npy", ".json"):  # the header last: marks the entry complete
-        os.replace(tmp[part], final[part])
+    try:
+        images = np.lib.format.open_memmap(tmp[".npy"], mode="w+", dtype=np.uint8, shape=(n, 3, *hw))
+        meta = np.zeros((n, 3), dtype=np.int64)  # label, sample_id, ok
+        offsets = np.cumsum([0] + [s.num_samples for s in shards]).tolist()
+        jobs = [(manifest, split, i, offsets[i], images, meta, on_error) for i in range(len(shards))]
+        # Threads, not processes: Pillow releases the GIL while decoding and resizing, and every
+        # thread writes its rows straight into the one memory-mapped file.
+        with ThreadPoolExecutor(max(1, min(workers or os.cpu_count() or 1, len(jobs)))) as pool:
+            skipped = [key for keys in pool.map(lambda job: _decode_shard(*job), jobs) for key in keys]
+        images.flush()
+        del images
+        np.save(tmp[".meta.npy"], meta)
+        header = dict(split=split, root=manifest.root, num_samples=n, stored_hw=hw, skipped=skipped)
+        tmp[".json"].write_text(json.dumps(header, indent=1) + "\n")
+        for part in (".npy", ".meta.npy", ".json"):  # the header last: marks the entry complete
+            os.replace(tmp[part], final[part])
+    except BaseException:
+        for part in tmp.values():  # a failed decode leaves no partial cache file behind
+            part.unlink(missing_ok=True)
+        raise
     elapsed = time.perf_counter() - t0
     _log.info("decoded split %r: %d samples at %s in %.1f s -> %s", split, n, hw, elapsed, stem)
 

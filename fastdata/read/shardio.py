@@ -21,7 +21,13 @@ __all__ = ["ShardIndex", "ShardReadError", "ShardReader", "parse_index", "read_s
 class ShardReadError(RuntimeError):
     """A shard or one of its samples cannot be read. The message names the shard and the key."""
 
-    def __init__(self, shard: str, key: str | None, reason: str) -> None:
+    def __init__(self, shard: str, key: str | None = None, reason: str | None = None) -> None:
+        if reason is None:
+            # Re-raised in the main process by a DataLoader worker, which passes one message
+            # (that already names the shard and the key): keep the type, so callers can catch it.
+            super().__init__(shard)
+            self.shard, self.key, self.reason = None, None, shard
+            return
         where = f"{shard}, sample {key!r}" if key else shard
         super().__init__(
             f"{where}: {reason}. Run `fastdata verify` on the shard folder to list every bad "
@@ -31,7 +37,7 @@ class ShardReadError(RuntimeError):
         self.key = key
         self.reason = reason
 
-    def __reduce__(self):  # so the error survives the trip from a DataLoader worker
+    def __reduce__(self):  # pickling (e.g. multiprocessing) keeps every field
         return (ShardReadError, (self.shard, self.key, self.reason))
 
 

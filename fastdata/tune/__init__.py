@@ -89,7 +89,7 @@ def tuning_spec(
         else load_manifest(manifest_or_root)
     )
     info = manifest.split(split)
-    fixed = info.encoding == "raw" and info.raw_shape is not None
+    fixed = info.raw_shape is not None
     if image_size is None and not fixed:
         image_size = DEFAULT_PHOTO_SIZE
     if preset == "auto":
@@ -117,10 +117,11 @@ def measure_spec_cost(
     from fastdata.read.cpu import CpuLoader  # the read side imports decoders; load on use
 
     measured = dataclasses.replace(
-        spec, num_workers=0, epoch=0, start_batch=0, rank=0, world_size=1
+        spec, num_workers=0, epoch=0, start_batch=0, rank=0, world_size=1,
+        pin_memory=False, persistent_workers=False,
     )
     return measure_sample_cost(
-        lambda: CpuLoader(measured, pin_memory=False, persistent_workers=False),
+        lambda: CpuLoader(measured),
         n_batches=n_batches,
         warmup=warmup,
         time_budget_s=time_budget_s,
@@ -368,9 +369,10 @@ def measure_settings(
         # A sweep goes past the core count on purpose; torch warns about that (twice).
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
         loader = CpuLoader(
-            dataclasses.replace(spec, num_workers=num_workers, prefetch_factor=prefetch_factor),
-            pin_memory=False,
-            persistent_workers=num_workers > 0,
+            dataclasses.replace(
+                spec, num_workers=num_workers, prefetch_factor=prefetch_factor,
+                pin_memory=False, persistent_workers=num_workers > 0,
+            )
         )
         batches = _epochs(loader)
         try:

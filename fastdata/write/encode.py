@@ -10,9 +10,9 @@ Encodings (the `--encoding` choice):
 | "jpeg"   | `jpg` at `quality`              | decoded, optionally resized, re-encoded `jpg`          |
 | "keep"   | not allowed                     | JPEG bytes kept byte-identical; other formats -> `png` |
 
-Why "raw" for small images: a 32x32 CIFAR sample is 3,072 bytes raw and ~2,300 as PNG, but decoding
-the PNG costs ~40 us of CPU against ~0 for a reshape, and the loader's CPU is the bottleneck the
-library exists to remove (see benchmarks/bench_encoding.py for the measured trade-off).
+Why "raw" for small images: a 32x32 CIFAR sample is 3,072 bytes raw and 2,277 as PNG, but decoding
+the PNG costs 162 us of CPU against 1 us for a reshape, and the loader's CPU is the bottleneck the
+library exists to remove (measured by benchmarks/bench_shard.py; the figures are in the README).
 Every file sample is fully decoded once at shard time, so a corrupt or truncated image is found
 here, not in the middle of a training run.
 """

@@ -14,7 +14,7 @@ from fastdata.read.cpu import make_cpu_loader
 from fastdata.read.shardio import ShardReader, ShardReadError
 from fastdata.sources.folder import FolderSource
 from fastdata.write import ShardOptions, write_shards
-from tests.conftest import write_jpeg_folder
+from tests.conftest import unique_label_source, write_jpeg_folder
 
 
 def _spec(root: Path, **kw) -> LoaderSpec:
@@ -121,3 +121,41 @@ def test_mixed_sizes_without_image_size_is_a_clear_error(tmp_path):
     split = next(iter(load_manifest(tmp_path / "out").splits))
     with pytest.raises(ValueError, match="different sizes.*image_size"):
         make_cpu_loader(_spec(tmp_path / "out", split=split))
+
+
+def test_skipping_a_sample_without_label_keeps_images_and_labels_aligned(tiny_shards):
+    manifest = load_manifest(tiny_shards)
+    shard = manifest.split("train").shards[0]
+    index = Path(manifest.index_url(shard))
+    lines = index.read_text().splitlines()
+    fields = lines[1].split()  # sample 0: cls, lid, rgb components
+    lines[1] = " ".join(fields[:4] + fields[8:])  # drop its lid
+    index.write_text("\n".join(lines) + "\n")
+    loader = make_cpu_loader(_spec(tiny_shards, on_error="skip", train=False, batch_size=64))
+    for x, y in loader:
+        assert len(x) == len(y)
+        for image, label in zip(x, y):  # every image is still its own label's sample
+            source = unique_label_source().item("train", int(label)).pixels
+            assert np.array_equal(image.permute(1, 2, 0).numpy(), source)
+    assert loader.skipped == 1
+
+
+def test_errors_from_workers_keep_their_type(tiny_shards):
+    manifest = load_manifest(tiny_shards)
+    shard = manifest.split("train").shards[2]
+    _corrupt(tiny_shards, shard.name, truncate_to=shard.bytes // 3)
+    with pytest.raises(ShardReadError, match=rf"{shard.name}, sample 'train_\d{{8}}'"):
+        list(make_cpu_loader(_spec(tiny_shards, num_workers=2)))
+
+
+def test_fixed_size_png_split_keeps_its_size(tmp_path):
+    from fastdata.datamodule import ShardDataModule
+
+    write_shards(unique_label_source(n_train=40, n_test=8), tmp_path / "png",
+                 ShardOptions(encoding="png", workers=1, progress=False))
+    dm = ShardDataModule(tmp_path / "png", batch_size=8, num_workers=0, prefetch_factor=2, backend="cpu")
+    dm.setup()
+    x, y = next(iter(dm.train_dataloader()))
+    assert x.shape == (8, 3, 8, 8) and dm._preset.name == "cifar"
+    for image, label in zip(x, y):
+        assert np.array_equal(image.permute(1, 2, 0).numpy(), unique_label_source().item("train", int(label)).pixels)
