@@ -10,7 +10,7 @@ import torch
 
 from fastdata.manifest import Manifest
 
-__all__ = ["BatchLoader", "LoaderSpec"]
+__all__ = ["BatchLoader", "LoaderSpec", "check_start_batch"]
 
 
 @runtime_checkable
@@ -72,3 +72,13 @@ class LoaderSpec:
     drop_last: bool = False
     pin_memory: bool | None = None
     persistent_workers: bool | None = None
+
+
+def check_start_batch(start_batch: int, total_batches: int) -> int:
+    """`start_batch` if it is a valid resume position in an epoch of `total_batches`, else ValueError."""
+    if not 0 <= start_batch <= total_batches:
+        raise ValueError(
+            f"start_batch must be in [0, {total_batches}] (batches per epoch on this rank), "
+            f"got {start_batch}"
+        )
+    return start_batch

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from fastdata.read.base import LoaderSpec
+from fastdata.read.base import LoaderSpec, check_start_batch
 from fastdata.read.decode import Geometry, decode_image, decode_raw
 from fastdata.read.plan import (
     epoch_order,
@@ -185,7 +185,7 @@ class CpuLoader:
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Select the epoch (shuffle) and the first batch to produce (mid-epoch resume)."""
         self.dataset.state[0] = epoch
-        self.dataset.state[1] = start_batch
+        self.dataset.state[1] = check_start_batch(start_batch, len(self.dataset))
 
     @property
     def skipped(self) -> int:

@@ -54,7 +54,7 @@ from PIL import Image
 
 from fastdata._threads import one_thread_on_cpu
 from fastdata.manifest import FORMAT_VERSION, Manifest, SplitInfo
-from fastdata.read.base import BatchLoader, LoaderSpec
+from fastdata.read.base import BatchLoader, LoaderSpec, check_start_batch
 from fastdata.read.decode import decode_raw
 from fastdata.read.plan import num_batches, rank_span
 from fastdata.read.shardio import ShardReader, ShardReadError
@@ -396,12 +396,7 @@ class MemoryLoader:
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Select epoch `epoch`'s order, skipping its first `start_batch` batches (resume)."""
-        if not 0 <= start_batch <= self.total_batches:
-            raise ValueError(
-                f"start_batch must be in [0, {self.total_batches}] (batches per epoch on this "
-                f"rank), got {start_batch}"
-            )
-        self.epoch, self.start_batch = epoch, start_batch
+        self.epoch, self.start_batch = epoch, check_start_batch(start_batch, self.total_batches)
 
     def __len__(self) -> int:
         """Batches per rank per epoch (the full epoch, also when resuming mid-epoch)."""

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastdata.read.base import BatchLoader, LoaderSpec
+from fastdata.read.base import BatchLoader, LoaderSpec, check_start_batch
 from fastdata.read.dali.pipeline import _EXTS, GRAPHS, _graph
 from fastdata.read.plan import epoch_order
 
@@ -189,12 +189,7 @@ class DaliLoader:
 
     def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
         """Select epoch `epoch`, skipping its first `start_batch` batches (mid-epoch resume)."""
-        if not 0 <= start_batch <= self.total_batches:
-            raise ValueError(
-                f"start_batch must be in [0, {self.total_batches}] (batches per epoch on this "
-                f"rank), got {start_batch}"
-            )
-        self.epoch, self.start_batch = epoch, start_batch
+        self.epoch, self.start_batch = epoch, check_start_batch(start_batch, self.total_batches)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank: the whole epoch, also when resuming mid-epoch (the
