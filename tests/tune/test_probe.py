@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import time
 from pathlib import Path
 
 import pytest
@@ -118,23 +117,54 @@ def test_real_probe_runs_and_is_sane():
     assert WORKER_RSS_FALLBACK_BYTES > 0
 
 
+class _FakeClock:
+    """Wall and CPU clocks that only move when a batch "takes" time: timing tests that do not
+    depend on how busy the machine is (real sleeps failed under load)."""
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = 1000.0, 10.0
+
+    def sleep(self, seconds: float) -> None:
+        self.wall += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch) -> _FakeClock:
+    import types
+
+    import fastdata.tune as tune_module
+    import fastdata.tune.probe as probe_module
+
+    fake = _FakeClock()
+    fake_time = types.SimpleNamespace(
+        perf_counter=lambda: fake.wall, process_time=lambda: fake.cpu, sleep=fake.sleep,
+        time=lambda: fake.wall, monotonic=lambda: fake.wall,
+    )
+    monkeypatch.setattr(probe_module, "time", fake_time)
+    monkeypatch.setattr(tune_module, "time", fake_time)
+    monkeypatch.setattr(_SleepyLoader, "clock", fake)
+    return fake
+
+
 class _SleepyLoader:
-    """Batches of `size` samples; batch i sleeps `delays[i]` seconds and burns some CPU."""
+    """Batches of `size` samples; batch i takes `delays[i]` seconds on the clock, 1 ms of it CPU."""
+
+    clock: _FakeClock | None = None  # set by the `clock` fixture
 
     def __init__(self, delays, size=4):
         self.delays, self.size = delays, size
 
     def __iter__(self):
         for d in self.delays:
-            time.sleep(d)
-            torch.randn(200, 200) @ torch.randn(200, 200)
+            self.clock.sleep(d + 0.001)
+            self.clock.cpu += 0.001
             yield (
                 torch.zeros(self.size, 3, 8, 8, dtype=torch.uint8),
                 torch.zeros(self.size, dtype=torch.int64),
             )
 
 
-def test_measure_sample_cost_skips_warmup_and_counts_bytes():
+def test_measure_sample_cost_skips_warmup_and_counts_bytes(clock):
     cost = measure_sample_cost(lambda: _SleepyLoader([0.2, 0.01, 0.01, 0.01]), n_batches=3)
     assert cost.batches == 3 and cost.samples == 12
     assert cost.warmup_s >= 0.2  # the slow first batch was the warm-up
@@ -145,7 +175,7 @@ def test_measure_sample_cost_skips_warmup_and_counts_bytes():
     assert not cost.includes_warmup
 
 
-def test_measure_sample_cost_variation_and_short_split():
+def test_measure_sample_cost_variation_and_short_split(clock):
     steady = measure_sample_cost(lambda: _SleepyLoader([0.0] + [0.01] * 4), n_batches=4)
     varied = measure_sample_cost(
         lambda: _SleepyLoader([0.0, 0.001, 0.05, 0.001, 0.05]), n_batches=4
@@ -160,14 +190,14 @@ def test_measure_sample_cost_variation_and_short_split():
         measure_sample_cost(lambda: _SleepyLoader([]), n_batches=1)
 
 
-def test_measure_sample_cost_time_budget():
+def test_measure_sample_cost_time_budget(clock):
     cost = measure_sample_cost(
         lambda: _SleepyLoader([0.0] + [0.05] * 20), n_batches=20, time_budget_s=0.1
     )
     assert 2 <= cost.batches <= 3
 
 
-def test_measure_throughput():
+def test_measure_throughput(clock):
     result = measure_throughput(_SleepyLoader([0.1] + [0.02] * 5), n_batches=5, warmup=1)
     assert result.batches == 5 and result.samples == 20
     assert result.startup_s >= 0.1
