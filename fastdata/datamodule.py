@@ -293,12 +293,19 @@ class _EpochLoader:
         return len(self.loader)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        # A generator: nothing runs until the first next(). Lightning calls iter() once more than
+        # it iterates (data_connector._check_dataloader_iterable drops that iterator), and on
+        # resume its first next() comes after the loops are restored, when
+        # trainer.current_epoch is the epoch that really runs.
+        return self._batches()
+
+    def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         epoch, start = self.datamodule._start_epoch(self.spec.train, self.augmented)
         if hasattr(self.loader, "set_epoch") and not self._stale:
             self.loader.set_epoch(epoch, start)
         elif (epoch, start) != self._built_for or self._stale:
             self._rebuild(epoch, start)
-        return iter(self.loader)
+        yield from self.loader
 
     def resize(self, num_workers: int, prefetch_factor: int | None) -> None:
         """Use new worker figures from the next iteration on."""

@@ -1,0 +1,8 @@
+"""``python -m pipelines.cifar100``: see `pipelines.cifar100`."""
+
+import sys
+
+from pipelines.cifar100.train import main
+
+if __name__ == "__main__":
+    sys.exit(main())
