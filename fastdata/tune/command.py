@@ -51,9 +51,14 @@ def run(args: argparse.Namespace) -> int:
         print(result.probe.describe())
         print(result.cost.describe())
     settings = result.settings
-    print("choice: " + settings.describe())
+    print("choice (for training, a core kept for the training loop): " + settings.describe())
     if args.backend == "memory":
         return 0
+    if result.probe is not None:
+        from fastdata.tune.confirm import confirm_by_measurement
+
+        alone = confirm_by_measurement(spec, settings, result.probe, n_batches=args.batches)
+        print("loader alone, checked by measurement: " + alone.reasons[-1])
     measured = measure_settings(spec, settings.num_workers, settings.prefetch_factor, args.batches)
     print(
         f"throughput with it: {measured.samples_per_s:,.0f} img/s over {measured.batches} batches "

@@ -217,5 +217,33 @@ def test_cli_tune(shards, capsys, monkeypatch):
     assert main(["tune", shards.root, "--batch-size", "16", "--batches", "3", "--sweep"]) == 0
     out = capsys.readouterr().out
     assert "usable cores" in out and "sample cost" in out
-    assert "choice: num_workers=" in out and "throughput with it:" in out
+    assert "choice (for training, a core kept for the training loop): num_workers=" in out
+    assert "loader alone, checked by measurement:" in out and "throughput with it:" in out
     assert "num_workers  prefetch" in out
+
+
+def test_confirm_by_measurement_keeps_the_fastest_load_dependent_candidate(monkeypatch):
+    import types
+
+    import fastdata.tune as tune_module
+    from fastdata.tune.confirm import candidate_workers, confirm_by_measurement
+    from fastdata.tune.sizing import LoaderSettings
+
+    base = LoaderSettings(2, 2, False, True, ["rule"])
+    idle, busy = _probe(busy=(0.0, 0.0)), _probe(busy=(1.0, 0.0))
+    assert candidate_workers(base, idle) == [0, 2, 4]
+    assert candidate_workers(base, busy) == [0, 1, 2, 3]
+    rates = {0: 900.0, 1: 500.0, 2: 700.0, 3: 950.0, 4: 800.0}
+    timed = []
+
+    def fake_measure(spec, workers, prefetch, n_batches):
+        timed.append((workers, prefetch))
+        return types.SimpleNamespace(samples_per_s=rates[workers])
+
+    monkeypatch.setattr(tune_module, "measure_settings", fake_measure)
+    chosen = confirm_by_measurement(None, base, idle)
+    assert chosen.num_workers == 0 and not chosen.persistent_workers
+    assert "0 workers is fastest" in chosen.reasons[-1] and chosen.reasons[0] == "rule"
+    assert confirm_by_measurement(None, base, busy).num_workers == 3  # the load changed the answer
+    assert all(p == 2 for _, p in timed)
+
