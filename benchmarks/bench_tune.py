@@ -168,7 +168,7 @@ def run_scenario(spec: LoaderSpec, args: argparse.Namespace) -> dict[str, Any]:
     result = tune_spec(spec, window_s=args.window, n_batches=8)
     assert result.probe is not None and result.cost is not None
     rule_only = settings_for(result.probe, result.cost, None, spec.batch_size, main_cores=0)
-    loader_only = confirm_by_measurement(spec, rule_only, result.probe, n_batches=6)
+    loader_only = confirm_by_measurement(spec, rule_only, result.probe, n_batches=args.batches)
     points = sweep(spec, args.workers, args.prefetch, args.batches)
     best = max(points, key=lambda p: p.samples_per_s)
     tuned_rate = _rate(spec, points, loader_only, args.batches)
