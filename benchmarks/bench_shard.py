@@ -23,8 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from common import print_table, results_dir, save_results  # noqa: I001  (run as a script)
+
 from fastdata._env import data_dir
 from fastdata.sources import open_source
 from fastdata.write import ShardOptions, write_shards

@@ -115,12 +115,12 @@ def print_table(rows: list[dict[str, Any]], columns: list[str], title: str) -> s
     lines = [
         f"### {title}",
         "",
-        "| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths)) + " |",
+        "| " + " | ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)) + " |",
         "|" + "|".join("-" * (w + 2) for w in widths) + "|",
     ]
     for row in rows:
         lines.append(
-            "| " + " | ".join(_fmt(row.get(c)).ljust(w) for c, w in zip(columns, widths)) + " |"
+            "| " + " | ".join(_fmt(row.get(c)).ljust(w) for c, w in zip(columns, widths, strict=True)) + " |"
         )
     text = "\n".join(lines) + "\n"
     print(text)

@@ -34,7 +34,7 @@ def bar_chart(title: str, labels: list[str], values: list[float], unit: str, pat
     draw.text((12, 12), title, fill="black", font=font)
     top = max(values) if values and max(values) > 0 else 1.0
     span = width - left - 140
-    for i, (label, value) in enumerate(zip(labels, values)):
+    for i, (label, value) in enumerate(zip(labels, values, strict=True)):
         y = 50 + i * row
         draw.text((12, y + 8), label[:52], fill="black", font=font)
         length = int(span * value / top)

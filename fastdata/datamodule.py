@@ -110,22 +110,23 @@ class ShardDataModule(pl.LightningDataModule):
         if self.image_size is None and train.raw_shape is None:
             # Images of different sizes must be cropped to one; fixed-size data keeps its size.
             self.image_size = DEFAULT_PHOTO_SIZE
-        self._backend_name = self._choose_backend()
         preset = self.preset if self.preset != "auto" else ("cifar" if small else "photo")
+        self._backend_name = self._choose_backend(preset)
         if preset == "photo" and self._backend_name == "memory":
             # The memory backend stores photos whole (resized to 256/224 of the output size), so
             # the random-resized crop runs on the device instead of at decode time.
             preset = "photo_device"
         self._preset = get_preset(preset, self.image_size)
 
-    def _choose_backend(self) -> str:
+    def _choose_backend(self, preset: str) -> str:
         if self.backend != "auto":
             get_backend(self.backend)  # fail early on a bad name or a missing optional package
             return self.backend
         from fastdata.read.auto import choose_backend
 
         name, _reason = choose_backend(  # logs its choice and the figures behind it
-            self.manifest, self.split_names.get("train", "train"), str(self._device()), self.image_size
+            self.manifest, self.split_names.get("train", "train"), str(self._device()),
+            self.image_size, preset=preset,
         )
         trainer = self._trainer_or_none()
         if trainer is not None and trainer.world_size > 1:

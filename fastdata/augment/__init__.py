@@ -49,7 +49,12 @@ from fastdata.augment.kernels import (
     resize_center_crop,
     resized_crop,
 )
-from fastdata.augment.params import batch_rrc_params, center_crop_params, rrc_params
+from fastdata.augment.params import (
+    batch_rrc_params,
+    center_crop_params,
+    pad_crop_params,
+    rrc_params,
+)
 from fastdata.augment.presets import OPS, PRESETS, Op, Preset, get_preset
 
 __all__ = [
@@ -69,6 +74,7 @@ __all__ = [
     "flip_horizontal",
     "get_preset",
     "normalize",
+    "pad_crop_params",
     "random_crop_with_padding",
     "random_flip",
     "resize_center_crop",

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fastdata.augment.params import _rand, center_crop_params
+from fastdata.augment.params import _rand, center_crop_params, pad_crop_params
 
 __all__ = [
     "crop_with_padding",
@@ -64,11 +64,7 @@ def random_crop_with_padding(
     the draws are those of this function with ``flip_p=0`` followed by `random_flip`, so the result
     equals that pair of calls with the same generator.
     """
-    if pad < 0:
-        raise ValueError(f"pad must be >= 0, got {pad}")
-    u = _rand((x.shape[0], 2), generator, x.device)
-    offsets = torch.floor(u * (2 * pad + 1)).to(torch.int64)
-    flip = _rand((x.shape[0],), generator, x.device) < flip_p if flip_p > 0 else None
+    offsets, flip = pad_crop_params(x.shape[0], pad, generator, x.device, flip_p)
     return crop_with_padding(x, pad, offsets, flip)
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["batch_rrc_params", "center_crop_params", "rrc_params"]
+__all__ = ["batch_rrc_params", "center_crop_params", "pad_crop_params", "rrc_params"]
 
 # torchvision RandomResizedCrop.get_params tries this many boxes before its centre fallback.
 _RRC_TRIES = 10
@@ -26,6 +26,28 @@ def _rand(
     # Asynchronous only towards an accelerator: a non-blocking copy to the CPU lands in pinned
     # memory that CPU ops could read before the copy finished.
     return u.to(device, non_blocking=device.type != "cpu")
+
+
+def pad_crop_params(
+    n: int,
+    pad: int,
+    generator: torch.Generator | None,
+    device: torch.device,
+    flip_p: float = 0.0,
+) -> tuple[Tensor, Tensor | None]:
+    """Window offsets (and mirror flags) of a padded random crop of `n` images (RandomCrop style).
+
+    Draws, in this order: ``(n, 2)`` uniforms -> int64 offsets ``(dy, dx)`` uniform in
+    ``[0, 2 * pad]``; then, only when ``flip_p > 0``, ``(n,)`` uniforms -> flags ``u < flip_p``.
+
+    Returns:
+        (offsets on `device`, boolean flags on `device` or None when ``flip_p == 0``).
+    """
+    if pad < 0:
+        raise ValueError(f"pad must be >= 0, got {pad}")
+    offsets = torch.floor(_rand((n, 2), generator, device) * (2 * pad + 1)).to(torch.int64)
+    flip = _rand((n,), generator, device) < flip_p if flip_p > 0 else None
+    return offsets, flip
 
 
 def rrc_params(

@@ -2,10 +2,12 @@
 
 Rule, in order:
 
-1. "memory" when the decoded split (N x 3 x H x W uint8 at its stored size, see
-   `fastdata.read.memory.stored_hw`) fits `memory_share` of the free memory of the training device
-   (`torch.cuda.mem_get_info` on a GPU, `psutil.virtual_memory().available` on the CPU): nothing is
-   decoded after the first epoch, and batches are one gather on the device.
+1. "memory" when the memory backend's store of the split (`fastdata.read.memory.resident_nbytes`:
+   N x 3 x H x W uint8 at the stored size of `fastdata.read.decoded.stored_hw`, or the padded and
+   mirrored layout of a preset with a fused pad-crop, 3.1x that for CIFAR) fits `memory_share` of
+   the free memory of the training device (`torch.cuda.mem_get_info` on a GPU,
+   `psutil.virtual_memory().available` on the CPU): nothing is decoded after the first epoch, and
+   batches are one gather on the device.
 2. "dali" when it does not fit, the training device is a GPU and DALI is importable: decoding on
    the GPU keeps up with the model where CPU workers would not.
 3. "cpu" otherwise.
@@ -23,7 +25,8 @@ from collections.abc import Callable
 import torch
 
 from fastdata.manifest import Manifest
-from fastdata.read.memory import ImageSize, stored_hw
+from fastdata.read.decoded import ImageSize, stored_hw
+from fastdata.read.memory import resident_nbytes
 
 __all__ = ["choose_backend", "dali_importable", "free_device_memory"]
 
@@ -55,6 +58,7 @@ def choose_backend(
     device: str,
     image_size: ImageSize,
     *,
+    preset: str = "none",
     memory_share: float = 0.5,
     dali_available: Callable[[], bool] = dali_importable,
     free_memory: Callable[[str], int] = free_device_memory,
@@ -66,6 +70,7 @@ def choose_backend(
         split: the split that decides (the training split: the largest).
         device: the training device ("cpu", "cuda", "cuda:1").
         image_size: output size of variable-size photos (as for the memory backend).
+        preset: the augmentation preset's name (it decides the memory backend's store layout).
         memory_share: the fraction of the free device memory the decoded split may take.
         dali_available: probe: can DALI be imported?
         free_memory: probe: free bytes on a device.
@@ -84,10 +89,10 @@ def choose_backend(
     except ValueError as exc:  # photos of varying size and no image_size: no fixed-size store
         size, need = f"cannot be sized ({exc})", None
     else:
-        need = info.num_samples * 3 * h * w
-        size = f"is {_human(need)} ({info.num_samples} x 3x{h}x{w} uint8)"
+        need = resident_nbytes(info, image_size, preset)
+        size = f"takes {_human(need)} ({info.num_samples} images of {h}x{w}, {preset!r} preset)"
     figures = (
-        f"decoded split {split!r} {size}; {memory_share:g} of the {_human(free)} free on "
+        f"the memory backend's store of split {split!r} {size}; {memory_share:g} of the {_human(free)} free on "
         f"{device} is {_human(budget)}"
     )
     if need is not None and need <= budget:

@@ -1,29 +1,22 @@
 """The device-resident backend: decode a split once, keep it on the training device as uint8.
 
-airbench-style: the whole split lives on the device as one uint8 (N, 3, H, W) tensor; every batch is
-an `index_select` of a per-epoch permutation, and `ShardDataModule.on_after_batch_transfer` then
-augments it on the device exactly as for the CPU backend. Nothing is decoded per epoch.
+airbench-style: the whole split lives on the device (`fastdata.read.decoded` decodes it once and
+caches it on disk); every batch is a gather of a per-epoch permutation. Nothing is decoded per
+epoch. Two store layouts:
 
-Stored geometry (the size of every decoded image, a pure function of the split and `image_size`):
+- Fused pad-crop (training with a preset whose train ops are exactly one "pad_crop", i.e.
+  "cifar"): the store is `fastdata.read.padded.PaddedImages`, pre-padded and mirrored, and the
+  loader itself draws the crop offsets and flips (`fastdata.augment.pad_crop_params`), gathers the
+  windows in one pass and normalizes with the preset: it yields augmented float batches
+  (`augmented = True`). The result equals the preset's `apply` on the selected images with the
+  same generator state (tested). The draws come from a generator seeded per batch from (seed,
+  epoch, rank, batch), so a resumed epoch replays the same augmentation.
+- Otherwise (evaluation, "photo_device", "none"): the decoded uint8 (N, C, H, W) tensor itself;
+  batches are an `index_select`, and `ShardDataModule.on_after_batch_transfer` augments them on
+  the device exactly as for the CPU backend.
 
-- raw (`rgb`) samples keep their own size (the split's `raw_shape`); `image_size` is ignored, the
-  device preset crops or resizes.
-- encoded samples (`jpg` / `png`) without `image_size` keep their size when the split has one
-  common `raw_shape`; photos of varying size need an `image_size`.
-- encoded samples with `image_size` S: shorter side resized to floor(S * 256 / 224), centre-cropped
-  to that square (256 for 224). That is the usual resize-256 / crop-224 ratio: the device
-  "photo_device" preset has a 12.5 % margin to random-resized-crop from, and its eval centre crop
-  of S matches the standard evaluation geometry. JPEGs are decoded in draft (DCT-scaled) mode at
-  no less than the target resolution, then resized with Pillow's antialiased bilinear filter.
-
-Cache: the decoded split is written once to `<cache dir>/<split>-<key>.npy` (images, NCHW),
-`.meta.npy` (int64 label, sample_id, ok per row) and `.json` (header, written last: its presence
-marks a complete entry). Every file is written under a temporary name and renamed. The key hashes the
-split's shard sha256s, the stored size and the format versions, so a rewritten shard folder or a
-different size never hits a stale entry. Cache dir: the `cache_dir` argument, else
-$FASTDATA_CACHE_DIR, else `<manifest root>/.fastdata-cache/` (falling back to
-`~/.cache/fastdata` when that is not writable). Ranks that decode the same split at once each write
-their own temporary files; the renames are atomic and the contents identical.
+On the CPU the NCHW store is the memory-mapped cache (RAM via the page cache, shared between
+ranks); the padded store is a private copy (3.1 times the NCHW size for CIFAR).
 
 Epoch order and ranks: a permutation of the split drawn from (seed, epoch) with a CPU
 `torch.Generator` (identity for eval splits), padded by wrapping to `world_size * ceil(N /
@@ -35,361 +28,149 @@ so every rank yields exactly the same number of batches.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import io
-import json
-import logging
-import os
-import shutil
-import time
+import inspect
 from collections import OrderedDict
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
+from dataclasses import dataclass
 
-import numpy as np
 import torch
-from PIL import Image
 
 from fastdata._threads import one_thread_on_cpu
-from fastdata.manifest import FORMAT_VERSION, Manifest, SplitInfo
+from fastdata.augment import OPS, Preset, get_preset, normalize, pad_crop_params
+from fastdata.manifest import SplitInfo
 from fastdata.read.base import BatchLoader, LoaderSpec, check_start_batch
-from fastdata.read.decode import decode_raw
+from fastdata.read.decoded import ImageSize, cache_key, decode_split, decoded_nbytes, stored_hw
+from fastdata.read.padded import PaddedImages, padded_nbytes
 from fastdata.read.plan import num_batches, rank_span
-from fastdata.read.shardio import ShardReader, ShardReadError
 
 __all__ = [
-    "CACHE_DIR_ENV",
-    "ImageSize",
+    "FusedPadCrop",
     "MemoryLoader",
     "clear_device_cache",
-    "decode_split",
-    "decoded_nbytes",
     "epoch_permutation",
+    "fused_pad_crop",
     "make_memory_loader",
-    "resolve_cache_dir",
-    "stored_hw",
+    "resident_nbytes",
 ]
 
-CACHE_DIR_ENV = "FASTDATA_CACHE_DIR"
-# Bump when the cache layout or the decode geometry changes: old entries then miss.
-_CACHE_LAYOUT = 1
-_CROP_RATIO = (256, 224)  # stored side / output side for photos
 _COPY_CHUNK_BYTES = 256 << 20  # host -> device copies in chunks: no second full host copy
 _DEVICE_STORE_SIZE = 4  # splits kept placed on a device in this process (train, val, test)
 
-_log = logging.getLogger("fastdata")
-ImageSize = int | tuple[int, int] | None
-DecodedSplit = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-
-
-# ---------------------------------------------------------------- geometry
-
-
-def stored_hw(info: SplitInfo, image_size: ImageSize) -> tuple[int, int]:
-    """(H, W) of every decoded image of a split (see the module docstring for the rule).
-
-    Raises:
-        ValueError: for photos of varying size without an `image_size`.
-    """
-    if info.encoding == "raw" or (image_size is None and info.raw_shape is not None):
-        if info.raw_shape is None:
-            raise ValueError("a raw split must have a raw_shape in its manifest; re-run the writer")
-        return int(info.raw_shape[0]), int(info.raw_shape[1])
-    if image_size is None:
-        raise ValueError(
-            f"the split's {info.encoding} images vary in size "
-            f"({info.image_stats or 'no stats'}): pass image_size (e.g. 224) to decode them to one size"
-        )
-    h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
-    if h <= 0 or w <= 0:
-        raise ValueError(f"image_size must be positive, got {image_size!r}")
-    num, den = _CROP_RATIO  # floor, as fastdata.augment.center_crop_params: 224 -> 256
-    return h * num // den, w * num // den
-
-
-def decoded_nbytes(info: SplitInfo, image_size: ImageSize) -> int:
-    """Bytes of the decoded split as uint8 (N, 3, H, W) at its stored size."""
-    h, w = stored_hw(info, image_size)
-    return info.num_samples * 3 * h * w
-
-
-# ---------------------------------------------------------------- cache
-
-
-def resolve_cache_dir(manifest: Manifest, cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The cache folder: `cache_dir`, else $FASTDATA_CACHE_DIR, else `<root>/.fastdata-cache/`."""
-    chosen = cache_dir or os.environ.get(CACHE_DIR_ENV)
-    if chosen:
-        path = Path(chosen)
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-    if "://" not in manifest.root:
-        path = Path(manifest.root) / ".fastdata-cache"
-        try:
-            path.mkdir(exist_ok=True)
-            if os.access(path, os.W_OK):
-                return path
-        except OSError:
-            pass
-    # Remote or read-only shard folders (a shared dataset): cache per user instead.
-    path = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fastdata"
-    _log.info(
-        "cache dir: %s is not writable, using %s (set $%s)", manifest.root, path, CACHE_DIR_ENV
-    )
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def _cache_key(manifest: Manifest, split: str, hw: tuple[int, int]) -> str:
-    ident = {
-        "format_version": FORMAT_VERSION,
-        "layout": _CACHE_LAYOUT,
-        "split": split,
-        "shards": [s.sha256 for s in manifest.split(split).shards],
-        "stored_hw": list(hw),
-    }
-    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
-
-
-def _paths(stem: Path, tag: str = "") -> dict[str, Path]:
-    """The entry's files; the header (".json") is written last and marks the entry complete."""
-    return {part: Path(f"{stem}{tag}{part}") for part in (".npy", ".meta.npy", ".json")}
-
-
-def _load_cached(stem: Path) -> tuple[np.ndarray, np.ndarray, dict] | None:
-    paths = _paths(stem)
-    if not all(path.exists() for path in paths.values()):
-        return None
-    # "c" (copy-on-write) maps without copying yet gives writable arrays, so torch.from_numpy stays
-    # silent; ranks on one host share the page cache.
-    images = np.load(paths[".npy"], mmap_mode="c")
-    return images, np.load(paths[".meta.npy"]), json.loads(paths[".json"].read_text())
-
-
-def decode_split(
-    manifest: Manifest,
-    split: str,
-    image_size: ImageSize = None,
-    workers: int | None = None,
-    *,
-    cache_dir: str | os.PathLike[str] | None = None,
-    on_error: str = "raise",
-) -> DecodedSplit:
-    """Decode every sample of a split once (or load it from the cache).
-
-    Args:
-        manifest: the shard folder's manifest.
-        split: split name.
-        image_size: output size of variable-size photos (see `stored_hw`).
-        workers: decoding threads (one shard each at a time); default: the CPU count.
-        cache_dir: cache folder (see `resolve_cache_dir`).
-        on_error: "raise" on a corrupt sample, or "skip" it (it is left out of the result).
-
-    Returns:
-        (images uint8 (N, 3, H, W), labels int64 (N,), sample_ids int64 (N,)), CPU tensors backed
-        by the cache file (memory-mapped, copy-on-write), in shard order.
-    """
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-    hw = stored_hw(manifest.split(split), image_size)
-    stem = resolve_cache_dir(manifest, cache_dir) / f"{split}-{_cache_key(manifest, split, hw)}"
-    cached = _load_cached(stem)
-    if cached is None:
-        _build_cache(manifest, split, hw, stem, workers, on_error)
-        cached = _load_cached(stem)
-        assert cached is not None, f"cache entry {stem} vanished right after it was written"
-    images, meta, header = cached
-    if header["skipped"] and on_error == "raise":
-        raise ValueError(
-            f"{len(header['skipped'])} corrupt samples in split {split!r} of {manifest.root} "
-            f"(first: {header['skipped'][0]}); pass on_error='skip' or re-write the shards"
-        )
-    tensors = torch.from_numpy(images), torch.from_numpy(meta[:, 0]), torch.from_numpy(meta[:, 1])
-    ok = meta[:, 2].astype(bool)
-    if not ok.all():  # rare: copies the good rows out of the mapping
-        keep = torch.from_numpy(np.flatnonzero(ok))
-        tensors = tuple(t.index_select(0, keep) for t in tensors)
-    return tensors
-
-
-def _build_cache(
-    manifest: Manifest,
-    split: str,
-    hw: tuple[int, int],
-    stem: Path,
-    workers: int | None,
-    on_error: str,
-) -> None:
-    shards = manifest.split(split).shards
-    n = sum(s.num_samples for s in shards)
-    if n == 0:
-        raise ValueError(f"split {split!r} of {manifest.root} has no samples")
-    need, free = n * 3 * hw[0] * hw[1], shutil.disk_usage(stem.parent).free
-    if need > free:
-        raise OSError(
-            f"decoding split {split!r} needs {need / 2**30:.2f} GiB in {stem.parent}, which has "
-            f"{free / 2**30:.2f} GiB free; set ${CACHE_DIR_ENV} to a folder on a bigger disk"
-        )
-    t0 = time.perf_counter()
-    tmp, final = _paths(stem, f".tmp-{os.getpid()}"), _paths(stem)
-    try:
-        images = np.lib.format.open_memmap(tmp[".npy"], mode="w+", dtype=np.uint8, shape=(n, 3, *hw))
-        meta = np.zeros((n, 3), dtype=np.int64)  # label, sample_id, ok
-        offsets = np.cumsum([0] + [s.num_samples for s in shards]).tolist()
-        jobs = [(manifest, split, i, offsets[i], images, meta, on_error) for i in range(len(shards))]
-        # Threads, not processes: Pillow releases the GIL while decoding and resizing, and every
-        # thread writes its rows straight into the one memory-mapped file.
-        with ThreadPoolExecutor(max(1, min(workers or os.cpu_count() or 1, len(jobs)))) as pool:
-            skipped = [key for keys in pool.map(lambda job: _decode_shard(*job), jobs) for key in keys]
-        images.flush()
-        del images
-        np.save(tmp[".meta.npy"], meta)
-        header = dict(split=split, root=manifest.root, num_samples=n, stored_hw=hw, skipped=skipped)
-        tmp[".json"].write_text(json.dumps(header, indent=1) + "\n")
-        for part in (".npy", ".meta.npy", ".json"):  # the header last: marks the entry complete
-            os.replace(tmp[part], final[part])
-    except BaseException:
-        for part in tmp.values():  # a failed decode leaves no partial cache file behind
-            part.unlink(missing_ok=True)
-        raise
-    elapsed = time.perf_counter() - t0
-    _log.info("decoded split %r: %d samples at %s in %.1f s -> %s", split, n, hw, elapsed, stem)
-
-
-# ---------------------------------------------------------------- decoding
-
-
-def _decode_shard(
-    manifest: Manifest,
-    split: str,
-    shard: int,
-    offset: int,
-    images: np.ndarray,
-    meta: np.ndarray,
-    on_error: str,
-) -> list[str]:
-    """Decode shard `shard` into rows [offset, offset + num_samples); returns the skipped samples."""
-    info = manifest.split(split)
-    reader = ShardReader(manifest, split, max_open=1)  # one per thread: readers are not shared
-    skipped: list[str] = []
-    try:
-        for i in range(info.shards[shard].num_samples):
-            try:
-                _decode_into(reader, info, shard, i, images, meta, offset + i)
-            except (ShardReadError, ValueError) as exc:
-                if isinstance(exc, ShardReadError) and exc.key is None:
-                    raise  # the whole shard is unreadable: never a per-sample skip
-                error = exc if isinstance(exc, ShardReadError) else None
-                error = error or ShardReadError(
-                    info.shards[shard].name, reader.key(shard, i), str(exc)
-                )
-                if on_error == "raise":
-                    raise error from exc
-                skipped.append(str(error))
-    finally:
-        # A traceback in flight may still hold views into the mapping; it is then closed by GC.
-        with contextlib.suppress(BufferError):
-            reader.close()
-    return skipped
-
-
-def _decode_into(
-    reader: ShardReader,
-    info: SplitInfo,
-    shard: int,
-    i: int,
-    images: np.ndarray,
-    meta: np.ndarray,
-    row: int,
-) -> None:
-    """Decode sample i of a shard into `images[row]` / `meta[row]` (its views die on return)."""
-    parts = reader.sample(shard, i)
-    label, sample_id = _label_and_id(reader.key(shard, i), parts)
-    images[row] = _decode_image(parts, info.raw_shape, images.shape[2:]).transpose(2, 0, 1)
-    meta[row] = (label, sample_id, 1)
-
-
-def _label_and_id(key: str, parts: dict[str, memoryview]) -> tuple[int, int]:
-    if "lid" in parts:
-        label, sample_id = np.frombuffer(parts["lid"], dtype="<i8", count=2)
-        return int(label), int(sample_id)
-    return int(bytes(parts["cls"])), int(key.rsplit("_", 1)[1])
-
-
-def _decode_image(
-    parts: dict[str, memoryview], raw_shape: list[int] | None, hw: tuple[int, int]
-) -> np.ndarray:
-    """One sample's pixels as uint8 HWC RGB at the stored size `hw`."""
-    if "rgb" in parts:
-        if raw_shape is None:
-            raise ValueError("rgb sample in a split without raw_shape; re-run `fastdata shard`")
-        return decode_raw(parts["rgb"], tuple(raw_shape))
-    data = parts.get("jpg", parts.get("jpeg", parts.get("png")))
-    if data is None:
-        raise ValueError(f"no image component (rgb/jpg/png) among {sorted(parts)}")
-    # Not decode.Geometry("center"): that is the eval crop itself; the store keeps the whole
-    # centre square of the shorter side so that the device preset has room to crop.
-    th, tw = hw
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            w, h = img.size
-            cover = max(tw / w, th / h)  # the scale at which the image just covers the target
-            # JPEG draft (DCT scaling) to no less than the covering size: much less decoding work.
-            img.draft("RGB", (max(1, round(w * cover)), max(1, round(h * cover))))
-            rgb = img.convert("RGB")
-    except (OSError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise ValueError(f"cannot decode image ({type(exc).__name__}: {exc})") from exc
-    w, h = rgb.size
-    cover = max(tw / w, th / h)
-    box = ((w - tw / cover) / 2, (h - th / cover) / 2, (w + tw / cover) / 2, (h + th / cover) / 2)
-    if (w, h) != (tw, th):
-        rgb = rgb.resize((tw, th), Image.Resampling.BILINEAR, box=box)
-    return np.asarray(rgb, dtype=np.uint8)
-
 
 # ---------------------------------------------------------------- epoch order
+
+
+def _seed(*parts: object) -> int:
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def epoch_permutation(n: int, seed: int, epoch: int, shuffle: bool = True) -> torch.Tensor:
     """Row order of one epoch (int64, CPU): a permutation drawn from (seed, epoch), or 0..n-1."""
     if not shuffle:
         return torch.arange(n, dtype=torch.int64)
-    digest = hashlib.sha256(f"fastdata-memory:{seed}:{epoch}".encode()).digest()
-    generator = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+    generator = torch.Generator().manual_seed(_seed("fastdata-memory", seed, epoch))
     return torch.randperm(n, generator=generator)
+
+
+# ---------------------------------------------------------------- fused augmentation
+
+
+@dataclass(frozen=True)
+class FusedPadCrop:
+    """A preset whose training ops the memory backend runs inside its gather.
+
+    Attributes:
+        preset: the preset (its mean, std, dtype and memory format normalize the batch).
+        pad: the pad-crop's padding.
+        flip_p: the pad-crop's mirror probability.
+    """
+
+    preset: Preset
+    pad: int
+    flip_p: float
+
+
+def fused_pad_crop(preset: Preset, train: bool, hw: tuple[int, int]) -> FusedPadCrop | None:
+    """The fused plan of `preset` for images of size `hw`, or None when it does not apply.
+
+    It applies to training when the preset's train ops are exactly one "pad_crop" and the output
+    keeps the stored size (the preset's `image_size`, when set, equals it).
+    """
+    ops = preset.train_ops
+    if not train or len(ops) != 1 or ops[0].name != "pad_crop":
+        return None
+    if preset.image_size is not None and (preset.image_size, preset.image_size) != tuple(hw):
+        return None  # the generic path raises the preset's size error
+    defaults = {
+        name: p.default
+        for name, p in inspect.signature(OPS["pad_crop"]).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+    params = {**defaults, **dict(ops[0].params)}
+    return FusedPadCrop(preset, int(params["pad"]), float(params["flip_p"]))
+
+
+def _store_layout(spec: LoaderSpec) -> tuple[tuple[int, int], FusedPadCrop | None]:
+    hw = stored_hw(spec.manifest.split(spec.split), spec.image_size)
+    return hw, fused_pad_crop(get_preset(spec.preset, spec.image_size), spec.train, hw)
+
+
+def resident_nbytes(
+    info: SplitInfo, image_size: ImageSize, preset: str = "none", train: bool = True
+) -> int:
+    """Device bytes of the memory backend's store of a split (padded when the preset fuses)."""
+    hw = stored_hw(info, image_size)
+    fused = fused_pad_crop(get_preset(preset, image_size), train, hw)
+    if fused is None:
+        return decoded_nbytes(info, image_size)
+    channels = 3 if info.raw_shape is None or len(info.raw_shape) < 3 else int(info.raw_shape[2])
+    return padded_nbytes(info.num_samples, channels, *hw, fused.pad, fused.flip_p > 0)
 
 
 # ---------------------------------------------------------------- loader
 
 
 class MemoryLoader:
-    """Batches of one split on one rank, gathered from device-resident uint8 tensors.
+    """Batches of one split on one rank, gathered from a device-resident store.
 
-    Iterating yields batches of (uint8 (B, 3, H, W), int64 (B,)) on the store's device: batches
-    `start_batch` to `len(self) - 1` of the epoch. `len` is the whole epoch also when resuming,
-    as for the CPU backend (Lightning counts the restored batches towards it). `set_epoch` selects
-    the epoch and resume position; a completed pass clears `start_batch`.
+    Iterating yields batches of (images, int64 labels (B,)) on the store's device: batches
+    `start_batch` to `len(self) - 1` of the epoch. Images are uint8 (B, C, H, W) from an NCHW
+    store, or augmented, normalized float batches from a `PaddedImages` store with a `fused` plan
+    (then `augmented` is True). `len` is the whole epoch also when resuming, as for the CPU
+    backend (Lightning counts the restored batches towards it). `set_epoch` selects the epoch and
+    resume position; a completed pass clears `start_batch`.
 
     Args:
-        images: uint8 (N, 3, H, W) store of the split, on the training device.
+        images: uint8 (N, C, H, W) store on the training device, or a `PaddedImages` store.
         labels: int64 (N,) labels, on the same device.
         spec: the loader spec (batch size, seed, epoch, rank, world size, start_batch, train).
+        fused: the fused augmentation (required with a `PaddedImages` store).
     """
 
-    augmented = False
-
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, spec: LoaderSpec) -> None:
+    def __init__(
+        self,
+        images: torch.Tensor | PaddedImages,
+        labels: torch.Tensor,
+        spec: LoaderSpec,
+        fused: FusedPadCrop | None = None,
+    ) -> None:
         if spec.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {spec.batch_size}")
         if len(images) != len(labels) or len(images) == 0:
             raise ValueError(
                 f"need as many labels as images (> 0), got {len(images)} and {len(labels)}"
             )
-        self.images, self.labels, self.spec = images, labels, spec
+        if isinstance(images, PaddedImages) != (fused is not None):
+            raise ValueError("a PaddedImages store needs a fused plan, and only it")
+        if fused is not None and fused.pad != images.pad:
+            raise ValueError(f"the store is padded by {images.pad}, the preset by {fused.pad}")
         if not 0 <= spec.rank < spec.world_size:
             raise ValueError(f"need 0 <= rank < world_size, got {spec.rank} and {spec.world_size}")
+        self.images, self.labels, self.spec, self.fused = images, labels, spec, fused
+        self.augmented = fused is not None
+        self.device = labels.device
         drop = spec.drop_last and spec.train  # eval splits: every sample, no drop
         self.total_batches = num_batches(len(images), spec.world_size, spec.batch_size, drop)
         self.set_epoch(spec.epoch, spec.start_batch)
@@ -406,16 +187,47 @@ class MemoryLoader:
         spec, bs = self.spec, self.spec.batch_size
         order = epoch_permutation(len(self.images), spec.seed, self.epoch, shuffle=spec.train)
         span = rank_span(order.numpy(), spec.rank, spec.world_size)
-        rows = torch.from_numpy(span).to(self.images.device)
+        rows = torch.from_numpy(span).to(self.device)
         for b in range(self.start_batch, self.total_batches):
             idx = rows[b * bs : (b + 1) * bs]
-            with one_thread_on_cpu(self.images.device):
-                batch = self.images.index_select(0, idx), self.labels.index_select(0, idx)
+            with one_thread_on_cpu(self.device):
+                if self.fused is None:
+                    images = self.images.index_select(0, idx)
+                else:
+                    images = self.augment(idx, self.batch_generator(b))
+                batch = images, self.labels.index_select(0, idx)
             yield batch
         self.start_batch = 0
 
+    def batch_generator(self, batch: int) -> torch.Generator:
+        """The generator of batch `batch` of this epoch and rank, freshly seeded."""
+        generator = getattr(self, "_generator", None)
+        if generator is None:
+            generator = self._generator = torch.Generator(device=self.device)
+        spec = self.spec
+        return generator.manual_seed(_seed("fastdata-augment", spec.seed, self.epoch, spec.rank, batch))
 
-_DEVICE_STORE: OrderedDict[tuple[str, ...], tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+    def augment(self, rows: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """The fused pad-crop, flip and normalization of the store's `rows` (a float batch).
+
+        Equals ``fused.preset.apply(images[rows], train=True, generator=generator)``.
+        """
+        fused, store = self.fused, self.images
+        assert fused is not None and isinstance(store, PaddedImages)
+        offsets, flip = pad_crop_params(len(rows), fused.pad, generator, self.device, fused.flip_p)
+        shape = (len(rows), store.channels, store.height, store.width)
+        buffer = getattr(self, "_buffer", None)
+        if buffer is None or buffer.shape != shape:  # reused: never handed out (normalize copies)
+            buffer = self._buffer = torch.empty(shape, dtype=torch.uint8, device=self.device)
+        windows = store.windows(rows, offsets, flip, out=buffer)
+        preset = fused.preset
+        return normalize(windows, preset.mean, preset.std, preset.dtype, preset.channels_last)
+
+
+# ---------------------------------------------------------------- placement
+
+_Store = tuple[torch.Tensor | PaddedImages, torch.Tensor]
+_DEVICE_STORE: OrderedDict[tuple[object, ...], _Store] = OrderedDict()
 
 
 def clear_device_cache() -> None:
@@ -436,19 +248,19 @@ def _place(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 def make_memory_loader(spec: LoaderSpec) -> BatchLoader:
     """The device-resident loader of `spec.split` (decoded once per cache, placed once per process)."""
     device = torch.device(spec.device)
-    hw = stored_hw(spec.manifest.split(spec.split), spec.image_size)
-    key = (
-        spec.manifest.root,
-        _cache_key(spec.manifest, spec.split, hw),
-        spec.on_error,
-        str(device),
-    )
+    hw, fused = _store_layout(spec)
+    layout = ("padded", fused.pad, fused.flip_p > 0) if fused is not None else ("nchw",)
+    key = (spec.manifest.root, cache_key(spec.manifest, spec.split, hw), spec.on_error, str(device), layout)
     if key not in _DEVICE_STORE:
         images, labels, _ = decode_split(
             spec.manifest, spec.split, spec.image_size, on_error=spec.on_error
         )
-        _DEVICE_STORE[key] = (_place(images, device), _place(labels, device))
+        if fused is not None:
+            store = PaddedImages.build(images, fused.pad, device, mirrored=fused.flip_p > 0)
+        else:
+            store = _place(images, device)
+        _DEVICE_STORE[key] = (store, _place(labels, device))
         while len(_DEVICE_STORE) > _DEVICE_STORE_SIZE:
             _DEVICE_STORE.popitem(last=False)
     _DEVICE_STORE.move_to_end(key)
-    return MemoryLoader(*_DEVICE_STORE[key], spec)
+    return MemoryLoader(*_DEVICE_STORE[key], spec, fused)

@@ -44,8 +44,17 @@ def _choose(manifest=CIFAR_LIKE, device="cpu", image_size=None, free=10 * MiB, d
 def test_fits_in_memory_share():
     name, reason = _choose(free=10 * MiB)
     assert name == "memory"
-    for figure in ("2.9 MiB", "1000 x 3x32x32", "10.0 MiB", "5.0 MiB", "0.5"):
+    for figure in ("2.9 MiB", "1000 images of 32x32", "10.0 MiB", "5.0 MiB", "0.5"):
         assert figure in reason
+
+
+def test_a_fused_pad_crop_preset_counts_the_padded_store():
+    # "cifar" keeps the training split padded by 4 with a mirrored copy:
+    # 2 x 1000 x 3 x 40 x 40 = 9,600,000 bytes (9.2 MiB) instead of 2.9 MiB.
+    assert _choose(free=10 * MiB)[0] == "memory"
+    name, reason = _choose(free=10 * MiB, preset="cifar")
+    assert name == "cpu" and "9.2 MiB" in reason and "'cifar' preset" in reason
+    assert _choose(free=19 * MiB, preset="cifar")[0] == "memory"
 
 
 def test_memory_share_is_respected():
@@ -75,7 +84,7 @@ def test_photos_are_sized_at_the_stored_decode_size():
     need = 100 * 3 * 256 * 256  # image_size 224 is stored at 256 x 256
     assert _choose(photos, image_size=224, free=2 * need)[0] == "memory"
     name, reason = _choose(photos, image_size=224, free=2 * need - 2)
-    assert name == "cpu" and "100 x 3x256x256" in reason
+    assert name == "cpu" and "100 images of 256x256" in reason
 
 
 def test_photos_of_varying_size_without_image_size_never_go_to_memory():

@@ -134,7 +134,7 @@ def test_skipping_a_sample_without_label_keeps_images_and_labels_aligned(tiny_sh
     loader = make_cpu_loader(_spec(tiny_shards, on_error="skip", train=False, batch_size=64))
     for x, y in loader:
         assert len(x) == len(y)
-        for image, label in zip(x, y):  # every image is still its own label's sample
+        for image, label in zip(x, y, strict=True):  # every image is still its own label's sample
             source = unique_label_source().item("train", int(label)).pixels
             assert np.array_equal(image.permute(1, 2, 0).numpy(), source)
     assert loader.skipped == 1
@@ -157,5 +157,5 @@ def test_fixed_size_png_split_keeps_its_size(tmp_path):
     dm.setup()
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape == (8, 3, 8, 8) and dm._preset.name == "cifar"
-    for image, label in zip(x, y):
+    for image, label in zip(x, y, strict=True):
         assert np.array_equal(image.permute(1, 2, 0).numpy(), unique_label_source().item("train", int(label)).pixels)

@@ -15,10 +15,13 @@ import pytest
 import torch
 from PIL import Image
 
+from fastdata.augment import get_preset
 from fastdata.manifest import Manifest
-from fastdata.read import memory
+from fastdata.read import decoded, memory
 from fastdata.read.base import BatchLoader, LoaderSpec
-from fastdata.read.memory import decode_split, make_memory_loader
+from fastdata.read.decoded import decode_split
+from fastdata.read.memory import make_memory_loader
+from fastdata.read.padded import PaddedImages
 from fastdata.read.shardio import ShardReader, ShardReadError
 from fastdata.sources.arrays import ArraySource
 from fastdata.sources.folder import FolderSource
@@ -69,8 +72,8 @@ def test_decode_split_returns_the_source_pixels_and_labels(raw_shards):
 def test_second_decode_hits_the_cache(raw_shards, monkeypatch, tmp_path):
     manifest, _ = raw_shards
     calls = []
-    real = memory._decode_shard
-    monkeypatch.setattr(memory, "_decode_shard", lambda *a: calls.append(a[2]) or real(*a))
+    real = decoded._decode_shard
+    monkeypatch.setattr(decoded, "_decode_shard", lambda *a: calls.append(a[2]) or real(*a))
     first = decode_split(manifest, "train", cache_dir=tmp_path / "cache")
     assert sorted(calls) == list(range(len(manifest.split("train").shards)))
     calls.clear()
@@ -85,7 +88,7 @@ def test_second_decode_hits_the_cache(raw_shards, monkeypatch, tmp_path):
 
 def test_cache_dir_comes_from_the_environment(raw_shards, monkeypatch, tmp_path):
     manifest, _ = raw_shards
-    monkeypatch.setenv(memory.CACHE_DIR_ENV, str(tmp_path / "env-cache"))
+    monkeypatch.setenv(decoded.CACHE_DIR_ENV, str(tmp_path / "env-cache"))
     decode_split(manifest, "test")
     assert len(list((tmp_path / "env-cache").glob("test-*.json"))) == 1
 
@@ -125,7 +128,7 @@ def test_same_order_for_same_seed_and_epoch_new_order_next_epoch(raw_shards):
 def test_start_batch_skips_exactly_those_batches(raw_shards, monkeypatch):
     manifest, _ = raw_shards
     full = _labels(make_memory_loader(_spec(manifest, epoch=2, drop_last=True)))
-    monkeypatch.setattr(memory, "_decode_shard", _must_not_decode)  # resume never decodes
+    monkeypatch.setattr(decoded, "_decode_shard", _must_not_decode)  # resume never decodes
     resumed = make_memory_loader(_spec(manifest, epoch=2, drop_last=True, start_batch=2))
     assert len(resumed) == len(full), "len is the whole epoch, as for the CPU backend"
     assert _labels(resumed) == full[2:]
@@ -154,6 +157,53 @@ def test_batches_are_uint8_nchw_on_the_spec_device(raw_shards):
     images, labels = next(iter(loader))
     assert images.dtype == torch.uint8 and images.shape == (8, 3, 6, 5)
     assert labels.dtype == torch.int64 and images.device == torch.device("cpu")
+
+
+def _cifar_and_plain(manifest: Manifest, **kw) -> tuple[BatchLoader, BatchLoader]:
+    fused = make_memory_loader(_spec(manifest, preset="cifar", **kw))
+    return fused, make_memory_loader(_spec(manifest, preset="none", **kw))
+
+
+def test_cifar_training_fuses_the_crop_into_the_gather(raw_shards):
+    manifest, _ = raw_shards
+    fused, plain = _cifar_and_plain(manifest, drop_last=False)
+    assert fused.augmented and isinstance(fused.images, PaddedImages) and fused.images.pad == 4
+    assert not plain.augmented
+    cifar = get_preset("cifar")
+    batches = list(fused)
+    assert len(batches) == len(plain)
+    for b, ((x, y), (raw, raw_y)) in enumerate(zip(batches, plain, strict=True)):
+        assert x.dtype == torch.float32 and x.shape == raw.shape and torch.equal(y, raw_y)
+        # Exactly what on_after_batch_transfer would make of the uint8 batch with that generator.
+        expected = cifar.apply(raw, train=True, generator=fused.batch_generator(b))
+        assert torch.equal(x, expected)
+
+
+def test_fused_augmentation_is_replayed_on_resume_and_new_each_epoch(raw_shards):
+    manifest, _ = raw_shards
+    full = list(make_memory_loader(_spec(manifest, preset="cifar", epoch=1, drop_last=True)))
+    resumed = make_memory_loader(
+        _spec(manifest, preset="cifar", epoch=1, drop_last=True, start_batch=2)
+    )
+    for (x, y), (rx, ry) in zip(full[2:], resumed, strict=True):
+        assert torch.equal(x, rx) and torch.equal(y, ry)
+    resumed.set_epoch(2)
+    next_epoch = list(resumed)
+    assert not torch.equal(next_epoch[0][0], full[0][0])
+    ranks = [make_memory_loader(_spec(manifest, preset="cifar", rank=r, world_size=2)) for r in (0, 1)]
+    draws = [torch.rand(4, generator=loader.batch_generator(0)) for loader in ranks]
+    assert not torch.equal(*draws), "ranks must not share their augmentation draws"
+
+
+def test_eval_and_other_presets_keep_the_uint8_store(raw_shards):
+    manifest, _ = raw_shards
+    evaluation = make_memory_loader(_spec(manifest, split="test", train=False, preset="cifar"))
+    assert not evaluation.augmented and evaluation.fused is None
+    assert next(iter(evaluation))[0].dtype == torch.uint8
+    assert memory.resident_nbytes(manifest.split("train"), None, "none") == N_TRAIN * 3 * 6 * 5
+    padded = 2 * N_TRAIN * 3 * (6 + 8) * (5 + 8)  # pad 4 on every side, a mirrored copy
+    assert memory.resident_nbytes(manifest.split("train"), None, "cifar") == padded
+    assert memory.resident_nbytes(manifest.split("train"), None, "cifar", train=False) < padded
 
 
 def test_same_samples_as_the_cpu_backend(raw_shards):
@@ -272,6 +322,18 @@ def test_batches_live_on_the_gpu_and_match_the_cpu_store(raw_shards):
     assert all(x.is_cuda and y.is_cuda for x, y in on_gpu)
     for (xg, yg), (xc, yc) in zip(on_gpu, on_cpu, strict=True):
         assert torch.equal(xg.cpu(), xc) and torch.equal(yg.cpu(), yc)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_fused_cifar_batches_on_the_gpu(raw_shards):
+    manifest, _ = raw_shards
+    fused, plain = _cifar_and_plain(manifest, device="cuda")
+    assert fused.images.pixels.is_cuda
+    for b, ((x, y), (raw, raw_y)) in enumerate(zip(fused, plain, strict=True)):
+        assert x.is_cuda and x.dtype == torch.float32 and torch.equal(y, raw_y)
+        expected = get_preset("cifar").apply(raw, True, fused.batch_generator(b))
+        assert torch.equal(x, expected)
 
 
 @pytest.mark.realdata

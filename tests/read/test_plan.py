@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fastdata.read.plan import epoch_order, num_batches, rank_batches, rank_span, worker_batch_numbers
+from fastdata.read.plan import (
+    epoch_order,
+    num_batches,
+    rank_batches,
+    rank_span,
+    worker_batch_numbers,
+)
 
 SIZES = [64, 64, 64, 64, 44]  # 300 samples, a short last shard
 

@@ -1,0 +1,330 @@
+"""Decode a split once into one uint8 tensor, cached on disk (the store of the memory backend).
+
+Stored geometry (the size of every decoded image, a pure function of the split and `image_size`):
+
+- raw (`rgb`) samples keep their own size (the split's `raw_shape`); `image_size` is ignored, the
+  device preset crops or resizes.
+- encoded samples (`jpg` / `png`) without `image_size` keep their size when the split has one
+  common `raw_shape`; photos of varying size need an `image_size`.
+- encoded samples with `image_size` S: shorter side resized to floor(S * 256 / 224), centre-cropped
+  to that square (256 for 224). That is the usual resize-256 / crop-224 ratio: the device
+  "photo_device" preset has a 12.5 % margin to random-resized-crop from, and its eval centre crop
+  of S matches the standard evaluation geometry. JPEGs are decoded in draft (DCT-scaled) mode at
+  no less than the target resolution, then resized with Pillow's antialiased bilinear filter.
+
+Cache: the decoded split is written once to `<cache dir>/<split>-<key>.npy` (images, NCHW),
+`.meta.npy` (int64 label, sample_id, ok per row) and `.json` (header, written last: its presence
+marks a complete entry). Every file is written under a temporary name and renamed. The key hashes the
+split's shard sha256s, the stored size and the format versions, so a rewritten shard folder or a
+different size never hits a stale entry. Cache dir: the `cache_dir` argument, else
+$FASTDATA_CACHE_DIR, else `<manifest root>/.fastdata-cache/` (falling back to
+`~/.cache/fastdata` when that is not writable). Ranks that decode the same split at once each write
+their own temporary files; the renames are atomic and the contents identical.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from fastdata.manifest import FORMAT_VERSION, Manifest, SplitInfo
+from fastdata.read.decode import decode_raw
+from fastdata.read.shardio import ShardReader, ShardReadError
+
+__all__ = [
+    "CACHE_DIR_ENV",
+    "DecodedSplit",
+    "ImageSize",
+    "cache_key",
+    "decode_split",
+    "decoded_nbytes",
+    "resolve_cache_dir",
+    "stored_hw",
+]
+
+CACHE_DIR_ENV = "FASTDATA_CACHE_DIR"
+# Bump when the cache layout or the decode geometry changes: old entries then miss.
+_CACHE_LAYOUT = 1
+_CROP_RATIO = (256, 224)  # stored side / output side for photos
+
+_log = logging.getLogger("fastdata")
+ImageSize = int | tuple[int, int] | None
+DecodedSplit = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+# ---------------------------------------------------------------- geometry
+
+
+def stored_hw(info: SplitInfo, image_size: ImageSize) -> tuple[int, int]:
+    """(H, W) of every decoded image of a split (see the module docstring for the rule).
+
+    Raises:
+        ValueError: for photos of varying size without an `image_size`.
+    """
+    if info.encoding == "raw" or (image_size is None and info.raw_shape is not None):
+        if info.raw_shape is None:
+            raise ValueError("a raw split must have a raw_shape in its manifest; re-run the writer")
+        return int(info.raw_shape[0]), int(info.raw_shape[1])
+    if image_size is None:
+        raise ValueError(
+            f"the split's {info.encoding} images vary in size "
+            f"({info.image_stats or 'no stats'}): pass image_size (e.g. 224) to decode them to one size"
+        )
+    h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
+    if h <= 0 or w <= 0:
+        raise ValueError(f"image_size must be positive, got {image_size!r}")
+    num, den = _CROP_RATIO  # floor, as fastdata.augment.center_crop_params: 224 -> 256
+    return h * num // den, w * num // den
+
+
+def decoded_nbytes(info: SplitInfo, image_size: ImageSize) -> int:
+    """Bytes of the decoded split as uint8 (N, 3, H, W) at its stored size."""
+    h, w = stored_hw(info, image_size)
+    return info.num_samples * 3 * h * w
+
+
+# ---------------------------------------------------------------- cache
+
+
+def resolve_cache_dir(manifest: Manifest, cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """The cache folder: `cache_dir`, else $FASTDATA_CACHE_DIR, else `<root>/.fastdata-cache/`."""
+    chosen = cache_dir or os.environ.get(CACHE_DIR_ENV)
+    if chosen:
+        path = Path(chosen)
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    if "://" not in manifest.root:
+        path = Path(manifest.root) / ".fastdata-cache"
+        try:
+            path.mkdir(exist_ok=True)
+            if os.access(path, os.W_OK):
+                return path
+        except OSError:
+            pass
+    # Remote or read-only shard folders (a shared dataset): cache per user instead.
+    path = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fastdata"
+    _log.info(
+        "cache dir: %s is not writable, using %s (set $%s)", manifest.root, path, CACHE_DIR_ENV
+    )
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def cache_key(manifest: Manifest, split: str, hw: tuple[int, int]) -> str:
+    """The cache entry's name: a hash of the split's shard checksums, stored size and versions."""
+    ident = {
+        "format_version": FORMAT_VERSION,
+        "layout": _CACHE_LAYOUT,
+        "split": split,
+        "shards": [s.sha256 for s in manifest.split(split).shards],
+        "stored_hw": list(hw),
+    }
+    return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _paths(stem: Path, tag: str = "") -> dict[str, Path]:
+    """The entry's files; the header (".json") is written last and marks the entry complete."""
+    return {part: Path(f"{stem}{tag}{part}") for part in (".npy", ".meta.npy", ".json")}
+
+
+def _load_cached(stem: Path) -> tuple[np.ndarray, np.ndarray, dict] | None:
+    paths = _paths(stem)
+    if not all(path.exists() for path in paths.values()):
+        return None
+    # "c" (copy-on-write) maps without copying yet gives writable arrays, so torch.from_numpy stays
+    # silent; ranks on one host share the page cache.
+    images = np.load(paths[".npy"], mmap_mode="c")
+    return images, np.load(paths[".meta.npy"]), json.loads(paths[".json"].read_text())
+
+
+def decode_split(
+    manifest: Manifest,
+    split: str,
+    image_size: ImageSize = None,
+    workers: int | None = None,
+    *,
+    cache_dir: str | os.PathLike[str] | None = None,
+    on_error: str = "raise",
+) -> DecodedSplit:
+    """Decode every sample of a split once (or load it from the cache).
+
+    Args:
+        manifest: the shard folder's manifest.
+        split: split name.
+        image_size: output size of variable-size photos (see `stored_hw`).
+        workers: decoding threads (one shard each at a time); default: the CPU count.
+        cache_dir: cache folder (see `resolve_cache_dir`).
+        on_error: "raise" on a corrupt sample, or "skip" it (it is left out of the result).
+
+    Returns:
+        (images uint8 (N, 3, H, W), labels int64 (N,), sample_ids int64 (N,)), CPU tensors backed
+        by the cache file (memory-mapped, copy-on-write), in shard order.
+    """
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    hw = stored_hw(manifest.split(split), image_size)
+    stem = resolve_cache_dir(manifest, cache_dir) / f"{split}-{cache_key(manifest, split, hw)}"
+    cached = _load_cached(stem)
+    if cached is None:
+        _build_cache(manifest, split, hw, stem, workers, on_error)
+        cached = _load_cached(stem)
+        assert cached is not None, f"cache entry {stem} vanished right after it was written"
+    images, meta, header = cached
+    if header["skipped"] and on_error == "raise":
+        raise ValueError(
+            f"{len(header['skipped'])} corrupt samples in split {split!r} of {manifest.root} "
+            f"(first: {header['skipped'][0]}); pass on_error='skip' or re-write the shards"
+        )
+    tensors = torch.from_numpy(images), torch.from_numpy(meta[:, 0]), torch.from_numpy(meta[:, 1])
+    ok = meta[:, 2].astype(bool)
+    if not ok.all():  # rare: copies the good rows out of the mapping
+        keep = torch.from_numpy(np.flatnonzero(ok))
+        tensors = tuple(t.index_select(0, keep) for t in tensors)
+    return tensors
+
+
+def _build_cache(
+    manifest: Manifest,
+    split: str,
+    hw: tuple[int, int],
+    stem: Path,
+    workers: int | None,
+    on_error: str,
+) -> None:
+    shards = manifest.split(split).shards
+    n = sum(s.num_samples for s in shards)
+    if n == 0:
+        raise ValueError(f"split {split!r} of {manifest.root} has no samples")
+    need, free = n * 3 * hw[0] * hw[1], shutil.disk_usage(stem.parent).free
+    if need > free:
+        raise OSError(
+            f"decoding split {split!r} needs {need / 2**30:.2f} GiB in {stem.parent}, which has "
+            f"{free / 2**30:.2f} GiB free; set ${CACHE_DIR_ENV} to a folder on a bigger disk"
+        )
+    t0 = time.perf_counter()
+    tmp, final = _paths(stem, f".tmp-{os.getpid()}"), _paths(stem)
+    try:
+        images = np.lib.format.open_memmap(tmp[".npy"], mode="w+", dtype=np.uint8, shape=(n, 3, *hw))
+        meta = np.zeros((n, 3), dtype=np.int64)  # label, sample_id, ok
+        offsets = np.cumsum([0] + [s.num_samples for s in shards]).tolist()
+        jobs = [(manifest, split, i, offsets[i], images, meta, on_error) for i in range(len(shards))]
+        # Threads, not processes: Pillow releases the GIL while decoding and resizing, and every
+        # thread writes its rows straight into the one memory-mapped file.
+        with ThreadPoolExecutor(max(1, min(workers or os.cpu_count() or 1, len(jobs)))) as pool:
+            skipped = [key for keys in pool.map(lambda job: _decode_shard(*job), jobs) for key in keys]
+        images.flush()
+        del images
+        np.save(tmp[".meta.npy"], meta)
+        header = dict(split=split, root=manifest.root, num_samples=n, stored_hw=hw, skipped=skipped)
+        tmp[".json"].write_text(json.dumps(header, indent=1) + "\n")
+        for part in (".npy", ".meta.npy", ".json"):  # the header last: marks the entry complete
+            os.replace(tmp[part], final[part])
+    except BaseException:
+        for part in tmp.values():  # a failed decode leaves no partial cache file behind
+            part.unlink(missing_ok=True)
+        raise
+    elapsed = time.perf_counter() - t0
+    _log.info("decoded split %r: %d samples at %s in %.1f s -> %s", split, n, hw, elapsed, stem)
+
+
+# ---------------------------------------------------------------- decoding
+
+
+def _decode_shard(
+    manifest: Manifest,
+    split: str,
+    shard: int,
+    offset: int,
+    images: np.ndarray,
+    meta: np.ndarray,
+    on_error: str,
+) -> list[str]:
+    """Decode shard `shard` into rows [offset, offset + num_samples); returns the skipped samples."""
+    info = manifest.split(split)
+    reader = ShardReader(manifest, split, max_open=1)  # one per thread: readers are not shared
+    skipped: list[str] = []
+    try:
+        for i in range(info.shards[shard].num_samples):
+            try:
+                _decode_into(reader, info, shard, i, images, meta, offset + i)
+            except (ShardReadError, ValueError) as exc:
+                if isinstance(exc, ShardReadError) and exc.key is None:
+                    raise  # the whole shard is unreadable: never a per-sample skip
+                error = exc if isinstance(exc, ShardReadError) else None
+                error = error or ShardReadError(
+                    info.shards[shard].name, reader.key(shard, i), str(exc)
+                )
+                if on_error == "raise":
+                    raise error from exc
+                skipped.append(str(error))
+    finally:
+        # A traceback in flight may still hold views into the mapping; it is then closed by GC.
+        with contextlib.suppress(BufferError):
+            reader.close()
+    return skipped
+
+
+def _decode_into(
+    reader: ShardReader,
+    info: SplitInfo,
+    shard: int,
+    i: int,
+    images: np.ndarray,
+    meta: np.ndarray,
+    row: int,
+) -> None:
+    """Decode sample i of a shard into `images[row]` / `meta[row]` (its views die on return)."""
+    parts = reader.sample(shard, i)
+    label, sample_id = _label_and_id(reader.key(shard, i), parts)
+    images[row] = _decode_image(parts, info.raw_shape, images.shape[2:]).transpose(2, 0, 1)
+    meta[row] = (label, sample_id, 1)
+
+
+def _label_and_id(key: str, parts: dict[str, memoryview]) -> tuple[int, int]:
+    if "lid" in parts:
+        label, sample_id = np.frombuffer(parts["lid"], dtype="<i8", count=2)
+        return int(label), int(sample_id)
+    return int(bytes(parts["cls"])), int(key.rsplit("_", 1)[1])
+
+
+def _decode_image(
+    parts: dict[str, memoryview], raw_shape: list[int] | None, hw: tuple[int, int]
+) -> np.ndarray:
+    """One sample's pixels as uint8 HWC RGB at the stored size `hw`."""
+    if "rgb" in parts:
+        if raw_shape is None:
+            raise ValueError("rgb sample in a split without raw_shape; re-run `fastdata shard`")
+        return decode_raw(parts["rgb"], tuple(raw_shape))
+    data = parts.get("jpg", parts.get("jpeg", parts.get("png")))
+    if data is None:
+        raise ValueError(f"no image component (rgb/jpg/png) among {sorted(parts)}")
+    # Not decode.Geometry("center"): that is the eval crop itself; the store keeps the whole
+    # centre square of the shorter side so that the device preset has room to crop.
+    th, tw = hw
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            w, h = img.size
+            cover = max(tw / w, th / h)  # the scale at which the image just covers the target
+            # JPEG draft (DCT scaling) to no less than the covering size: much less decoding work.
+            img.draft("RGB", (max(1, round(w * cover)), max(1, round(h * cover))))
+            rgb = img.convert("RGB")
+    except (OSError, SyntaxError, Image.DecompressionBombError) as exc:
+        raise ValueError(f"cannot decode image ({type(exc).__name__}: {exc})") from exc
+    w, h = rgb.size
+    cover = max(tw / w, th / h)
+    box = ((w - tw / cover) / 2, (h - th / cover) / 2, (w + tw / cover) / 2, (h + th / cover) / 2)
+    if (w, h) != (tw, th):
+        rgb = rgb.resize((tw, th), Image.Resampling.BILINEAR, box=box)
+    return np.asarray(rgb, dtype=np.uint8)
