@@ -44,7 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=Path, default=data_dir())
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--prefetch", type=int, default=4, help="prefetch_factor of every method's loader")
+    p.add_argument(
+        "--prefetch", type=int, default=4, help="prefetch_factor of every method's loader"
+    )
     p.add_argument("--batches", type=int, default=120, help="timed CIFAR batches per method")
     p.add_argument("--photo-epochs", type=int, default=3, help="timed clothing epochs per method")
     p.add_argument("--quick", action="store_true", help="a smoke run: few batches")
@@ -110,7 +112,10 @@ def webdataset_loader(urls: list[str], batch_size: int, workers: int, prefetch: 
         .batched(batch_size)
     )
     return wds.WebLoader(
-        dataset, batch_size=None, num_workers=workers, persistent_workers=workers > 0,
+        dataset,
+        batch_size=None,
+        num_workers=workers,
+        persistent_workers=workers > 0,
         prefetch_factor=prefetch if workers else None,
     )
 
@@ -154,13 +159,21 @@ def _warmup(args) -> int:
 
 def _loader_kwargs(args) -> dict[str, Any]:
     w = args.workers
-    return dict(num_workers=w, persistent_workers=w > 0, prefetch_factor=args.prefetch if w else None)
+    return dict(
+        num_workers=w, persistent_workers=w > 0, prefetch_factor=args.prefetch if w else None
+    )
 
 
-def fastdata_run(root: Path, backend: str, batch: int, args, limit: int | None, **kw) -> dict[str, Any]:
+def fastdata_run(
+    root: Path, backend: str, batch: int, args, limit: int | None, **kw
+) -> dict[str, Any]:
     dm = ShardDataModule(
-        root, batch_size=batch, num_workers=args.workers, prefetch_factor=args.prefetch,
-        backend=backend, **kw,
+        root,
+        batch_size=batch,
+        num_workers=args.workers,
+        prefetch_factor=args.prefetch,
+        backend=backend,
+        **kw,
     )
     dm.setup("fit")
     loader = dm.train_dataloader()
@@ -208,9 +221,15 @@ def cifar_suite(args, work: Path) -> list[dict[str, Any]]:
             webdataset_loader(urls, b, args.workers, args.prefetch), args, limit
         ),
         "map-style (arrays, per-sample aug)": lambda: plain_run(
-            DataLoader(ArrayDataset(pixels, labels), batch_size=b, shuffle=True, drop_last=True,
-                       **_loader_kwargs(args)),
-            args, limit,
+            DataLoader(
+                ArrayDataset(pixels, labels),
+                batch_size=b,
+                shuffle=True,
+                drop_last=True,
+                **_loader_kwargs(args),
+            ),
+            args,
+            limit,
         ),
         "fastdata cpu": lambda: fastdata_run(shards, "cpu", b, args, limit),
         "fastdata memory": lambda: fastdata_run(shards, "memory", b, args, max(limit, 400)),
@@ -228,9 +247,15 @@ def photo_suite(args, work: Path) -> list[dict[str, Any]]:
     limit = args.photo_epochs * (800 // b)
     runs = {
         "Pillow per-sample DataLoader": lambda: plain_run(
-            DataLoader(PhotoFolder(root / "train", 224), batch_size=b, shuffle=True, drop_last=True,
-                       **_loader_kwargs(args)),
-            args, limit,
+            DataLoader(
+                PhotoFolder(root / "train", 224),
+                batch_size=b,
+                shuffle=True,
+                drop_last=True,
+                **_loader_kwargs(args),
+            ),
+            args,
+            limit,
         ),
         "fastdata cpu (draft-mode decode)": lambda: fastdata_run(
             shards, "cpu", b, args, limit, image_size=224

@@ -120,7 +120,9 @@ def print_table(rows: list[dict[str, Any]], columns: list[str], title: str) -> s
     ]
     for row in rows:
         lines.append(
-            "| " + " | ".join(_fmt(row.get(c)).ljust(w) for c, w in zip(columns, widths, strict=True)) + " |"
+            "| "
+            + " | ".join(_fmt(row.get(c)).ljust(w) for c, w in zip(columns, widths, strict=True))
+            + " |"
         )
     text = "\n".join(lines) + "\n"
     print(text)

@@ -1,10 +1,10 @@
 """The `fastdata` command line: a thin layer over library functions.
 
-    fastdata shard SOURCE INPUT OUT [options]   # cifar10 | cifar100 | folder | list
-    fastdata inspect OUT
-    fastdata verify OUT
-    fastdata tune OUT [--sweep]
-    fastdata train cifar100 [--data ARCHIVE | --download] [options]
+fastdata shard SOURCE INPUT OUT [options]   # cifar10 | cifar100 | folder | list
+fastdata inspect OUT
+fastdata verify OUT
+fastdata tune OUT [--sweep]
+fastdata train cifar100 [--data ARCHIVE | --download] [options]
 """
 
 from __future__ import annotations
@@ -53,15 +53,23 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:
     p.add_argument("source", choices=["cifar10", "cifar100", "folder", "list"])
     p.add_argument("input", nargs="?", help="archive, folder or list file (omit with --download)")
     p.add_argument("out", help="output folder")
-    p.add_argument("--download", action="store_true", help="cifar: download the official archive (MD5-checked)")
+    p.add_argument(
+        "--download", action="store_true", help="cifar: download the official archive (MD5-checked)"
+    )
     p.add_argument("--seed", type=int, default=0, help="seed of the cross-shard shuffle")
     p.add_argument("--max-count", type=int, default=10_000, help="most samples per shard")
     p.add_argument("--max-size", type=_size, default=None, help="most bytes per shard, e.g. 256M")
-    p.add_argument("--workers", type=int, default=None, help="writer processes (default: usable cores)")
+    p.add_argument(
+        "--workers", type=int, default=None, help="writer processes (default: usable cores)"
+    )
     p.add_argument("--encoding", default="auto", choices=["auto", "raw", "png", "jpeg", "keep"])
-    p.add_argument("--resize", type=int, default=None, help="shrink the shorter side to this many pixels")
+    p.add_argument(
+        "--resize", type=int, default=None, help="shrink the shorter side to this many pixels"
+    )
     p.add_argument("--quality", type=int, default=90, help="JPEG quality when re-encoding")
-    p.add_argument("--strict", action="store_true", help="stop at the first bad image instead of skipping it")
+    p.add_argument(
+        "--strict", action="store_true", help="stop at the first bad image instead of skipping it"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace a different dataset in OUT")
     p.add_argument("--no-progress", action="store_true")
     p.set_defaults(func=_shard)
@@ -83,15 +91,24 @@ def _shard(args: argparse.Namespace) -> int:
     from fastdata.write import ShardOptions, write_shards
 
     if args.download and args.source not in ("cifar10", "cifar100"):
-        raise SystemExit(f"fastdata shard: --download is only for cifar10/cifar100, not {args.source}")
+        raise SystemExit(
+            f"fastdata shard: --download is only for cifar10/cifar100, not {args.source}"
+        )
     kwargs = {"download": True} if args.download else {}
     if args.input is None and not args.download:
         raise SystemExit("fastdata shard: give INPUT, or --download for cifar10/cifar100")
     source = open_source(args.source, args.input, **kwargs)
     options = ShardOptions(
-        seed=args.seed, max_count=args.max_count, max_size=args.max_size, workers=args.workers,
-        encoding=args.encoding, resize=args.resize, quality=args.quality, strict=args.strict,
-        overwrite=args.overwrite, progress=not args.no_progress,
+        seed=args.seed,
+        max_count=args.max_count,
+        max_size=args.max_size,
+        workers=args.workers,
+        encoding=args.encoding,
+        resize=args.resize,
+        quality=args.quality,
+        strict=args.strict,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
     )
     manifest = write_shards(source, args.out, options)
     print(summarize(manifest))

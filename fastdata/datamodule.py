@@ -105,7 +105,9 @@ class ShardDataModule(pl.LightningDataModule):
             return
         self.manifest = load_manifest(self.root)
         self.split_names = _resolve_splits(self.manifest, self.split_names)
-        train = self.manifest.split(self.split_names.get("train") or next(iter(self.manifest.splits)))
+        train = self.manifest.split(
+            self.split_names.get("train") or next(iter(self.manifest.splits))
+        )
         small = train.raw_shape is not None and max(train.raw_shape[:2]) <= SMALL_IMAGE_SIDE
         if self.image_size is None and train.raw_shape is None:
             # Images of different sizes must be cropped to one; fixed-size data keeps its size.
@@ -125,8 +127,11 @@ class ShardDataModule(pl.LightningDataModule):
         from fastdata.read.auto import choose_backend
 
         name, _reason = choose_backend(  # logs its choice and the figures behind it
-            self.manifest, self.split_names.get("train", "train"), str(self._device()),
-            self.image_size, preset=preset,
+            self.manifest,
+            self.split_names.get("train", "train"),
+            str(self._device()),
+            self.image_size,
+            preset=preset,
         )
         trainer = self._trainer_or_none()
         if trainer is not None and trainer.world_size > 1:
@@ -153,13 +158,24 @@ class ShardDataModule(pl.LightningDataModule):
         self.setup()
         split = self.split_names.get(role)
         if split is None:
-            raise ValueError(f"{self.root} has no {role} split (splits: {sorted(self.manifest.splits)})")
+            raise ValueError(
+                f"{self.root} has no {role} split (splits: {sorted(self.manifest.splits)})"
+            )
         rank, world = self._rank_world()
         spec = LoaderSpec(
-            manifest=self.manifest, split=split, train=train, batch_size=self.batch_size,
-            seed=self.seed, epoch=self._epoch, rank=rank, world_size=world,
-            image_size=self.image_size, preset=self._preset.name, on_error=self.on_error,
-            device=str(self._device()), drop_last=self.drop_last and train,
+            manifest=self.manifest,
+            split=split,
+            train=train,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            epoch=self._epoch,
+            rank=rank,
+            world_size=world,
+            image_size=self.image_size,
+            preset=self._preset.name,
+            on_error=self.on_error,
+            device=str(self._device()),
+            drop_last=self.drop_last and train,
         )
         return self._size_workers(spec)
 
@@ -176,7 +192,9 @@ class ShardDataModule(pl.LightningDataModule):
         iterated (shutting down its persistent workers); loaders built later use them directly.
         """
         if num_workers < 0 or (prefetch_factor is not None and prefetch_factor < 1):
-            raise ValueError(f"need num_workers >= 0 and prefetch_factor >= 1, got {num_workers}, {prefetch_factor}")
+            raise ValueError(
+                f"need num_workers >= 0 and prefetch_factor >= 1, got {num_workers}, {prefetch_factor}"
+            )
         self.num_workers = num_workers
         if prefetch_factor is not None:
             self.prefetch_factor = prefetch_factor
@@ -191,15 +209,21 @@ class ShardDataModule(pl.LightningDataModule):
             trainer = self._trainer_or_none()
             # Ranks on one node share its cores; Lightning's launcher does not export that count.
             ranks_per_node = trainer.num_devices if trainer is not None else None
-            settings = auto_loader_settings(spec, backend=self._backend_name, ranks_per_node=ranks_per_node)
+            settings = auto_loader_settings(
+                spec, backend=self._backend_name, ranks_per_node=ranks_per_node
+            )
             workers = settings.num_workers if workers == "auto" else workers
             prefetch = settings.prefetch_factor if prefetch == "auto" else prefetch
-            spec = _replace(spec, pin_memory=settings.pin_memory, persistent_workers=settings.persistent_workers)
+            spec = _replace(
+                spec, pin_memory=settings.pin_memory, persistent_workers=settings.persistent_workers
+            )
         return _replace(spec, num_workers=int(workers), prefetch_factor=int(prefetch))
 
     # ------------------------------------------------------------------ device augmentation
 
-    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def on_after_batch_transfer(
+        self, batch: Any, dataloader_idx: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Augment (training) and normalize a uint8 batch on its device; count consumed batches."""
         x, y = batch
         train = self._is_training()
@@ -251,7 +275,11 @@ class ShardDataModule(pl.LightningDataModule):
         trainer = self._trainer_or_none()
         if trainer is not None:
             return trainer.strategy.root_device
-        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        return (
+            torch.device("cuda", torch.cuda.current_device())
+            if torch.cuda.is_available()
+            else torch.device("cpu")
+        )
 
     def _start_epoch(self, train: bool, augmented: bool) -> tuple[int, int]:
         """Called when a loader is iterated: the (epoch, first batch) it must produce."""
@@ -343,7 +371,9 @@ def _resolve_splits(manifest: Manifest, given: dict[str, str]) -> dict[str, str]
         names["test"] = "test" if "test" in available else names["val"]
     for role, split in names.items():
         if split and split not in available:
-            raise ValueError(f"{role} split {split!r} is not in {manifest.root} (splits: {sorted(available)})")
+            raise ValueError(
+                f"{role} split {split!r} is not in {manifest.root} (splits: {sorted(available)})"
+            )
     return {role: split for role, split in names.items() if split}
 
 

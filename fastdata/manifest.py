@@ -181,7 +181,9 @@ class Manifest:
                 format_version=version,
             )
         except (KeyError, TypeError) as exc:
-            raise ManifestError(f"{root}: manifest is missing or has a malformed field: {exc}") from exc
+            raise ManifestError(
+                f"{root}: manifest is missing or has a malformed field: {exc}"
+            ) from exc
 
 
 def load_manifest(root: str | os.PathLike[str]) -> Manifest:

@@ -30,7 +30,8 @@ def summarize(manifest: Manifest) -> str:
         stats = split.image_stats
         size = (
             f"{stats.get('min_height')}-{stats.get('max_height')} x {stats.get('min_width')}-{stats.get('max_width')}"
-            if stats else "-"
+            if stats
+            else "-"
         )
         lines.append(
             f"  {name:<11} {split.num_samples:>9,} samples in {len(split.shards):>4} shards, "
@@ -57,12 +58,18 @@ class VerifyReport:
         return not self.bad_shards and not self.bad_samples
 
     def __str__(self) -> str:
-        head = (
-            f"checked {self.shards_checked} shards, {self.samples_checked:,} samples: "
-            + ("OK" if self.ok else f"{len(self.bad_shards)} bad shards, {len(self.bad_samples)} bad samples")
+        head = f"checked {self.shards_checked} shards, {self.samples_checked:,} samples: " + (
+            "OK"
+            if self.ok
+            else f"{len(self.bad_shards)} bad shards, {len(self.bad_samples)} bad samples"
         )
-        return "\n".join([head, *(f"  bad shard  {s}" for s in self.bad_shards),
-                          *(f"  bad sample {s}" for s in self.bad_samples)])
+        return "\n".join(
+            [
+                head,
+                *(f"  bad shard  {s}" for s in self.bad_shards),
+                *(f"  bad sample {s}" for s in self.bad_samples),
+            ]
+        )
 
 
 def verify(root: str | os.PathLike[str], progress: bool = True) -> VerifyReport:
@@ -96,7 +103,9 @@ def verify(root: str | os.PathLike[str], progress: bool = True) -> VerifyReport:
     return report
 
 
-def _check_samples(reader: ShardReader, shard: int, count: int, shape, report: VerifyReport) -> None:
+def _check_samples(
+    reader: ShardReader, shard: int, count: int, shape, report: VerifyReport
+) -> None:
     rng = np.random.default_rng(0)
     name = reader.shards[shard].name
     try:

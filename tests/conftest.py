@@ -42,7 +42,9 @@ def write_jpeg_folder(root: Path, classes: int = 3, per_class: int = 4, size=(48
         for i in range(per_class):
             pixels = rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
             fmt = "PNG" if i == per_class - 1 else "JPEG"
-            Image.fromarray(pixels).save(folder / f"img{i}.{fmt.lower()[:3] if fmt == 'PNG' else 'jpg'}", fmt)
+            Image.fromarray(pixels).save(
+                folder / f"img{i}.{fmt.lower()[:3] if fmt == 'PNG' else 'jpg'}", fmt
+            )
     return root
 
 
@@ -57,5 +59,7 @@ def real_data() -> Path:
     """../shared/data (or $FASTDATA_DATA_DIR); skips the test when it is absent."""
     root = data_dir()
     if not (root / "cifar-100-python.tar.gz").exists() or not (root / "clothing-small").is_dir():
-        pytest.skip(f"real data not found at {root} (set FASTDATA_DATA_DIR to the shared data folder)")
+        pytest.skip(
+            f"real data not found at {root} (set FASTDATA_DATA_DIR to the shared data folder)"
+        )
     return root

@@ -57,7 +57,9 @@ def test_refused_output_is_a_clean_error(tmp_path, capsys):
 
 
 def test_python_dash_m_entry_point():
-    result = subprocess.run([sys.executable, "-m", "fastdata", "--version"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "fastdata", "--version"], capture_output=True, text=True
+    )
     assert result.returncode == 0 and result.stdout.startswith("fastdata ")
 
 
@@ -69,18 +71,36 @@ def _archive_rows(archive: Path, member: str) -> dict:
 @pytest.mark.realdata
 def test_real_cifar100(real_data, tmp_path):
     out = tmp_path / "cifar100"
-    assert main(["shard", "cifar100", str(real_data / "cifar-100-python.tar.gz"), str(out), "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "shard",
+                "cifar100",
+                str(real_data / "cifar-100-python.tar.gz"),
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     manifest = load_manifest(out)
     assert manifest.num_classes == 100
-    assert manifest.split("train").num_samples == 50_000 and manifest.split("test").num_samples == 10_000
+    assert (
+        manifest.split("train").num_samples == 50_000
+        and manifest.split("test").num_samples == 10_000
+    )
     assert set(manifest.split("train").class_counts) == {500}
     assert set(manifest.split("test").class_counts) == {100}
     rows = _archive_rows(real_data / "cifar-100-python.tar.gz", "cifar-100-python/train")
     checked = 0
-    for sample in wds.WebDataset(manifest.shard_url(manifest.split("train").shards[0]), shardshuffle=False):
+    for sample in wds.WebDataset(
+        manifest.shard_url(manifest.split("train").shards[0]), shardshuffle=False
+    ):
         label, sample_id = np.frombuffer(sample["lid"], dtype="<i8")
         expected = rows["data"][sample_id].reshape(3, 32, 32).transpose(1, 2, 0)
-        np.testing.assert_array_equal(np.frombuffer(sample["rgb"], np.uint8).reshape(32, 32, 3), expected)
+        np.testing.assert_array_equal(
+            np.frombuffer(sample["rgb"], np.uint8).reshape(32, 32, 3), expected
+        )
         assert label == rows["fine_labels"][sample_id]
         checked += 1
         if checked == 200:
@@ -90,14 +110,22 @@ def test_real_cifar100(real_data, tmp_path):
 @pytest.mark.realdata
 def test_real_clothing_folder(real_data, tmp_path):
     out = tmp_path / "clothing"
-    assert main(["shard", "folder", str(real_data / "clothing-small"), str(out), "--no-progress"]) == 0
+    assert (
+        main(["shard", "folder", str(real_data / "clothing-small"), str(out), "--no-progress"]) == 0
+    )
     manifest = load_manifest(out)
-    assert {k: v.num_samples for k, v in manifest.splits.items()} == {"train": 800, "validation": 341, "test": 372}
+    assert {k: v.num_samples for k, v in manifest.splits.items()} == {
+        "train": 800,
+        "validation": 341,
+        "test": 372,
+    }
     assert manifest.num_classes == 10 and manifest.split("train").encoding == "jpeg"
     from fastdata.sources import FolderSource
 
     source = FolderSource(real_data / "clothing-small")
-    samples = list(wds.WebDataset(manifest.shard_url(manifest.split("test").shards[0]), shardshuffle=False))
+    samples = list(
+        wds.WebDataset(manifest.shard_url(manifest.split("test").shards[0]), shardshuffle=False)
+    )
     assert len(samples) == 372
     for sample in samples:  # each sample's bytes are its own source file's, byte for byte
         label, sample_id = np.frombuffer(sample["lid"], dtype="<i8")

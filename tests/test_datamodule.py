@@ -22,7 +22,10 @@ class SmallCNN(pl.LightningModule):
     def __init__(self, num_classes: int) -> None:
         super().__init__()
         self.net = nn.Sequential(
-            nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.Conv2d(3, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
             nn.Linear(8, num_classes),
         )
         self.seen: list[int] = []
@@ -43,7 +46,9 @@ class SmallCNN(pl.LightningModule):
 
 
 def test_contract_of_the_readme(tiny_shards):
-    dm = ShardDataModule(tiny_shards, batch_size=32, num_workers=2, prefetch_factor=2, backend="cpu")
+    dm = ShardDataModule(
+        tiny_shards, batch_size=32, num_workers=2, prefetch_factor=2, backend="cpu"
+    )
     dm.setup("fit")
     device = torch.device("cpu")
     n = 0
@@ -56,11 +61,18 @@ def test_contract_of_the_readme(tiny_shards):
 
 
 def test_unchanged_lightning_module_trains_one_epoch(tiny_shards):
-    dm = ShardDataModule(tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="cpu", preset="cifar")
+    dm = ShardDataModule(
+        tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="cpu", preset="cifar"
+    )
     model = SmallCNN(num_classes=300)
     trainer = pl.Trainer(
-        max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
+        max_epochs=1,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
     )
     trainer.fit(model, datamodule=dm)
     assert len(model.seen) == 9 * 32 and len(set(model.seen)) == len(model.seen)
@@ -70,10 +82,14 @@ def test_unchanged_lightning_module_trains_one_epoch(tiny_shards):
 
 
 def test_load_state_dict_resumes_mid_epoch(tiny_shards):
-    full = ShardDataModule(tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="cpu")
+    full = ShardDataModule(
+        tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="cpu"
+    )
     full.setup()
     epoch0 = [y.tolist() for _, y in full.train_dataloader()]
-    resumed = ShardDataModule(tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="cpu")
+    resumed = ShardDataModule(
+        tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="cpu"
+    )
     resumed.load_state_dict({"epoch": 0, "batches_seen": 4})
     resumed.setup()
     assert [y.tolist() for _, y in resumed.train_dataloader()] == epoch0[4:]
@@ -115,10 +131,14 @@ DDP_SCRIPT = textwrap.dedent(
 
 
 def run_ddp(tmp_path: Path, shards: Path, backend: str) -> dict[str, list[int]]:
-    script = DDP_SCRIPT.format(root=str(Path(__file__).parents[1]), out=str(tmp_path), shards=str(shards), backend=backend)
+    script = DDP_SCRIPT.format(
+        root=str(Path(__file__).parents[1]), out=str(tmp_path), shards=str(shards), backend=backend
+    )
     path = tmp_path / "ddp_run.py"  # a file: Lightning's DDP launcher re-runs the script per rank
     path.write_text(script)
-    result = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, str(path)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("rank*-epoch*.json")}
 
@@ -129,7 +149,11 @@ def test_ddp_two_processes_get_equal_batches_and_the_whole_split(tmp_path):
     from tests.conftest import unique_label_source
 
     shards = tmp_path / "shards"  # 301 samples: one rank needs one padding sample
-    write_shards(unique_label_source(n_train=301), shards, ShardOptions(max_count=64, workers=1, progress=False))
+    write_shards(
+        unique_label_source(n_train=301),
+        shards,
+        ShardOptions(max_count=64, workers=1, progress=False),
+    )
     seen = run_ddp(tmp_path, shards, "cpu")
     assert sorted(seen) == ["rank0-epoch0", "rank0-epoch1", "rank1-epoch0", "rank1-epoch1"]
     for epoch in (0, 1):

@@ -29,7 +29,9 @@ def _blocks(lang: str, section: str) -> list[str]:
 
 
 def test_setup_is_exactly_two_commands():
-    commands = [line for block in _blocks("bash", "Set-up") for line in block.splitlines() if line.strip()]
+    commands = [
+        line for block in _blocks("bash", "Set-up") for line in block.splitlines() if line.strip()
+    ]
     assert len(commands) == 2, commands
     assert "install" in commands[0] and "pytest" in commands[1]
 
@@ -47,7 +49,11 @@ def test_quick_start_runs_as_written(real_data, tmp_path, monkeypatch):
         for line in block.splitlines():
             if line.startswith("fastdata shard"):
                 args = shlex.split(line)[1:] + ["--no-progress"]
-                subprocess.run(fastdata + args, check=True, env={**os.environ, "PYTHONPATH": str(README.parent)})
+                subprocess.run(
+                    fastdata + args,
+                    check=True,
+                    env={**os.environ, "PYTHONPATH": str(README.parent)},
+                )
     namespace: dict = {"__name__": "__readme__"}
     for block in _blocks("python", "Quick start"):
         exec(compile(block, str(README), "exec"), namespace)

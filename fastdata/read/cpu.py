@@ -58,7 +58,9 @@ class ShardBatchDataset(IterableDataset):
         self.spec = spec
         split = spec.manifest.split(spec.split)
         self.shard_sizes = [s.num_samples for s in split.shards]
-        self.raw_shape = tuple(split.raw_shape) if split.encoding == "raw" and split.raw_shape else None
+        self.raw_shape = (
+            tuple(split.raw_shape) if split.encoding == "raw" and split.raw_shape else None
+        )
         self.geometry = decode_geometry(spec)
         # [epoch, start_batch, skipped samples of worker 0, 1, ...]: shared so that (persistent)
         # workers see a new epoch; one skip counter per worker so that no increment is lost.
@@ -80,7 +82,9 @@ class ShardBatchDataset(IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         order = epoch_order(self.shard_sizes, spec.seed, epoch, shuffle=spec.train)
-        batches = rank_batches(rank_span(order, spec.rank, spec.world_size), spec.batch_size, self._drop_last)
+        batches = rank_batches(
+            rank_span(order, spec.rank, spec.world_size), spec.batch_size, self._drop_last
+        )
         reader = ShardReader(spec.manifest, spec.split)
         try:
             for number in worker_batch_numbers(len(batches), start, worker, workers):
@@ -108,20 +112,28 @@ class ShardBatchDataset(IterableDataset):
             labels.append(label)
         if not images:
             empty = self.raw_shape or (self.geometry.size, self.geometry.size, 3)
-            return torch.zeros((0, 3, empty[0], empty[1]), dtype=torch.uint8), torch.zeros(0, dtype=torch.int64)
+            return torch.zeros((0, 3, empty[0], empty[1]), dtype=torch.uint8), torch.zeros(
+                0, dtype=torch.int64
+            )
         # NHWC -> NCHW as a view: the batch is contiguous in channels_last memory format.
         x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2)
         return x, torch.tensor(labels, dtype=torch.int64)
 
-    def _decode(self, reader: ShardReader, shard: int, index: int, rng: np.random.Generator) -> np.ndarray:
+    def _decode(
+        self, reader: ShardReader, shard: int, index: int, rng: np.random.Generator
+    ) -> np.ndarray:
         components = reader.sample(shard, index)
         try:
             if self.raw_shape is not None:
-                return decode_raw(_component(components, ("rgb",), reader, shard, index), self.raw_shape)
+                return decode_raw(
+                    _component(components, ("rgb",), reader, shard, index), self.raw_shape
+                )
             data = _component(components, ("jpg", "png", "jpeg", "webp"), reader, shard, index)
             return decode_image(data, self.geometry, rng)
         except ValueError as exc:
-            raise ShardReadError(reader.shards[shard].name, reader.key(shard, index), str(exc)) from exc
+            raise ShardReadError(
+                reader.shards[shard].name, reader.key(shard, index), str(exc)
+            ) from exc
 
     def _label(self, reader: ShardReader, shard: int, index: int) -> int:
         lid = reader.sample(shard, index, ("lid",))["lid"]
@@ -138,12 +150,15 @@ class ShardBatchDataset(IterableDataset):
         log.warning("skipped bad sample %s in %s (on_error='skip')", key, name)
 
 
-def _component(components: dict, exts: tuple[str, ...], reader: ShardReader, shard: int, index: int):
+def _component(
+    components: dict, exts: tuple[str, ...], reader: ShardReader, shard: int, index: int
+):
     for ext in exts:
         if ext in components:
             return components[ext]
     raise ShardReadError(
-        reader.shards[shard].name, reader.key(shard, index),
+        reader.shards[shard].name,
+        reader.key(shard, index),
         f"sample has no image component (looked for {exts}, found {sorted(components)})",
     )
 

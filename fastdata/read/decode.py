@@ -57,7 +57,9 @@ def decode_raw(data: memoryview | bytes, shape: tuple[int, int, int]) -> np.ndar
     return np.frombuffer(data, dtype=np.uint8).reshape(shape)
 
 
-def decode_image(data: memoryview | bytes, geometry: Geometry, rng: np.random.Generator) -> np.ndarray:
+def decode_image(
+    data: memoryview | bytes, geometry: Geometry, rng: np.random.Generator
+) -> np.ndarray:
     """Decode JPEG/PNG bytes to uint8 HWC RGB with the decode-time `geometry`.
 
     Raises:

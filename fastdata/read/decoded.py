@@ -216,14 +216,20 @@ def _build_cache(
     t0 = time.perf_counter()
     tmp, final = _paths(stem, f".tmp-{os.getpid()}"), _paths(stem)
     try:
-        images = np.lib.format.open_memmap(tmp[".npy"], mode="w+", dtype=np.uint8, shape=(n, 3, *hw))
+        images = np.lib.format.open_memmap(
+            tmp[".npy"], mode="w+", dtype=np.uint8, shape=(n, 3, *hw)
+        )
         meta = np.zeros((n, 3), dtype=np.int64)  # label, sample_id, ok
         offsets = np.cumsum([0] + [s.num_samples for s in shards]).tolist()
-        jobs = [(manifest, split, i, offsets[i], images, meta, on_error) for i in range(len(shards))]
+        jobs = [
+            (manifest, split, i, offsets[i], images, meta, on_error) for i in range(len(shards))
+        ]
         # Threads, not processes: Pillow releases the GIL while decoding and resizing, and every
         # thread writes its rows straight into the one memory-mapped file.
         with ThreadPoolExecutor(max(1, min(workers or os.cpu_count() or 1, len(jobs)))) as pool:
-            skipped = [key for keys in pool.map(lambda job: _decode_shard(*job), jobs) for key in keys]
+            skipped = [
+                key for keys in pool.map(lambda job: _decode_shard(*job), jobs) for key in keys
+            ]
         images.flush()
         del images
         np.save(tmp[".meta.npy"], meta)

@@ -205,7 +205,9 @@ class MemoryLoader:
         if generator is None:
             generator = self._generator = torch.Generator(device=self.device)
         spec = self.spec
-        return generator.manual_seed(_seed("fastdata-augment", spec.seed, self.epoch, spec.rank, batch))
+        return generator.manual_seed(
+            _seed("fastdata-augment", spec.seed, self.epoch, spec.rank, batch)
+        )
 
     def augment(self, rows: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """The fused pad-crop, flip and normalization of the store's `rows` (a float batch).
@@ -250,7 +252,13 @@ def make_memory_loader(spec: LoaderSpec) -> BatchLoader:
     device = torch.device(spec.device)
     hw, fused = _store_layout(spec)
     layout = ("padded", fused.pad, fused.flip_p > 0) if fused is not None else ("nchw",)
-    key = (spec.manifest.root, cache_key(spec.manifest, spec.split, hw), spec.on_error, str(device), layout)
+    key = (
+        spec.manifest.root,
+        cache_key(spec.manifest, spec.split, hw),
+        spec.on_error,
+        str(device),
+        layout,
+    )
     if key not in _DEVICE_STORE:
         images, labels, _ = decode_split(
             spec.manifest, spec.split, spec.image_size, on_error=spec.on_error

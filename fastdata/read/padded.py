@@ -73,7 +73,9 @@ class PaddedImages:
             raise ValueError(f"pad must be >= 0, got {pad}")
         n, c, h, w = images.shape
         copies = 2 if mirrored else 1
-        data = torch.zeros((copies, n, c, h + 2 * pad, w + 2 * pad), dtype=torch.uint8, device=device)
+        data = torch.zeros(
+            (copies, n, c, h + 2 * pad, w + 2 * pad), dtype=torch.uint8, device=device
+        )
         rows = max(1, _BUILD_CHUNK_BYTES // padded_nbytes(1, c, h, w, pad, mirrored))
         for start in range(0, n, rows):
             chunk = images[start : start + rows].to(device)

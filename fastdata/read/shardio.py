@@ -71,7 +71,9 @@ def parse_index(text: str, shard: str) -> ShardIndex:
         components.append(entry)
     declared = int(lines[0].split()[1])
     if declared != len(keys):
-        raise ShardReadError(shard, None, f"index declares {declared} samples but lists {len(keys)}")
+        raise ShardReadError(
+            shard, None, f"index declares {declared} samples but lists {len(keys)}"
+        )
     return ShardIndex(keys, components)
 
 
@@ -112,7 +114,9 @@ class ShardReader:
     def key(self, shard: int, index: int) -> str:
         return self._get(shard)[0].keys[index]
 
-    def sample(self, shard: int, index: int, exts: tuple[str, ...] | None = None) -> dict[str, memoryview]:
+    def sample(
+        self, shard: int, index: int, exts: tuple[str, ...] | None = None
+    ) -> dict[str, memoryview]:
         """The components of one sample (all of them, or those in `exts`), as zero-copy views.
 
         Raises:
@@ -127,12 +131,15 @@ class ShardReader:
         for ext in wanted:
             if ext not in entry:
                 raise ShardReadError(
-                    self.shards[shard].name, key, f"sample has no '{ext}' component (has {sorted(entry)})"
+                    self.shards[shard].name,
+                    key,
+                    f"sample has no '{ext}' component (has {sorted(entry)})",
                 )
             offset, size = entry[ext]
             if offset + size > len(data):
                 raise ShardReadError(
-                    self.shards[shard].name, key,
+                    self.shards[shard].name,
+                    key,
                     f"shard is truncated ({len(data)} bytes; '{ext}' needs bytes up to {offset + size})",
                 )
             out[ext] = view[offset : offset + size]
@@ -152,7 +159,8 @@ class ShardReader:
         index = _load_index(self.manifest.index_url(info), info.name, data)
         if len(index) != info.num_samples:
             raise ShardReadError(
-                info.name, None,
+                info.name,
+                None,
                 f"index lists {len(index)} samples but the manifest says {info.num_samples}",
             )
         self._open[shard] = (index, data)

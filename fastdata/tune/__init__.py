@@ -117,8 +117,14 @@ def measure_spec_cost(
     from fastdata.read.cpu import CpuLoader  # the read side imports decoders; load on use
 
     measured = dataclasses.replace(
-        spec, num_workers=0, epoch=0, start_batch=0, rank=0, world_size=1,
-        pin_memory=False, persistent_workers=False,
+        spec,
+        num_workers=0,
+        epoch=0,
+        start_batch=0,
+        rank=0,
+        world_size=1,
+        pin_memory=False,
+        persistent_workers=False,
     )
     return measure_sample_cost(
         lambda: CpuLoader(measured),
@@ -370,8 +376,11 @@ def measure_settings(
         warnings.filterwarnings("ignore", message=".*worker processes in total.*")
         loader = CpuLoader(
             dataclasses.replace(
-                spec, num_workers=num_workers, prefetch_factor=prefetch_factor,
-                pin_memory=False, persistent_workers=num_workers > 0,
+                spec,
+                num_workers=num_workers,
+                prefetch_factor=prefetch_factor,
+                pin_memory=False,
+                persistent_workers=num_workers > 0,
             )
         )
         batches = _epochs(loader)

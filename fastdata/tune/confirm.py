@@ -30,7 +30,10 @@ def candidate_workers(settings: LoaderSettings, probe: Probe, main_cores: float 
 
 
 def confirm_by_measurement(
-    spec: LoaderSpec, settings: LoaderSettings, probe: Probe, n_batches: int = 6,
+    spec: LoaderSpec,
+    settings: LoaderSettings,
+    probe: Probe,
+    n_batches: int = 6,
     main_cores: float = 0.0,
 ) -> LoaderSettings:
     """The fastest of `candidate_workers` (at the rule's prefetch), with the timings as reasons."""

@@ -67,13 +67,17 @@ def resolve_encoding(encoding: str, array_source: bool, resize: int | None) -> s
             "use 'keep', 'png' or 'jpeg' for image files"
         )
     if encoding == "keep" and array_source:
-        raise ValueError("encoding 'keep' keeps image files as they are; arrays have no file: use 'raw' or 'png'")
+        raise ValueError(
+            "encoding 'keep' keeps image files as they are; arrays have no file: use 'raw' or 'png'"
+        )
     if encoding == "raw" and resize is not None:
         raise ValueError("--resize cannot be combined with encoding 'raw'")
     return encoding
 
 
-def encode_item(item: SourceItem, encoding: str, resize: int | None = None, quality: int = 90) -> EncodedSample:
+def encode_item(
+    item: SourceItem, encoding: str, resize: int | None = None, quality: int = 90
+) -> EncodedSample:
     """Encode one source item with a concrete encoding (see `resolve_encoding`).
 
     Raises:
@@ -96,19 +100,29 @@ def encode_item(item: SourceItem, encoding: str, resize: int | None = None, qual
     if encoding == "jpeg":
         return EncodedSample("jpg", _save(rgb, "JPEG", quality=quality), rgb.height, rgb.width)
     # "keep" for a non-JPEG file, and "png": lossless PNG.
-    return EncodedSample("png", _save(rgb, "PNG", compress_level=PNG_COMPRESS_LEVEL), rgb.height, rgb.width)
+    return EncodedSample(
+        "png", _save(rgb, "PNG", compress_level=PNG_COMPRESS_LEVEL), rgb.height, rgb.width
+    )
 
 
-def _encode_pixels(pixels: np.ndarray, encoding: str, resize: int | None, quality: int) -> EncodedSample:
+def _encode_pixels(
+    pixels: np.ndarray, encoding: str, resize: int | None, quality: int
+) -> EncodedSample:
     height, width = int(pixels.shape[0]), int(pixels.shape[1])
     if encoding == "raw":
-        return EncodedSample("rgb", np.ascontiguousarray(pixels, dtype=np.uint8).tobytes(), height, width)
+        return EncodedSample(
+            "rgb", np.ascontiguousarray(pixels, dtype=np.uint8).tobytes(), height, width
+        )
     image = Image.fromarray(np.ascontiguousarray(pixels, dtype=np.uint8), "RGB")
     if resize is not None:
         image = _resize_shorter(image, resize)
     if encoding == "jpeg":
-        return EncodedSample("jpg", _save(image, "JPEG", quality=quality), image.height, image.width)
-    return EncodedSample("png", _save(image, "PNG", compress_level=PNG_COMPRESS_LEVEL), image.height, image.width)
+        return EncodedSample(
+            "jpg", _save(image, "JPEG", quality=quality), image.height, image.width
+        )
+    return EncodedSample(
+        "png", _save(image, "PNG", compress_level=PNG_COMPRESS_LEVEL), image.height, image.width
+    )
 
 
 def _decode_fully(data: bytes, origin: str) -> tuple[Image.Image, str]:

@@ -107,7 +107,9 @@ class ShardResult:
     skipped: list[list[str]] = field(default_factory=list)  # [origin, reason]
 
 
-def write_shards(source: Source, out: str | os.PathLike[str], options: ShardOptions = ShardOptions()) -> Manifest:
+def write_shards(
+    source: Source, out: str | os.PathLike[str], options: ShardOptions = ShardOptions()
+) -> Manifest:
     """Shard `source` into `out` and return the manifest (see module docstring).
 
     Raises:
@@ -157,7 +159,9 @@ def plan_jobs(source: Source, options: ShardOptions) -> list[ShardJob]:
     return jobs
 
 
-def _cut(order: list[int], sizes: list[int] | None, max_count: int, max_size: int | None) -> Iterator[list[int]]:
+def _cut(
+    order: list[int], sizes: list[int] | None, max_count: int, max_size: int | None
+) -> Iterator[list[int]]:
     shard: list[int] = []
     shard_bytes = 0
     for pos, sample_id in enumerate(order):
@@ -238,7 +242,11 @@ CACHE_DIR = ".fastdata-cache"  # decoded splits of the memory backend (fastdata.
 
 
 def _is_ours(path: Path) -> bool:
-    return path.name in (MANIFEST_NAME, WORK_DIR, CACHE_DIR) or path.suffix in (".tar", ".idx") or ".tmp-" in path.name
+    return (
+        path.name in (MANIFEST_NAME, WORK_DIR, CACHE_DIR)
+        or path.suffix in (".tar", ".idx")
+        or ".tmp-" in path.name
+    )
 
 
 def _clear_ours(out_dir: Path) -> None:
@@ -262,7 +270,9 @@ def _atomic_write(path: Path, text: str) -> None:
 _WORKER_STATE: dict[str, Any] = {}
 
 
-def _run_jobs(source: Source, jobs: list[ShardJob], out_dir: Path, encoding: str, options: ShardOptions) -> None:
+def _run_jobs(
+    source: Source, jobs: list[ShardJob], out_dir: Path, encoding: str, options: ShardOptions
+) -> None:
     if not jobs:
         return
     workers = options.workers or _usable_cores()
@@ -360,7 +370,9 @@ def _report_skipped(results: list[ShardResult]) -> None:
     skipped = [s for r in results for s in r.skipped]
     if skipped:
         lines = "\n".join(f"  {origin}: {reason}" for origin, reason in skipped)
-        log.warning("skipped %d bad source sample(s) (listed in the manifest):\n%s", len(skipped), lines)
+        log.warning(
+            "skipped %d bad source sample(s) (listed in the manifest):\n%s", len(skipped), lines
+        )
 
 
 def _build_manifest(
@@ -400,7 +412,11 @@ def _split_info(results: list[ShardResult], num_classes: int, encoding: str) -> 
     exts = sorted({e for r in written for e in r.exts})
     stored = {("rgb",): "raw", ("png",): "png", ("jpg",): "jpeg"}.get(tuple(exts), "mixed")
     raw_shape = None
-    if stats and stats["min_height"] == stats["max_height"] and stats["min_width"] == stats["max_width"]:
+    if (
+        stats
+        and stats["min_height"] == stats["max_height"]
+        and stats["min_width"] == stats["max_width"]
+    ):
         raw_shape = [int(stats["min_height"]), int(stats["min_width"]), 3]
     return SplitInfo(
         shards=[ShardInfo(r.name, r.index, r.num_samples, r.bytes, r.sha256) for r in written],

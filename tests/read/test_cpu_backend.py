@@ -32,7 +32,11 @@ def test_epoch_yields_every_sample_once_in_exact_batches(tiny_shards):
     batches = list(loader)
     assert len(batches) == len(loader) == 10  # ceil(300 / 32)
     x, y = batches[0]
-    assert x.dtype.is_floating_point is False and x.shape == (32, 3, 8, 8) and y.dtype.is_floating_point is False
+    assert (
+        x.dtype.is_floating_point is False
+        and x.shape == (32, 3, 8, 8)
+        and y.dtype.is_floating_point is False
+    )
     assert sorted(_labels(loader)) == list(range(300))
 
 
@@ -83,13 +87,17 @@ def test_missing_component_names_shard_and_key(tiny_shards):
     lines[3] = " ".join(lines[3].split()[:8])  # drop the third component (rgb) of sample 3
     index.write_text("\n".join(lines) + "\n")
     reader = ShardReader(manifest, "train")
-    with pytest.raises(ShardReadError, match=r"sample 'train_\d{8}': sample has no 'rgb' component"):
+    with pytest.raises(
+        ShardReadError, match=r"sample 'train_\d{8}': sample has no 'rgb' component"
+    ):
         reader.sample(0, 2, ("rgb",))
 
 
 def test_corrupt_jpeg_at_read_time_is_named(tmp_path):
     root = write_jpeg_folder(tmp_path / "imgs", classes=2, per_class=3)
-    manifest = write_shards(FolderSource(root), tmp_path / "out", ShardOptions(workers=1, progress=False))
+    manifest = write_shards(
+        FolderSource(root), tmp_path / "out", ShardOptions(workers=1, progress=False)
+    )
     shard = manifest.split(next(iter(manifest.splits))).shards[0]
     path = Path(manifest.shard_url(shard))
     data = bytearray(path.read_bytes())
@@ -108,14 +116,20 @@ def test_photo_geometry_gives_fixed_size_batches(tmp_path):
     write_shards(FolderSource(root), tmp_path / "out", ShardOptions(workers=1, progress=False))
     split = next(iter(load_manifest(tmp_path / "out").splits))
     for train in (True, False):
-        batches = list(make_cpu_loader(_spec(tmp_path / "out", split=split, train=train, image_size=24, batch_size=4)))
+        batches = list(
+            make_cpu_loader(
+                _spec(tmp_path / "out", split=split, train=train, image_size=24, batch_size=4)
+            )
+        )
         assert all(x.shape == (4, 3, 24, 24) for x, _ in batches)
 
 
 def test_mixed_sizes_without_image_size_is_a_clear_error(tmp_path):
     root = write_jpeg_folder(tmp_path / "imgs", classes=1, per_class=2)
     (root / "class0" / "big.jpg").write_bytes(
-        __import__("tests.conftest", fromlist=["jpeg_bytes"]).jpeg_bytes(np.zeros((10, 20, 3), np.uint8))
+        __import__("tests.conftest", fromlist=["jpeg_bytes"]).jpeg_bytes(
+            np.zeros((10, 20, 3), np.uint8)
+        )
     )
     write_shards(FolderSource(root), tmp_path / "out", ShardOptions(workers=1, progress=False))
     split = next(iter(load_manifest(tmp_path / "out").splits))
@@ -151,11 +165,18 @@ def test_errors_from_workers_keep_their_type(tiny_shards):
 def test_fixed_size_png_split_keeps_its_size(tmp_path):
     from fastdata.datamodule import ShardDataModule
 
-    write_shards(unique_label_source(n_train=40, n_test=8), tmp_path / "png",
-                 ShardOptions(encoding="png", workers=1, progress=False))
-    dm = ShardDataModule(tmp_path / "png", batch_size=8, num_workers=0, prefetch_factor=2, backend="cpu")
+    write_shards(
+        unique_label_source(n_train=40, n_test=8),
+        tmp_path / "png",
+        ShardOptions(encoding="png", workers=1, progress=False),
+    )
+    dm = ShardDataModule(
+        tmp_path / "png", batch_size=8, num_workers=0, prefetch_factor=2, backend="cpu"
+    )
     dm.setup()
     x, y = next(iter(dm.train_dataloader()))
     assert x.shape == (8, 3, 8, 8) and dm._preset.name == "cifar"
     for image, label in zip(x, y, strict=True):
-        assert np.array_equal(image.permute(1, 2, 0).numpy(), unique_label_source().item("train", int(label)).pixels)
+        assert np.array_equal(
+            image.permute(1, 2, 0).numpy(), unique_label_source().item("train", int(label)).pixels
+        )

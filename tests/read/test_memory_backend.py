@@ -190,7 +190,9 @@ def test_fused_augmentation_is_replayed_on_resume_and_new_each_epoch(raw_shards)
     resumed.set_epoch(2)
     next_epoch = list(resumed)
     assert not torch.equal(next_epoch[0][0], full[0][0])
-    ranks = [make_memory_loader(_spec(manifest, preset="cifar", rank=r, world_size=2)) for r in (0, 1)]
+    ranks = [
+        make_memory_loader(_spec(manifest, preset="cifar", rank=r, world_size=2)) for r in (0, 1)
+    ]
     draws = [torch.rand(4, generator=loader.batch_generator(0)) for loader in ranks]
     assert not torch.equal(*draws), "ranks must not share their augmentation draws"
 

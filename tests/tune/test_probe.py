@@ -137,8 +137,11 @@ def clock(monkeypatch) -> _FakeClock:
 
     fake = _FakeClock()
     fake_time = types.SimpleNamespace(
-        perf_counter=lambda: fake.wall, process_time=lambda: fake.cpu, sleep=fake.sleep,
-        time=lambda: fake.wall, monotonic=lambda: fake.wall,
+        perf_counter=lambda: fake.wall,
+        process_time=lambda: fake.cpu,
+        sleep=fake.sleep,
+        time=lambda: fake.wall,
+        monotonic=lambda: fake.wall,
     )
     monkeypatch.setattr(probe_module, "time", fake_time)
     monkeypatch.setattr(tune_module, "time", fake_time)

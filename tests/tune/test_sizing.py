@@ -246,4 +246,3 @@ def test_confirm_by_measurement_keeps_the_fastest_load_dependent_candidate(monke
     assert "0 workers is fastest" in chosen.reasons[-1] and chosen.reasons[0] == "rule"
     assert confirm_by_measurement(None, base, busy).num_workers == 3  # the load changed the answer
     assert all(p == 2 for _, p in timed)
-

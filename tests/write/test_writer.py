@@ -64,16 +64,21 @@ def test_same_input_and_seed_give_identical_bytes_whatever_the_workers(tmp_path)
     source = unique_label_source(n_train=200)
     write_shards(source, tmp_path / "a", ShardOptions(max_count=50, workers=1, progress=False))
     write_shards(source, tmp_path / "b", ShardOptions(max_count=50, workers=2, progress=False))
-    write_shards(source, tmp_path / "c", ShardOptions(max_count=50, seed=1, workers=1, progress=False))
+    write_shards(
+        source, tmp_path / "c", ShardOptions(max_count=50, seed=1, workers=1, progress=False)
+    )
     names = _files(tmp_path / "a")
     assert names == _files(tmp_path / "b")
     assert all(filecmp.cmp(tmp_path / "a" / n, tmp_path / "b" / n, shallow=False) for n in names)
-    assert not filecmp.cmp(tmp_path / "a" / "train-000000.tar", tmp_path / "c" / "train-000000.tar", shallow=False)
+    assert not filecmp.cmp(
+        tmp_path / "a" / "train-000000.tar", tmp_path / "c" / "train-000000.tar", shallow=False
+    )
 
 
 def test_max_size_cuts_shards_by_estimated_bytes(tmp_path):
     manifest = write_shards(
-        unique_label_source(n_train=100), tmp_path / "out",
+        unique_label_source(n_train=100),
+        tmp_path / "out",
         ShardOptions(max_count=1000, max_size=20 * 192, workers=1, progress=False),
     )
     assert [s.num_samples for s in manifest.split("train").shards] == [20] * 5
@@ -88,10 +93,21 @@ def test_rerun_is_a_no_op_and_a_different_dataset_is_refused(tmp_path):
     other = unique_label_source(n_train=120)
     with pytest.raises(ShardingError, match="different dataset.*--overwrite"):
         write_shards(other, out, OPTS)
-    replaced = write_shards(other, out, ShardOptions(max_count=64, workers=1, progress=False, overwrite=True))
+    replaced = write_shards(
+        other, out, ShardOptions(max_count=64, workers=1, progress=False, overwrite=True)
+    )
     assert replaced.split("train").num_samples == 120
-    assert _files(out) == sorted(["manifest.json", "test-000000.idx", "test-000000.tar",
-                                  "train-000000.idx", "train-000000.tar", "train-000001.idx", "train-000001.tar"])
+    assert _files(out) == sorted(
+        [
+            "manifest.json",
+            "test-000000.idx",
+            "test-000000.tar",
+            "train-000000.idx",
+            "train-000000.tar",
+            "train-000001.idx",
+            "train-000001.tar",
+        ]
+    )
 
 
 def test_non_empty_foreign_folder_is_refused(tmp_path):
@@ -100,7 +116,11 @@ def test_non_empty_foreign_folder_is_refused(tmp_path):
     (out / "notes.txt").write_text("mine")
     with pytest.raises(ShardingError, match="not empty"):
         write_shards(unique_label_source(), out, OPTS)
-    write_shards(unique_label_source(), out, ShardOptions(max_count=64, workers=1, progress=False, overwrite=True))
+    write_shards(
+        unique_label_source(),
+        out,
+        ShardOptions(max_count=64, workers=1, progress=False, overwrite=True),
+    )
     assert (out / "notes.txt").read_text() == "mine"  # --overwrite removes only shard files
 
 
@@ -183,7 +203,9 @@ def test_bad_images_are_skipped_and_reported(tmp_path, caplog):
     split = next(iter(manifest.splits.values()))
     assert split.num_samples == 10
     origins = {s.origin for s in split.skipped}
-    assert any(str(truncated.name) in o for o in origins) and any(str(garbage.name) in o for o in origins)
+    assert any(str(truncated.name) in o for o in origins) and any(
+        str(garbage.name) in o for o in origins
+    )
     assert "skipped 2 bad source sample" in caplog.text
 
 
@@ -191,7 +213,11 @@ def test_strict_stops_without_leaving_partial_shards(tmp_path):
     root, _, _ = _corrupt_folder(tmp_path)
     out = tmp_path / "out"
     with pytest.raises(ShardingError, match=r"strict.*img\d\.jpg"):
-        write_shards(FolderSource(root), out, ShardOptions(max_count=4, workers=2, strict=True, progress=False))
+        write_shards(
+            FolderSource(root),
+            out,
+            ShardOptions(max_count=4, workers=2, strict=True, progress=False),
+        )
     assert not (out / "manifest.json").exists()
     assert not list(out.glob("*.tmp-*"))
     done = {json.loads(p.read_text())["name"] for p in (out / ".fastdata-work").glob("*.done.json")}
