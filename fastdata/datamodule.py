@@ -3,7 +3,8 @@
     dm = ShardDataModule("shards/cifar100", batch_size=256, num_workers=2)
     trainer.fit(model, datamodule=dm)          # the model's code does not change
 
-The loaders yield uint8 batches (or already-augmented ones from DALI); `on_after_batch_transfer`
+The loaders yield uint8 batches (or already-augmented ones: DALI, and the memory backend for the
+`cifar` training split, which fuses its crop into the gather); `on_after_batch_transfer`
 augments and normalizes them batched on the training device, after the cheap uint8 copy.
 The module also keeps its position in the epoch (`state_dict`), so a run resumed from a mid-epoch
 checkpoint continues with the next unseen batch instead of restarting the epoch.
