@@ -114,17 +114,27 @@ DDP_SCRIPT = textwrap.dedent(
     from fastdata.datamodule import ShardDataModule
     from tests.test_datamodule import SmallCNN
 
+    from fastdata import LoaderMonitor
+
     class Recorder(SmallCNN):
         def on_train_epoch_end(self):
             with open({out!r} + f"/rank{{self.global_rank}}-epoch{{self.current_epoch}}.json", "w") as f:
                 json.dump(self.seen, f)
             self.seen = []
 
+        def on_train_end(self):
+            own = {{k: monitor.summary[k] for k in ("data_wait_frac", "samples_per_s")}}
+            logged = {{k: float(self.trainer.callback_metrics["loader/" + k]) for k in own}}
+            with open({out!r} + f"/monitor{{self.global_rank}}.out", "w") as f:
+                json.dump({{"own": own, "logged": logged}}, f)
+
+    monitor = LoaderMonitor(resize=False, gpu_reader=None)
+
     dm = ShardDataModule({shards!r}, batch_size=16, num_workers=1, prefetch_factor=2,
                          backend={backend!r}, drop_last=False)
     trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=2, strategy="ddp", logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, limit_val_batches=0)
+                         enable_model_summary=False, limit_val_batches=0, callbacks=[monitor])
     trainer.fit(Recorder(301), datamodule=dm)
     """
 )
@@ -140,6 +150,7 @@ def run_ddp(tmp_path: Path, shards: Path, backend: str) -> dict[str, list[int]]:
         [sys.executable, str(path)], capture_output=True, text=True, timeout=300, cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "sync_dist" not in result.stderr, "epoch figures must be reduced across ranks"
     return {p.stem: json.loads(p.read_text()) for p in tmp_path.glob("rank*-epoch*.json")}
 
 
@@ -162,3 +173,10 @@ def test_ddp_two_processes_get_equal_batches_and_the_whole_split(tmp_path):
         assert set(r0) | set(r1) == set(range(301))
         assert len(set(r0) & set(r1)) == 1 and len(set(r0)) == len(set(r1)) == 151  # the padding
     assert seen["rank0-epoch0"] != seen["rank0-epoch1"]  # a new shuffle each epoch
+    # LoaderMonitor's logged epoch figures: the slowest rank's wait, the ranks' summed throughput.
+    ranks = [json.loads((tmp_path / f"monitor{r}.out").read_text()) for r in (0, 1)]
+    assert ranks[0]["logged"] == ranks[1]["logged"]
+    own = [rank["own"] for rank in ranks]
+    logged = ranks[0]["logged"]
+    assert logged["data_wait_frac"] == pytest.approx(max(o["data_wait_frac"] for o in own))
+    assert logged["samples_per_s"] == pytest.approx(sum(o["samples_per_s"] for o in own))

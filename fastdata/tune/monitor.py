@@ -286,8 +286,22 @@ class LoaderMonitor(pl.Callback):
             return
         self.summary = self._summarize(trainer, ep)
         self.history.append(self.summary)
-        for key in ("data_wait_ms", "data_wait_frac", "samples_per_s"):
-            pl_module.log(f"loader/{key}", float(self.summary[key]), on_step=False, on_epoch=True)
+        # Under DDP the logged epoch figures are the slowest rank's wait (it holds every rank at
+        # the gradient sync) and the ranks' summed throughput; `summary` keeps this rank's own.
+        for key, reduce in (
+            ("data_wait_ms", "max"),
+            ("data_wait_frac", "max"),
+            ("samples_per_s", "sum"),
+        ):
+            value = float(self.summary[key])
+            pl_module.log(
+                f"loader/{key}",
+                value,
+                on_step=False,
+                on_epoch=True,
+                sync_dist=True,
+                reduce_fx=reduce,
+            )
         if trainer.is_global_zero:
             log.info("%s", _summary_line(self.summary))
         if self.summary["data_wait_frac"] > self.threshold:
