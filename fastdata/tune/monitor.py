@@ -163,7 +163,8 @@ class LoaderMonitor(pl.Callback):
     See the module docstring for what is measured and why. Per-step figures go to the trainer's
     loggers every `log_every_n_steps` steps (`loader/data_wait_ms`, `loader/data_wait_frac`,
     `loader/samples_per_s`, `gpu/util`, `gpu/mem_gib`); the epoch's summary is logged with
-    `pl_module.log`, kept in `summary` and written as a log line.
+    `pl_module.log` (under DDP reduced across ranks: the largest wait, the summed samples/s), kept
+    in `summary` (this rank's own figures) and written as a log line.
 
     Args:
         threshold: data-wait fraction of step time above which the loader is the bottleneck.
