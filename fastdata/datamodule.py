@@ -43,8 +43,9 @@ class ShardDataModule(pl.LightningDataModule):
         num_workers: loader processes (CPU backend) or "auto" to size them from measured core
             load and sample cost (fastdata.tune).
         prefetch_factor: batches prefetched per worker, or "auto".
-        backend: "cpu", "dali", "memory", or "auto" (memory if the decoded split fits in a
-            share of the device's free memory, else dali with a GPU, else cpu).
+        backend: "cpu", "dali", "memory", or "auto" (memory if its store of the training split,
+            3.1x the uint8 split for the padded "cifar" layout, fits in a share of the device's
+            free memory, else dali with a GPU, else cpu).
         preset: augmentation preset ("cifar", "photo", "none") or "auto" ("cifar" for small
             fixed-size images, else "photo").
         image_size: output side for variable-size photos (default 224); None for raw data.
@@ -127,14 +128,15 @@ class ShardDataModule(pl.LightningDataModule):
             return self.backend
         from fastdata.read.auto import choose_backend
 
+        trainer = self._trainer_or_none()
         name, _reason = choose_backend(  # logs its choice and the figures behind it
             self.manifest,
             self.split_names.get("train", "train"),
             str(self._device()),
             self.image_size,
             preset=preset,
+            ranks_per_node=trainer.num_devices if trainer is not None else 1,
         )
-        trainer = self._trainer_or_none()
         if trainer is not None and trainer.world_size > 1:
             # Free memory differs between ranks; all ranks must use rank 0's choice.
             name = trainer.strategy.broadcast(name, src=0)

@@ -81,6 +81,42 @@ def test_unchanged_lightning_module_trains_one_epoch(tiny_shards):
     assert dm.state_dict() == {"epoch": 0, "batches_seen": 9}
 
 
+class RangeRecorder(SmallCNN):
+    """Records the value range of every batch the model gets, training and validation."""
+
+    def __init__(self, num_classes: int) -> None:
+        super().__init__(num_classes)
+        self.ranges: dict[str, list[tuple[float, float]]] = {"train": [], "val": []}
+
+    def on_train_batch_start(self, batch, batch_idx):
+        self.ranges["train"].append((float(batch[0].min()), float(batch[0].max())))
+
+    def on_validation_batch_start(self, batch, batch_idx, dataloader_idx=0):
+        self.ranges["val"].append((float(batch[0].min()), float(batch[0].max())))
+
+
+def test_memory_backend_fused_training_batches_with_validation_mid_epoch(tiny_shards):
+    # The fused cifar loader yields normalized float training batches; a validation run in the
+    # middle of the epoch yields uint8 batches the data module normalizes. Each must be
+    # normalized exactly once, before and after the validation run.
+    dm = ShardDataModule(
+        tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="memory",
+        preset="cifar",
+    )  # fmt: skip
+    model = RangeRecorder(num_classes=300)
+    trainer = pl.Trainer(
+        max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, val_check_interval=0.5,
+    )  # fmt: skip
+    trainer.fit(model, datamodule=dm)
+    assert dm.train_dataloader().augmented and not dm.val_dataloader().augmented
+    assert len(model.ranges["train"]) == 9 and len(model.ranges["val"]) >= 4
+    # CIFAR-100 mean/std on uint8 pixels: about [-1.9, 2.2]; twice-normalized values stay near -1.9.
+    for low, high in model.ranges["train"] + model.ranges["val"]:
+        assert -2.0 < low < -1.0 and 1.5 < high < 2.3
+    assert dm.state_dict() == {"epoch": 0, "batches_seen": 9}
+
+
 def test_load_state_dict_resumes_mid_epoch(tiny_shards):
     full = ShardDataModule(
         tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="cpu"

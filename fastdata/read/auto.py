@@ -25,7 +25,7 @@ from collections.abc import Callable
 import torch
 
 from fastdata.manifest import Manifest
-from fastdata.read.decoded import ImageSize, stored_hw
+from fastdata.read.decoded import ImageSize, decoded_nbytes, stored_hw
 from fastdata.read.memory import resident_nbytes
 
 __all__ = ["choose_backend", "dali_importable", "free_device_memory"]
@@ -59,6 +59,7 @@ def choose_backend(
     image_size: ImageSize,
     *,
     preset: str = "none",
+    ranks_per_node: int = 1,
     memory_share: float = 0.5,
     dali_available: Callable[[], bool] = dali_importable,
     free_memory: Callable[[str], int] = free_device_memory,
@@ -71,6 +72,9 @@ def choose_backend(
         device: the training device ("cpu", "cuda", "cuda:1").
         image_size: output size of variable-size photos (as for the memory backend).
         preset: the augmentation preset's name (it decides the memory backend's store layout).
+        ranks_per_node: training processes on this machine. On the CPU they share the plain
+            store (one memory-mapped cache) but each builds its own padded store, so a padded
+            store is counted once per rank.
         memory_share: the fraction of the free device memory the decoded split may take.
         dali_available: probe: can DALI be imported?
         free_memory: probe: free bytes on a device.
@@ -91,6 +95,10 @@ def choose_backend(
     else:
         need = resident_nbytes(info, image_size, preset)
         size = f"takes {_human(need)} ({info.num_samples} images of {h}x{w}, {preset!r} preset)"
+        private = need != decoded_nbytes(info, image_size)  # the padded layout: a copy per rank
+        if not on_gpu and private and ranks_per_node > 1:
+            need *= ranks_per_node
+            size += f", x{ranks_per_node} ranks on this machine = {_human(need)}"
     figures = (
         f"the memory backend's store of split {split!r} {size}; {memory_share:g} of the {_human(free)} free on "
         f"{device} is {_human(budget)}"

@@ -125,8 +125,8 @@ def resident_nbytes(
     fused = fused_pad_crop(get_preset(preset, image_size), train, hw)
     if fused is None:
         return decoded_nbytes(info, image_size)
-    channels = 3 if info.raw_shape is None or len(info.raw_shape) < 3 else int(info.raw_shape[2])
-    return padded_nbytes(info.num_samples, channels, *hw, fused.pad, fused.flip_p > 0)
+    # Decoded splits are always RGB (`fastdata.read.decoded`): 3 channels.
+    return padded_nbytes(info.num_samples, 3, *hw, fused.pad, fused.flip_p > 0)
 
 
 # ---------------------------------------------------------------- loader

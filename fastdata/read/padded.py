@@ -10,7 +10,8 @@ of the selected images, no padding pass, no per-pixel index, no separate flip.
 
 Measured on one CPU thread (CIFAR, batch 256, random rows of the 50,000): 0.37 ms for the
 windows against 1.5 ms for select + pad + crop-flip gather on NCHW uint8
-(`fastdata.augment.crop_with_padding`), with the same result.
+(`fastdata.augment.crop_with_padding`), with the same result. On CUDA the same call is one
+kernel reading the store by its strides (torch's `index_select`); it has not been timed there.
 
 Memory: ``2 * C * (H + 2 pad) * (W + 2 pad)`` bytes per image with the mirror (9,600 for CIFAR
 with pad 4, against 3,072 as NCHW uint8), half that without.
@@ -18,7 +19,7 @@ with pad 4, against 3,072 as NCHW uint8), half that without.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -35,7 +36,7 @@ def padded_nbytes(
     return (2 if mirrored else 1) * num * channels * (height + 2 * pad) * (width + 2 * pad)
 
 
-@dataclass
+@dataclass(eq=False)
 class PaddedImages:
     """uint8 images zero-padded by `pad`, with an optional mirrored copy, for window gathers.
 
@@ -51,6 +52,7 @@ class PaddedImages:
     height: int
     width: int
     pad: int
+    _offsets: Tensor | None = field(default=None, init=False, repr=False)
 
     @classmethod
     def build(
@@ -118,7 +120,8 @@ class PaddedImages:
         Args:
             rows: int64 ``(B,)`` image indices.
             offsets: int ``(B, 2)`` window origins ``(dy, dx)`` in the padded image, each in
-                ``[0, 2 * pad]``; None: the unpadded image (offset ``(pad, pad)``).
+                ``[0, 2 * pad]`` (not checked: a check would sync the host with a GPU; other
+                values read the neighbouring pixels); None: the unpadded image (``(pad, pad)``).
             flip: optional boolean ``(B,)``: mirror these windows left-right (needs a mirrored
                 store).
             out: optional contiguous uint8 ``(B, C, H, W)`` tensor to write into (a buffer
@@ -130,17 +133,19 @@ class PaddedImages:
         _, n, c, hp, wp = self.data.shape
         h, w, pad = self.height, self.width, self.pad
         device = self.data.device
-        rows = rows.to(device)
+        # int64 throughout: byte offsets into a store of several GiB overflow int32 (and uint8
+        # offsets would wrap at 256).
+        rows = rows.to(device=device, dtype=torch.int64)
         b = rows.shape[0]
         if offsets is None:
             dy = dx = torch.full_like(rows, pad)
         else:
-            offsets = offsets.to(device)
+            offsets = offsets.to(device=device, dtype=torch.int64)
             dy, dx = offsets[:, 0], offsets[:, 1]
         if flip is not None:
             if not self.mirrored:
                 raise ValueError("flipped windows need a store built with mirrored=True")
-            flip = flip.to(device)
+            flip = flip.to(device=device, dtype=torch.bool)
             # In the mirrored copy, columns [dx, dx + W) reversed start at Wp - W - dx = 2 pad - dx.
             rows = rows + flip.to(rows.dtype) * n
             dx = torch.where(flip, 2 * pad - dx, dx)
@@ -155,7 +160,7 @@ class PaddedImages:
 
     def _row_offsets(self, device: torch.device) -> Tensor:
         """``(1, C * H)`` offsets of window row (c, i) from the window's first byte."""
-        cached = getattr(self, "_offsets", None)
+        cached = self._offsets
         if cached is None or cached.device != device:
             _, _, c, hp, wp = self.data.shape
             channel = torch.arange(c, device=device)[:, None] * (hp * wp)

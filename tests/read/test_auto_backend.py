@@ -55,6 +55,11 @@ def test_a_fused_pad_crop_preset_counts_the_padded_store():
     name, reason = _choose(free=10 * MiB, preset="cifar")
     assert name == "cpu" and "9.2 MiB" in reason and "'cifar' preset" in reason
     assert _choose(free=19 * MiB, preset="cifar")[0] == "memory"
+    # On the CPU every rank builds its own padded store; the plain store is one shared cache.
+    name, reason = _choose(free=19 * MiB, preset="cifar", ranks_per_node=2)
+    assert name == "cpu" and "x2 ranks" in reason and "18.3 MiB" in reason
+    assert _choose(free=19 * MiB, preset="none", ranks_per_node=2)[0] == "memory"
+    assert _choose(device="cuda:0", free=19 * MiB, preset="cifar", ranks_per_node=2)[0] == "memory"
 
 
 def test_memory_share_is_respected():

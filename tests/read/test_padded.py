@@ -53,6 +53,17 @@ def test_every_offset_and_both_orientations_at_the_edges():
                 assert torch.equal(store.windows(torch.arange(2), offsets, mask), expected)
 
 
+def test_narrow_index_dtypes_are_widened():
+    # uint8 offsets times the row length would wrap at 256; int32 rows overflow in big stores.
+    images = _images(3, 3, 4, 70)
+    store = PaddedImages.build(images, 4)
+    offsets = torch.tensor([[8, 8], [3, 0], [0, 5]])
+    flip = torch.tensor([1, 0, 1], dtype=torch.uint8)
+    expected = crop_with_padding(images, 4, offsets, flip.bool())
+    got = store.windows(torch.arange(3, dtype=torch.int32), offsets.to(torch.uint8), flip)
+    assert torch.equal(got, expected)
+
+
 def test_windows_write_into_out_and_unmirrored_stores_refuse_flips():
     images = _images(6, 3, 4, 4)
     store = PaddedImages.build(images, 1, mirrored=False)
