@@ -232,6 +232,8 @@ class ShardDataModule(pl.LightningDataModule):
         train = self._is_training()
         if train:
             self._batches_seen += 1
+        # `_augmented` is the last iterated loader's flag; a validation run in the middle of a
+        # training epoch resets it, so the dtype also tells: augmented batches are float.
         if self._augmented or x.is_floating_point():
             return x, y
         self.setup()
