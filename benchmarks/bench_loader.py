@@ -232,7 +232,9 @@ def cifar_suite(args, work: Path) -> list[dict[str, Any]]:
             limit,
         ),
         "fastdata cpu": lambda: fastdata_run(shards, "cpu", b, args, limit),
-        "fastdata memory": lambda: fastdata_run(shards, "memory", b, args, max(limit, 400)),
+        "fastdata memory": lambda: fastdata_run(
+            shards, "memory", b, args, max(limit, 1200)
+        ),  # ~1 s: fewer batches are noise,
     }
     if not args.skip_dali:
         runs["fastdata dali (CPU operators)"] = lambda: fastdata_run(shards, "dali", b, args, limit)
