@@ -20,6 +20,7 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 import torch
 
+from fastdata._pool import TensorPool
 from fastdata._threads import one_thread_on_cpu
 from fastdata.augment import Preset, get_preset
 from fastdata.manifest import Manifest, load_manifest
@@ -97,6 +98,7 @@ class ShardDataModule(pl.LightningDataModule):
         self._batches_seen = 0
         self._resume: tuple[int, int] | None = None
         self._generators: dict[torch.device, torch.Generator] = {}
+        self._pool = TensorPool()  # CPU batches: reuse released memory instead of page-faulting
         self._loaders: list[_EpochLoader] = []
 
     # ------------------------------------------------------------------ setup
@@ -238,7 +240,8 @@ class ShardDataModule(pl.LightningDataModule):
             return x, y
         self.setup()
         with one_thread_on_cpu(x.device):
-            return self._preset.apply(x, train=train, generator=self._generator(x.device)), y
+            generator = self._generator(x.device)
+            return self._preset.apply(x, train, generator, self._pool), y
 
     def _is_training(self) -> bool:
         trainer = self._trainer_or_none()

@@ -13,10 +13,11 @@ Presets (`get_preset(name)`); other backends (DALI) must match these semantics:
   every side, offsets ``(dy, dx)`` uniform in ``[0, 8]`` each (torchvision
   ``RandomCrop(32, padding=4)``, zero fill), then horizontal flip with p = 0.5 (fused into the
   crop's gather), then normalize with the CIFAR-100 mean/std. Eval = normalize only.
-- ``"photo"``: the CPU decoder already did the geometry (train: random-resized-crop with
-  `rrc_params`, scale (0.08, 1), ratio (3/4, 4/3), to ``image_size`` squared; eval: shorter side
-  resized to ``floor(image_size * 256 / 224)`` then centre crop, see `center_crop_params`). On the
-  device: train = horizontal flip p = 0.5 + normalize (ImageNet mean/std); eval = normalize.
+- ``"photo"``: the CPU decoder already did the geometry and the flip (train: random-resized-crop
+  with `rrc_params`, scale (0.08, 1), ratio (3/4, 4/3), to ``image_size`` squared, then horizontal
+  flip with p = 0.5 (`Preset.decode_flip_p`); eval: shorter side resized to
+  ``floor(image_size * 256 / 224)`` then centre crop, see `center_crop_params`). On the device:
+  normalize (ImageNet mean/std).
 - ``"photo_device"``: for backends that hand over full-size, fixed-size images (the device-resident
   backend): train = random-resized-crop on the device (`batch_rrc_params` + `resized_crop`) + flip +
   normalize; eval = `resize_center_crop` + normalize.

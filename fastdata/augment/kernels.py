@@ -176,6 +176,7 @@ def normalize(
     std: Sequence[float],
     dtype: torch.dtype = torch.float32,
     channels_last: bool = False,
+    out: Tensor | None = None,
 ) -> Tensor:
     """``(x - mean) / std`` per channel, computed in float32 and returned as `dtype`.
 
@@ -185,10 +186,16 @@ def normalize(
         std: C channel standard deviations, 0..255 scale.
         dtype: floating dtype of the result.
         channels_last: return the channels-last memory format (same NCHW shape).
+        out: optional tensor of x's shape, `dtype` and memory format to write the result into
+            (e.g. from `fastdata._pool.TensorPool`: no page faults for a fresh CPU tensor).
     """
     if x.dim() != 4 or x.shape[1] != len(mean):
         raise ValueError(f"expected an (N, {len(mean)}, H, W) batch, got shape {tuple(x.shape)}")
     mean_t, std_t = _mean_std(tuple(map(float, mean)), tuple(map(float, std)), x.device)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
-    out = x.to(dtype=torch.float32, memory_format=fmt, copy=True).sub_(mean_t).div_(std_t)
-    return out if dtype == torch.float32 else out.to(dtype)
+    if out is not None and dtype == torch.float32:
+        return out.copy_(x).sub_(mean_t).div_(std_t)
+    result = x.to(dtype=torch.float32, memory_format=fmt, copy=True).sub_(mean_t).div_(std_t)
+    if out is not None:
+        return out.copy_(result)
+    return result if dtype == torch.float32 else result.to(dtype)

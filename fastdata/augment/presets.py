@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from fastdata._pool import TensorPool
 from fastdata.augment.constants import CIFAR100_MEAN, CIFAR100_STD, IMAGENET_MEAN, IMAGENET_STD
 from fastdata.augment.kernels import (
     normalize,
@@ -109,6 +110,10 @@ class Preset:
         eval_ops: ops applied in order when ``train=False``.
         dtype: dtype of `apply`'s result.
         channels_last: return `apply`'s result in the channels-last memory format.
+        decode_flip_p: training flip probability a CPU decoder applies per image while decoding
+            (the CPU backend reads it; `apply` does not flip for it). Cheaper there than on a
+            CPU device: a batched flip of 64 channels-last 224 px images took 15 ms on the
+            training process's core, a PIL transpose ~0.05 ms per image in a loader worker.
     """
 
     name: str
@@ -119,6 +124,7 @@ class Preset:
     eval_ops: tuple[Op, ...] = ()
     dtype: torch.dtype = field(default=torch.float32)
     channels_last: bool = False
+    decode_flip_p: float = 0.0
 
     def __post_init__(self) -> None:
         if len(self.mean) != len(self.std) or any(s <= 0 for s in self.std):
@@ -133,13 +139,20 @@ class Preset:
             if op.name in _SIZED_OPS and self.image_size is None:
                 raise ValueError(f"preset {self.name!r}: op {op.name!r} needs image_size")
 
-    def apply(self, x: Tensor, train: bool, generator: torch.Generator | None = None) -> Tensor:
+    def apply(
+        self,
+        x: Tensor,
+        train: bool,
+        generator: torch.Generator | None = None,
+        pool: TensorPool | None = None,
+    ) -> Tensor:
         """Augment (train) or just prepare (eval) a uint8 ``(N, C, H, W)`` batch on its device.
 
         Args:
             x: uint8 batch, contiguous or channels-last (float on the 0..255 scale also works).
             train: use `train_ops` (True) or `eval_ops` (False).
             generator: torch generator for reproducible random draws (CPU or the batch's device).
+            pool: reuse the memory of earlier results nobody holds any more (CPU batches).
 
         Returns:
             Normalized ``(N, C, S, S)`` tensor of `dtype` on x's device.
@@ -159,7 +172,11 @@ class Preset:
                 "decode at that size, pass the matching image_size, or use 'photo_device' for "
                 "full-size images"
             )
-        return normalize(x, self.mean, self.std, self.dtype, self.channels_last)
+        out = None
+        if pool is not None:
+            fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+            out = pool.empty(tuple(x.shape), self.dtype, x.device, fmt)
+        return normalize(x, self.mean, self.std, self.dtype, self.channels_last, out)
 
 
 def _stats(given: Sequence[float] | None, default: tuple[float, ...]) -> tuple[float, ...]:
@@ -178,7 +195,8 @@ def _cifar(image_size: int | None = None, mean: _Stats = None, std: _Stats = Non
 
 def _photo(image_size: int | None = None, mean: _Stats = None, std: _Stats = None) -> Preset:
     mean, std = _stats(mean, IMAGENET_MEAN), _stats(std, IMAGENET_STD)
-    return Preset("photo", image_size or 224, mean, std, (_FLIP,))
+    # The CPU decoder crops (random-resized-crop) and flips: the device only normalizes.
+    return Preset("photo", image_size or 224, mean, std, decode_flip_p=0.5)
 
 
 def _photo_device(image_size: int | None = None, mean: _Stats = None, std: _Stats = None) -> Preset:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
+from fastdata.augment import get_preset
 from fastdata.read.base import LoaderSpec, check_start_batch
 from fastdata.read.decode import Geometry, decode_image, decode_raw
 from fastdata.read.plan import (
@@ -34,16 +35,20 @@ log = logging.getLogger("fastdata")
 
 
 def decode_geometry(spec: LoaderSpec) -> Geometry:
-    """Decode-time geometry of a split: none for fixed-size (raw) data, else rrc / center crop."""
+    """Decode-time geometry of a split: none for fixed-size (raw) data, else rrc / center crop.
+
+    Training splits also take the preset's decode-time flip (`Preset.decode_flip_p`, "photo").
+    """
     split = spec.manifest.split(spec.split)
+    flip_p = get_preset(spec.preset, spec.image_size).decode_flip_p if spec.train else 0.0
     if spec.image_size is None:
         if split.raw_shape is None:
             raise ValueError(
                 f"split {spec.split!r} of {spec.manifest.root} holds images of different sizes "
                 f"({split.image_stats}); pass image_size= to crop them to one size"
             )
-        return Geometry("none")
-    return Geometry("rrc" if spec.train else "center", size=spec.image_size)
+        return Geometry("none", flip_p=flip_p)
+    return Geometry("rrc" if spec.train else "center", size=spec.image_size, flip_p=flip_p)
 
 
 class ShardBatchDataset(IterableDataset):
@@ -115,9 +120,13 @@ class ShardBatchDataset(IterableDataset):
             return torch.zeros((0, 3, empty[0], empty[1]), dtype=torch.uint8), torch.zeros(
                 0, dtype=torch.int64
             )
-        # NHWC -> NCHW as a view: the batch is contiguous in channels_last memory format.
-        x = torch.from_numpy(np.stack(images)).permute(0, 3, 1, 2)
-        return x, torch.tensor(labels, dtype=torch.int64)
+        # Transposed to contiguous NCHW here, in the worker: the training process's normalize then
+        # reads contiguous bytes (a CL -> NCHW float conversion of a 64 x 224 px batch cost it
+        # 13 ms there; the per-image transposes cost 3.4 ms more here than a plain stack).
+        batch = np.empty((len(images), images[0].shape[2], *images[0].shape[:2]), dtype=np.uint8)
+        for i, image in enumerate(images):
+            batch[i] = image.transpose(2, 0, 1)
+        return torch.from_numpy(batch), torch.tensor(labels, dtype=torch.int64)
 
     def _decode(
         self, reader: ShardReader, shard: int, index: int, rng: np.random.Generator
@@ -125,9 +134,12 @@ class ShardBatchDataset(IterableDataset):
         components = reader.sample(shard, index)
         try:
             if self.raw_shape is not None:
-                return decode_raw(
+                pixels = decode_raw(
                     _component(components, ("rgb",), reader, shard, index), self.raw_shape
                 )
+                flip_p = self.geometry.flip_p
+                # A mirrored view: np.stack copies it into the batch.
+                return pixels[:, ::-1] if flip_p > 0 and rng.random() < flip_p else pixels
             data = _component(components, ("jpg", "png", "jpeg", "webp"), reader, shard, index)
             return decode_image(data, self.geometry, rng)
         except ValueError as exc:

@@ -10,7 +10,8 @@ given their decode-time geometry here, because it is cheaper to shrink while dec
   `size` x `size` crop, again through draft mode and one boxed resize.
 - "none": decode at the stored size (every image of the split must then share one size).
 
-Flips, pad-crops and normalization happen later, batched on the device (fastdata.augment).
+A preset's decode-time flip (`Geometry.flip_p`, "photo") is a PIL transpose after the resize.
+Pad-crops, other flips and normalization happen later, batched on the device (fastdata.augment).
 """
 
 from __future__ import annotations
@@ -35,18 +36,22 @@ class Geometry:
         size: output side in pixels (square output) for "rrc" and "center".
         scale: area range of the random-resized crop.
         ratio: aspect-ratio range of the random-resized crop.
+        flip_p: probability of a left-right flip of each image (drawn after the crop box).
     """
 
     kind: str = "none"
     size: int = 0
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip_p: float = 0.0
 
     def __post_init__(self) -> None:
         if self.kind not in ("none", "rrc", "center"):
             raise ValueError(f"geometry kind must be 'none', 'rrc' or 'center', got {self.kind!r}")
         if self.kind != "none" and self.size < 1:
             raise ValueError(f"geometry {self.kind!r} needs a positive size, got {self.size}")
+        if not 0.0 <= self.flip_p <= 1.0:
+            raise ValueError(f"flip_p must be in [0, 1], got {self.flip_p}")
 
 
 def decode_raw(data: memoryview | bytes, shape: tuple[int, int, int]) -> np.ndarray:
@@ -69,7 +74,7 @@ def decode_image(
         image = Image.open(io.BytesIO(data))
         width, height = image.size
         if geometry.kind == "none":
-            return _to_array(image)
+            return _to_array(_maybe_flip(image, geometry.flip_p, rng))
         if geometry.kind == "rrc":
             from fastdata.augment import rrc_params
 
@@ -78,12 +83,20 @@ def decode_image(
             side = min(width, height) / EVAL_RESIZE_RATIO
             h = w = max(1, round(side))
             top, left = (height - h) // 2, (width - w) // 2
-        return _crop_resize(image, (left, top, left + w, top + h), geometry.size)
+        image = _crop_resize(image, (left, top, left + w, top + h), geometry.size)
+        return _to_array(_maybe_flip(image, geometry.flip_p, rng))
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise ValueError(f"cannot decode image ({type(exc).__name__}: {exc})") from exc
 
 
-def _crop_resize(image: Image.Image, box: tuple[int, int, int, int], size: int) -> np.ndarray:
+def _maybe_flip(image: Image.Image, flip_p: float, rng: np.random.Generator) -> Image.Image:
+    """Mirror `image` left-right with probability `flip_p` (no draw when it is 0)."""
+    if flip_p > 0 and rng.random() < flip_p:
+        return image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return image
+
+
+def _crop_resize(image: Image.Image, box: tuple[int, int, int, int], size: int) -> Image.Image:
     """Crop `box` (in full-resolution pixels) and resize it to size x size, via draft mode."""
     width, height = image.size
     box_w, box_h = box[2] - box[0], box[3] - box[1]
@@ -96,8 +109,7 @@ def _crop_resize(image: Image.Image, box: tuple[int, int, int, int], size: int) 
     scaled = (box[0] * scale_x, box[1] * scale_y, box[2] * scale_x, box[3] * scale_y)
     if image.mode != "RGB":
         image = image.convert("RGB")
-    out = image.resize((size, size), Image.BILINEAR, box=scaled)
-    return np.asarray(out, dtype=np.uint8)
+    return image.resize((size, size), Image.BILINEAR, box=scaled)
 
 
 def _to_array(image: Image.Image) -> np.ndarray:

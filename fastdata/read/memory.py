@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fastdata._pool import TensorPool
 from fastdata._threads import one_thread_on_cpu
 from fastdata.augment import OPS, Preset, get_preset, normalize, pad_crop_params
 from fastdata.manifest import SplitInfo
@@ -170,6 +171,7 @@ class MemoryLoader:
             raise ValueError(f"need 0 <= rank < world_size, got {spec.rank} and {spec.world_size}")
         self.images, self.labels, self.spec, self.fused = images, labels, spec, fused
         self.augmented = fused is not None
+        self._pool = TensorPool()  # CPU batches: reuse released memory instead of page-faulting
         self.device = labels.device
         drop = spec.drop_last and spec.train  # eval splits: every sample, no drop
         self.total_batches = num_batches(len(images), spec.world_size, spec.batch_size, drop)
@@ -223,7 +225,9 @@ class MemoryLoader:
             buffer = self._buffer = torch.empty(shape, dtype=torch.uint8, device=self.device)
         windows = store.windows(rows, offsets, flip, out=buffer)
         preset = fused.preset
-        return normalize(windows, preset.mean, preset.std, preset.dtype, preset.channels_last)
+        fmt = torch.channels_last if preset.channels_last else torch.contiguous_format
+        out = self._pool.empty(shape, preset.dtype, self.device, fmt)
+        return normalize(windows, preset.mean, preset.std, preset.dtype, preset.channels_last, out)
 
 
 # ---------------------------------------------------------------- placement

@@ -124,6 +124,43 @@ def test_photo_geometry_gives_fixed_size_batches(tmp_path):
         assert all(x.shape == (4, 3, 24, 24) for x, _ in batches)
 
 
+def test_photo_preset_flips_at_decode_time_in_training_only(tiny_shards):
+    from fastdata.read.cpu import decode_geometry
+
+    spec = _spec(tiny_shards, preset="photo", drop_last=False)
+    assert decode_geometry(spec).flip_p == 0.5
+    assert decode_geometry(replace(spec, train=False)).flip_p == 0.0
+    assert decode_geometry(replace(spec, preset="cifar")).flip_p == 0.0
+    source = unique_label_source()
+    flipped = 0
+    for x, y in make_cpu_loader(spec):
+        for image, label in zip(x.permute(0, 2, 3, 1).numpy(), y.tolist(), strict=True):
+            pixels = source.item("train", label).pixels
+            mirrored = np.array_equal(image, pixels[:, ::-1])
+            assert mirrored or np.array_equal(image, pixels)
+            flipped += mirrored
+    assert 100 < flipped < 200, f"{flipped} of 300 flipped; expected about half"
+    evaluation = make_cpu_loader(replace(spec, split="test", train=False))
+    test_source = unique_label_source()
+    for x, y in evaluation:
+        for image, label in zip(x.permute(0, 2, 3, 1).numpy(), y.tolist(), strict=True):
+            assert np.array_equal(image, test_source.item("test", label).pixels)
+
+
+def test_decode_time_flip_mirrors_the_same_crop():
+    from fastdata.read.decode import Geometry, decode_image
+    from tests.conftest import jpeg_bytes
+
+    pixels = np.random.default_rng(3).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    data = jpeg_bytes(pixels)
+    for kind in ("rrc", "none"):
+        plain = decode_image(data, Geometry(kind, 24), np.random.default_rng(7))
+        mirrored = decode_image(data, Geometry(kind, 24, flip_p=1.0), np.random.default_rng(7))
+        assert np.array_equal(mirrored, plain[:, ::-1])
+    with pytest.raises(ValueError, match="flip_p"):
+        Geometry("rrc", 24, flip_p=1.5)
+
+
 def test_mixed_sizes_without_image_size_is_a_clear_error(tmp_path):
     root = write_jpeg_folder(tmp_path / "imgs", classes=1, per_class=2)
     (root / "class0" / "big.jpg").write_bytes(
