@@ -21,8 +21,8 @@ from common import print_table, results_dir, save_results  # noqa: I001  (run as
 from fastdata.augment import get_preset
 
 # (preset, image_size, input side, default batch size): CIFAR batches arrive at 32x32; "photo"
-# batches arrive already decoded at image_size; "photo_device" gets full-size fixed images (the
-# device-resident backend).
+# batches arrive already decoded and flipped at image_size (normalize only); "photo_device" gets
+# full-size fixed images (the device-resident backend).
 CASES = {
     "cifar": ("cifar", None, 32, 512),
     "photo": ("photo", 224, 224, 256),
