@@ -17,12 +17,13 @@ Pad-crops, other flips and normalization happen later, batched on the device (fa
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 
-__all__ = ["EVAL_RESIZE_RATIO", "Geometry", "decode_image", "decode_raw"]
+__all__ = ["EVAL_RESIZE_RATIO", "Geometry", "decode_batch", "decode_image", "decode_raw"]
 
 EVAL_RESIZE_RATIO = 256 / 224
 
@@ -87,6 +88,35 @@ def decode_image(
         return _to_array(_maybe_flip(image, geometry.flip_p, rng))
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise ValueError(f"cannot decode image ({type(exc).__name__}: {exc})") from exc
+
+
+def decode_batch(
+    payloads: Sequence[memoryview | bytes],
+    geometry: Geometry,
+    rngs: Sequence[np.random.Generator],
+    threads: int = 1,
+) -> list[np.ndarray | ValueError]:
+    """Decode a batch of encoded images: entry i is image i's HWC uint8 pixels, or its error.
+
+    Each image draws its random geometry from its own generator `rngs[i]`, so the result does not
+    depend on the order in which images are decoded (nor on `threads`).
+
+    Args:
+        payloads: encoded image bytes.
+        geometry: the decode-time geometry of every image.
+        rngs: one generator per image.
+        threads: decode threads (1: in the calling thread).
+    """
+    if len(payloads) != len(rngs):
+        raise ValueError(f"need one generator per image, got {len(payloads)} and {len(rngs)}")
+
+    def one(i: int) -> np.ndarray | ValueError:
+        try:
+            return decode_image(payloads[i], geometry, rngs[i])
+        except ValueError as exc:
+            return exc
+
+    return [one(i) for i in range(len(payloads))]
 
 
 def _maybe_flip(image: Image.Image, flip_p: float, rng: np.random.Generator) -> Image.Image:

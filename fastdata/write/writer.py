@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from fastdata import __version__
+from fastdata import __version__, schema
 from fastdata.manifest import (
     MANIFEST_NAME,
     Manifest,
@@ -350,13 +350,11 @@ def _write_job(job: ShardJob) -> int:
 
 
 def _key(split: str, item: SourceItem) -> str:
-    safe_split = split.replace(".", "_").replace("/", "_")
-    return f"{safe_split}_{item.sample_id:08d}"
+    return schema.sample_key(split, item.sample_id)
 
 
 def _components(item: SourceItem, ext: str, data: bytes) -> dict[str, bytes]:
-    lid = np.array([item.label, item.sample_id], dtype="<i8").tobytes()
-    return {ext: data, "cls": str(item.label).encode(), "lid": lid}
+    return schema.components(ext, data, item.label, item.sample_id)
 
 
 # ----------------------------------------------------------------------------- manifest
@@ -410,7 +408,7 @@ def _split_info(results: list[ShardResult], num_classes: int, encoding: str) -> 
             "mean_width": round(sum(r.widths[2] for r in written) / n, 2),
         }
     exts = sorted({e for r in written for e in r.exts})
-    stored = {("rgb",): "raw", ("png",): "png", ("jpg",): "jpeg"}.get(tuple(exts), "mixed")
+    stored = schema.encoding_of_exts(exts)
     raw_shape = None
     if (
         stats

@@ -1,0 +1,128 @@
+"""The sample schema: how one sample is laid out in a shard, for the writer and every reader.
+
+One table (webdataset's handler-registry idea): the writer, the cpu and memory backends, `verify`
+and the DALI graphs all read the component names, the key format and the label encoding from
+here, so none of them hard-codes which tar member holds the image or the label.
+
+A sample ``<split>_<sample_id:08d>`` has these components (tar members ``<key>.<ext>``):
+
+| component | content |
+|-----------|---------|
+| ``jpg`` / ``png`` | an encoded image (JPEG bytes are kept byte-identical from the source) |
+| ``rgb``   | raw uint8 pixels, HWC, shape given by the split's ``raw_shape`` in the manifest |
+| ``cls``   | the label as ASCII decimal (the WebDataset convention) |
+| ``lid``   | 16 bytes: little-endian int64 label, then int64 sample id (binary readers, DALI) |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+__all__ = [
+    "ENCODED_EXTS",
+    "IMAGE_EXTS",
+    "LABEL_EXT",
+    "LABEL_TEXT_EXT",
+    "RAW_EXT",
+    "MissingComponentError",
+    "components",
+    "decode_lid",
+    "encode_lid",
+    "encoding_of_exts",
+    "exts_of_encoding",
+    "image_component",
+    "label_and_id",
+    "sample_key",
+]
+
+RAW_EXT = "rgb"
+#: Encoded image components a reader accepts, in the order it looks for them.
+ENCODED_EXTS: tuple[str, ...] = ("jpg", "png", "jpeg", "webp")
+IMAGE_EXTS: tuple[str, ...] = (RAW_EXT, *ENCODED_EXTS)
+LABEL_EXT = "lid"
+LABEL_TEXT_EXT = "cls"
+
+# A split's manifest "encoding" <-> the image components its shards hold.
+_ENCODING_EXTS: dict[str, tuple[str, ...]] = {
+    "raw": (RAW_EXT,),
+    "png": ("png",),
+    "jpeg": ("jpg",),
+    "mixed": ("jpg", "png"),
+}
+
+
+class MissingComponentError(ValueError):
+    """A sample lacks a component the schema requires (the caller adds shard and key)."""
+
+
+def sample_key(split: str, sample_id: int) -> str:
+    """The key of a sample: ``<split>_<sample_id:08d>`` (dots and slashes in `split` become _)."""
+    safe_split = split.replace(".", "_").replace("/", "_")
+    return f"{safe_split}_{sample_id:08d}"
+
+
+def encode_lid(label: int, sample_id: int) -> bytes:
+    """The 16-byte ``lid`` component."""
+    return np.array([label, sample_id], dtype="<i8").tobytes()
+
+
+def decode_lid(data: bytes | memoryview) -> tuple[int, int]:
+    """(label, sample id) of a ``lid`` component."""
+    if len(data) != 16:
+        raise ValueError(f"'lid' component has {len(data)} bytes, expected 16")
+    label, sample_id = np.frombuffer(data, dtype="<i8", count=2)
+    return int(label), int(sample_id)
+
+
+def components(image_ext: str, image: bytes, label: int, sample_id: int) -> dict[str, bytes]:
+    """Every component of one sample, as the writer stores them."""
+    if image_ext not in IMAGE_EXTS:
+        raise ValueError(f"image component must be one of {IMAGE_EXTS}, got {image_ext!r}")
+    return {
+        image_ext: image,
+        LABEL_TEXT_EXT: str(label).encode(),
+        LABEL_EXT: encode_lid(label, sample_id),
+    }
+
+
+def image_component(parts: Mapping[str, bytes | memoryview]) -> tuple[str, bytes | memoryview]:
+    """(ext, bytes) of the sample's image; MissingComponentError when it has none."""
+    for ext in IMAGE_EXTS:
+        if ext in parts:
+            return ext, parts[ext]
+    raise MissingComponentError(
+        f"sample has no image component (looked for {IMAGE_EXTS}, found {sorted(parts)})"
+    )
+
+
+def label_and_id(key: str, parts: Mapping[str, bytes | memoryview]) -> tuple[int, int]:
+    """(label, sample id) of a sample: from ``lid``, else ``cls`` and the key's number."""
+    if LABEL_EXT in parts:
+        return decode_lid(parts[LABEL_EXT])
+    if LABEL_TEXT_EXT in parts:
+        try:
+            return int(bytes(parts[LABEL_TEXT_EXT])), int(key.rsplit("_", 1)[1])
+        except ValueError as exc:
+            raise MissingComponentError(f"unreadable label or key ({exc})") from exc
+    raise MissingComponentError(
+        f"sample has no label component (looked for {LABEL_EXT!r}, {LABEL_TEXT_EXT!r}, "
+        f"found {sorted(parts)})"
+    )
+
+
+def exts_of_encoding(encoding: str) -> tuple[str, ...]:
+    """The image components of a split with this manifest encoding."""
+    if encoding not in _ENCODING_EXTS:
+        raise ValueError(f"unknown split encoding {encoding!r}; known: {sorted(_ENCODING_EXTS)}")
+    return _ENCODING_EXTS[encoding]
+
+
+def encoding_of_exts(exts: list[str] | tuple[str, ...]) -> str:
+    """The manifest encoding of a split whose shards hold these image components."""
+    found = tuple(sorted(set(exts)))
+    for encoding, expected in _ENCODING_EXTS.items():
+        if found == tuple(sorted(expected)) and encoding != "mixed":
+            return encoding
+    return "mixed"
