@@ -64,3 +64,93 @@ def test_detect_hardware_matches_torch() -> None:
     facts = detect_hardware()
     assert (facts.cuda_capability is not None) == torch.cuda.is_available()
     assert isinstance(facts.cpu_bf16, bool)
+
+
+# -- detection creates no CUDA context (ddp_fork / ddp_notebook need a fork-safe parent) --------
+
+
+@pytest.fixture
+def cuda_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records every call that would create a CUDA context in this process (and fails it)."""
+    import torch
+
+    calls: list[str] = []
+
+    def forbidden(name: str):
+        def call(*args, **kwargs):
+            calls.append(name)
+            raise AssertionError(f"{name} creates a CUDA context")
+
+        return call
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", forbidden("get_device_capability"))
+    monkeypatch.setattr(torch.cuda, "_lazy_init", forbidden("_lazy_init"))
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)  # a machine with one GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    return calls
+
+
+def test_detect_hardware_reads_the_capability_from_nvml(monkeypatch, cuda_calls) -> None:
+    from fastdata.train import precision
+
+    def no_pynvml(index: int) -> tuple[int, int]:
+        raise ImportError("No module named 'pynvml'")
+
+    monkeypatch.setattr(precision, "_capability_pynvml", no_pynvml)
+    monkeypatch.setattr(precision, "_capability_libnvml", lambda index: (9, 0))
+    assert detect_hardware().cuda_capability == (9, 0)
+    assert cuda_calls == []
+
+
+def test_without_nvml_the_capability_comes_from_a_child_process(monkeypatch, cuda_calls) -> None:
+    import torch
+
+    from fastdata.train import precision
+
+    def fails(index: int) -> tuple[int, int]:
+        raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(precision, "_capability_pynvml", fails)
+    monkeypatch.setattr(precision, "_capability_libnvml", fails)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(precision, "_capability_child", lambda: (8, 6))
+    assert precision.cuda_capability() == (8, 6)
+
+    def child_fails() -> tuple[int, int]:
+        raise RuntimeError("no driver")
+
+    monkeypatch.setattr(precision, "_capability_child", child_fails)
+    with pytest.raises(RuntimeError, match="libnvidia-ml.*no driver.*explicit precision"):
+        precision.cuda_capability()
+    assert cuda_calls == []
+
+
+@pytest.mark.parametrize("requested", ["32-true", "auto"])
+def test_make_trainer_creates_no_cuda_context(monkeypatch, cuda_calls, requested) -> None:
+    import torch
+
+    from fastdata.train import TrainPreset, make_trainer, precision
+
+    monkeypatch.setattr(precision, "_capability_pynvml", lambda index: (9, 0))
+    trainer = make_trainer(
+        TrainPreset(precision=requested),
+        accelerator="cpu",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+    )
+    assert trainer is not None and cuda_calls == []
+    assert not torch.cuda.is_initialized()
+
+
+def test_importing_fastdata_train_leaves_cuda_uninitialized() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, fastdata.train as t; "
+        "t.make_trainer(t.TrainPreset(precision='auto'), accelerator='cpu', logger=False, "
+        "enable_checkpointing=False); assert not torch.cuda.is_initialized(); print('ok')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
