@@ -52,7 +52,7 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("shard", help="convert a dataset into tar shards + manifest + DALI index")
     p.add_argument("source", choices=["cifar10", "cifar100", "folder", "list"])
     p.add_argument("input", nargs="?", help="archive, folder or list file (omit with --download)")
-    p.add_argument("out", help="output folder")
+    p.add_argument("out", help="output folder, or s3://bucket/prefix (uploaded, manifest last)")
     p.add_argument(
         "--download", action="store_true", help="cifar: download the official archive (MD5-checked)"
     )
@@ -110,7 +110,13 @@ def _shard(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.no_progress,
     )
-    manifest = write_shards(source, args.out, options)
+    if "://" in args.out:  # an object store: write locally, then upload (manifest last)
+        from fastdata.write.upload import staged_upload
+
+        with staged_upload(args.out) as local:
+            manifest = write_shards(source, local, options)
+    else:
+        manifest = write_shards(source, args.out, options)
     print(summarize(manifest))
     print(f"wrote {args.out}/{MANIFEST_NAME}")
     return 0
