@@ -2,30 +2,32 @@
 
 What is measured, and why it is the data wait
 ---------------------------------------------
-Lightning's training loop (`_TrainingEpochLoop.advance`) does, per step::
+Lightning's training loop (`_TrainingEpochLoop.advance`, Lightning 2.6) does, per step::
 
-    batch = next(data_fetcher)            # blocks until the loader hands over the next batch
+    batch = next(data_fetcher)            # -> next(loader iterator), bracketed by
+                                          #    trainer.profiler.start/stop("[_TrainingEpochLoop]
+                                          #    .train_dataloader_next")
     batch -> device, on_after_batch_transfer
-    on_train_batch_start                  # <- the monitor stamps "start"
+    on_train_batch_start                  # <- the monitor stamps the step
     training_step, backward, optimizer step
-    on_train_batch_end                    # <- the monitor stamps "end"
+    on_train_batch_end                    # other callbacks: checkpoint saves, logging syncs
 
-so the interval from one step's `on_train_batch_end` to the next step's `on_train_batch_start` is
-the time the loop spent getting the next batch: blocked in `next()` plus the host-to-device copy
-and `on_after_batch_transfer` (the device augmentation is queued asynchronously, so on a GPU it adds
-launch time only). When the loader keeps up, `next()` returns an already prefetched batch at once
-and the interval is a fraction of a millisecond; when it does not, the interval is how long the
-step stalled. Our loaders have a length, and with a length Lightning's `_PrefetchDataFetcher`
-does not read ahead, so the batch fetched is exactly the one the step uses. Without a length it
-reads one batch ahead; the interval then holds the fetch of the batch after, which leaves the mean
-over an epoch unchanged. The interval also holds Lightning's own per-step bookkeeping (well under
-a millisecond) and, at a validation check, the whole validation run: the monitor drops the
-intervals around validation.
+The data wait of a step is the time spent in the loader's own ``next()``: the monitor wraps the
+trainer's profiler (`_FetchTimer`, which passes every call on to the profiler it wraps) and times
+the "train_dataloader_next" action, which brackets exactly that call. An earlier version took the
+gap between `on_train_batch_end` and the next `on_train_batch_start`; that gap also holds the
+callbacks that run after the monitor's `on_train_batch_end` (Lightning runs `ModelCheckpoint`
+last), logging syncs and the host-to-device copy, so on millisecond GPU steps it exceeded the
+threshold with an instant loader. When the loader keeps up, `next()` returns an already
+prefetched batch at once. Our loaders have a length, and with a length Lightning's
+`_PrefetchDataFetcher` does not read ahead, so the batch fetched is the one the step uses;
+without a length it reads one batch ahead, which leaves the mean over an epoch unchanged.
 
-The step time is the interval between two `on_train_batch_start`s (compute + wait); the data-wait
-fraction is sum(wait) / sum(step time) over the epoch. On a GPU the step's kernels run
-asynchronously, so host-side wait overlaps queued GPU work: the fraction is an upper bound of the
-GPU time lost to data (the GPU utilization reading shows the rest).
+The step time is the interval between two `on_train_batch_start`s (fetch + copy + compute +
+callbacks); an interval that holds a validation run is dropped. The data-wait fraction is
+sum(wait) / sum(step time) over the epoch. On a GPU the step's kernels run asynchronously, so
+host-side wait overlaps queued GPU work: the fraction is an upper bound of the GPU time lost to
+data (the GPU utilization reading shows the rest).
 
 Re-sizing
 ---------
@@ -34,6 +36,8 @@ many workers would have kept up (`suggest_num_workers`), caps that by the free c
 then, and calls `trainer.datamodule.resize_workers(n)`. `ShardDataModule.resize_workers(n)` stores
 the new count; the loader of the next epoch starts `n` workers (persistent workers of the old size
 are shut down). DataModules without `resize_workers` are only told, in the log, what to set.
+Backends that run no worker processes (`fastdata.read.BACKENDS[name].uses_workers` is False:
+memory, dali) are never re-sized: more workers cannot shorten their wait.
 """
 
 from __future__ import annotations
@@ -49,11 +53,15 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.profilers import Profiler
 
 from fastdata.tune.probe import probe_system
 from fastdata.tune.sizing import free_cores
 
 __all__ = ["GpuReader", "LoaderMonitor", "energy_delta", "read_rapl_joules", "suggest_num_workers"]
+
+#: The profiler action that brackets the training loader's ``next()`` (Lightning 2.x).
+FETCH_ACTION = "train_dataloader_next"
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +214,9 @@ class LoaderMonitor(pl.Callback):
         self._energy: tuple[str, Callable[[], float | None], float | None] | None = None
         self._epoch: _Epoch | None = None
         self._last_start: float | None = None
-        self._last_end: float | None = None
+        self._fetch_start: float | None = None
+        self._fetch_s: float | None = None  # the last training fetch's duration
+        self._warned_no_fetch = False
         self._last_samples = 0
         self.summary: dict[str, Any] = {}
         self.history: list[dict[str, Any]] = []
@@ -214,6 +224,8 @@ class LoaderMonitor(pl.Callback):
     # -- set-up --------------------------------------------------------------------------------
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        if not isinstance(trainer.profiler, _FetchTimer):
+            trainer.profiler = _FetchTimer(trainer.profiler, self._fetch_began, self._fetch_ended)
         self._gpu = self._open_gpu(pl_module.device) if self._open_gpu else None
         gpu_energy = self._gpu.energy_j() if self._gpu else None
         if self._gpu is not None and gpu_energy is not None:
@@ -225,9 +237,17 @@ class LoaderMonitor(pl.Callback):
 
     # -- per step ------------------------------------------------------------------------------
 
+    def _fetch_began(self) -> None:
+        self._fetch_start = self._clock()
+
+    def _fetch_ended(self) -> None:
+        if self._fetch_start is not None:
+            self._fetch_s = self._clock() - self._fetch_start
+        self._fetch_start = None
+
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._epoch = _Epoch(start=self._clock(), energy_start=self._read_energy())
-        self._last_start = self._last_end = None
+        self._last_start = None
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -235,11 +255,15 @@ class LoaderMonitor(pl.Callback):
         now, ep = self._clock(), self._epoch
         if ep is None:
             return
+        wait, self._fetch_s = self._fetch_s, None
         if ep.first_batch_s is None:
             # From the epoch start: includes starting the workers, so kept out of the mean.
             ep.first_batch_s = now - ep.start
-        elif self._last_start is not None and self._last_end is not None:
-            ep.waits.append(now - self._last_end)
+        elif self._last_start is not None:
+            if wait is None:
+                self._no_fetch_timing()
+                wait = 0.0
+            ep.waits.append(wait)
             ep.steps.append(now - self._last_start)
             ep.step_samples.append(self._last_samples)
             every = self.log_every_n_steps or trainer.log_every_n_steps or 50
@@ -250,19 +274,18 @@ class LoaderMonitor(pl.Callback):
         ep.samples += self._last_samples
         ep.batches += 1
 
-    def on_train_batch_end(
-        self,
-        trainer: pl.Trainer,
-        pl_module: pl.LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-    ) -> None:
-        self._last_end = self._clock()
-
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # A validation run sits between two training steps: that interval is not a data wait.
-        self._last_start = self._last_end = None
+        # A validation run sits between two training steps: that interval is not a step.
+        self._last_start = None
+
+    def _no_fetch_timing(self) -> None:
+        if not self._warned_no_fetch:
+            self._warned_no_fetch = True
+            log.warning(
+                "LoaderMonitor saw no %r profiler action: this Lightning version fetches batches "
+                "differently, so the data wait reads 0",
+                FETCH_ACTION,
+            )
 
     def _log_steps(self, trainer: pl.Trainer, ep: _Epoch, n: int) -> None:
         waits, steps = ep.waits[-n:], ep.steps[-n:]
@@ -344,6 +367,9 @@ class LoaderMonitor(pl.Callback):
         if target <= current:
             return f"{head}, but no free core is left for another worker ({current} now)"
         dm = trainer.datamodule
+        backend = _backend_without_workers(dm)
+        if backend is not None:
+            return f"{head}; the {backend!r} backend runs no worker processes: not re-sized"
         if not self.resize:
             return f"{head}: {target} workers would keep up better (now {current}); resizing is off"
         if dm is None or not hasattr(dm, "resize_workers"):
@@ -356,6 +382,66 @@ class LoaderMonitor(pl.Callback):
 
     def _read_energy(self) -> float | None:
         return self._energy[1]() if self._energy else None
+
+
+class _FetchTimer(Profiler):
+    """The trainer's profiler, passed through, that also reports the training loader's fetches.
+
+    Lightning brackets the training loader's ``next()`` with ``profiler.start/stop`` of an action
+    ending in `FETCH_ACTION`; the callbacks run right inside that bracket.
+
+    Args:
+        inner: the trainer's own profiler (every call goes on to it).
+        began: called when a training fetch starts.
+        ended: called when it ends.
+    """
+
+    def __init__(
+        self, inner: Profiler, began: Callable[[], None], ended: Callable[[], None]
+    ) -> None:
+        super().__init__()
+        self.inner, self._began, self._ended = inner, began, ended
+
+    def start(self, action_name: str) -> None:
+        if action_name.endswith(FETCH_ACTION):
+            self._began()
+        self.inner.start(action_name)
+
+    def stop(self, action_name: str) -> None:
+        self.inner.stop(action_name)
+        if action_name.endswith(FETCH_ACTION):
+            self._ended()
+
+    def summary(self) -> str:
+        return self.inner.summary()
+
+    def describe(self) -> None:
+        self.inner.describe()
+
+    def setup(self, stage: str, local_rank: int | None = None, log_dir: str | None = None) -> None:
+        self.inner.setup(stage, local_rank, log_dir)
+
+    def teardown(self, stage: str | None) -> None:
+        self.inner.teardown(stage)
+
+    @property
+    def _lightning_module(self) -> Any:  # the Trainer sets it on its profiler at every run
+        return getattr(self.inner, "_lightning_module", None)
+
+    @_lightning_module.setter
+    def _lightning_module(self, module: Any) -> None:
+        self.inner._lightning_module = module
+
+
+def _backend_without_workers(datamodule: Any) -> str | None:
+    """The DataModule's read backend when it is one that runs no worker processes, else None."""
+    name = getattr(datamodule, "_backend_name", None) or getattr(datamodule, "backend", None)
+    if not isinstance(name, str):
+        return None
+    from fastdata.read import BACKENDS  # the registry says which backends use workers
+
+    backend = BACKENDS.get(name)
+    return name if backend is not None and not backend.uses_workers else None
 
 
 def _measured_max_workers(trainer: pl.Trainer) -> int:

@@ -90,7 +90,15 @@ class _FakeGpu:
         return next(self.joules)
 
 
-def _fit(monitor, step_delay=0.0, load_delay=DELAY_S, datamodule=None, logger=False, **trainer_kw):
+def _fit(
+    monitor,
+    step_delay=0.0,
+    load_delay=DELAY_S,
+    datamodule=None,
+    logger=False,
+    extra_callbacks=(),
+    **trainer_kw,
+):
     trainer = pl.Trainer(
         **trainer_kw,
         accelerator="cpu",
@@ -100,7 +108,7 @@ def _fit(monitor, step_delay=0.0, load_delay=DELAY_S, datamodule=None, logger=Fa
         enable_progress_bar=False,
         enable_model_summary=False,
         num_sanity_val_steps=0,
-        callbacks=[monitor],
+        callbacks=[monitor, *extra_callbacks],
     )
     model = _Model(step_delay)
     if datamodule is not None:
@@ -196,3 +204,44 @@ def test_energy_delta_handles_wrap():
 def test_bad_threshold():
     with pytest.raises(ValueError, match="threshold"):
         LoaderMonitor(threshold=1.5)
+
+
+class _SlowAfterBatch(pl.Callback):
+    """Stands for work other callbacks do after the step (checkpoint saves, logging syncs)."""
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        time.sleep(DELAY_S)
+
+
+@pytest.mark.timeout(120)
+def test_other_callbacks_after_the_step_are_not_a_data_wait():
+    # An instant loader with slow end-of-step callbacks: only the loader's own next() counts.
+    monitor = LoaderMonitor(gpu_reader=None, energy_reader=lambda: None, resize=False)
+    _fit(monitor, load_delay=0.0, extra_callbacks=[_SlowAfterBatch()])
+    s = monitor.summary
+    assert s["step_ms"] >= DELAY_S * 1e3
+    assert s["data_wait_frac"] < 0.1 and s["action"] is None
+
+
+class _NoWorkerBackendModule(_DataModule):
+    backend = "memory"  # a registered backend that runs no worker processes
+
+
+@pytest.mark.timeout(120)
+def test_a_backend_without_workers_is_not_resized():
+    dm = _NoWorkerBackendModule(DELAY_S)
+    monitor = LoaderMonitor(gpu_reader=None, energy_reader=lambda: None, max_workers=lambda t: 3)
+    _fit(monitor, datamodule=dm)
+    assert monitor.summary["data_wait_frac"] > 0.7
+    assert dm.resized == []
+    assert "'memory' backend runs no worker processes" in monitor.summary["action"]
+
+
+def test_the_trainer_profiler_still_sees_every_action(tmp_path):
+    from lightning.pytorch.profilers import SimpleProfiler
+
+    profiler = SimpleProfiler(dirpath=tmp_path, filename="perf")
+    monitor = LoaderMonitor(gpu_reader=None, energy_reader=lambda: None, resize=False)
+    _fit(monitor, load_delay=0.0, profiler=profiler)
+    assert any(name.endswith("train_dataloader_next") for name in profiler.recorded_durations)
+    assert len(monitor._epoch.waits) == STEPS - 1
