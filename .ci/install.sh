@@ -15,14 +15,15 @@ PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install "torch==2.13.0"
 # Pillow-SIMD first, so that nothing installs plain pillow beside it.
 "${PIP[@]}" install "pillow-simd>=9.0"
-"${PIP[@]}" install -e ".[test,dali]"
+# moto[server]: the S3-compatible server the remote tests start on loopback (no Docker).
+"${PIP[@]}" install -e ".[test,dali,remote]" "moto[server]>=5.0"
 .venv/bin/python - <<'PY'
 import importlib.metadata as md
 import sys
 
 names = {d.metadata["Name"].lower() for d in md.distributions()}
 needed = {"torch", "lightning", "webdataset", "pillow-simd", "psutil", "fastdata", "pytest",
-          "pytest-timeout", "nvidia-dali-cuda120"}
+          "pytest-timeout", "nvidia-dali-cuda120", "fsspec", "s3fs", "gcsfs", "aiohttp", "moto"}
 if missing := needed - names:
     sys.exit(f"install failed: missing {sorted(missing)}")
 if "pillow" in names:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,6 +74,9 @@ class SplitInfo:
         raw_shape: (H, W, C) of every sample when all share one shape (always set for "raw").
         image_stats: min / max / mean height and width of the stored images.
         skipped: source samples left out because they could not be read or decoded.
+        pixel_mean: per-channel (RGB) mean of the stored pixels, 0..255 scale, measured while
+            writing; the default normalization. None in manifests written before it existed.
+        pixel_std: per-channel standard deviation, as `pixel_mean`.
     """
 
     shards: list[ShardInfo]
@@ -81,6 +85,8 @@ class SplitInfo:
     raw_shape: list[int] | None = None
     image_stats: dict[str, float] = field(default_factory=dict)
     skipped: list[SkippedSample] = field(default_factory=list)
+    pixel_mean: list[float] | None = None
+    pixel_std: list[float] | None = None
 
     @property
     def num_samples(self) -> int:
@@ -167,6 +173,8 @@ class Manifest:
                     raw_shape=sp.get("raw_shape"),
                     image_stats=dict(sp.get("image_stats", {})),
                     skipped=[SkippedSample(**s) for s in sp.get("skipped", [])],
+                    pixel_mean=sp.get("pixel_mean"),  # absent from older manifests: None
+                    pixel_std=sp.get("pixel_std"),
                 )
                 for name, sp in data["splits"].items()
             }
@@ -186,11 +194,19 @@ class Manifest:
             ) from exc
 
 
-def load_manifest(root: str | os.PathLike[str]) -> Manifest:
+def load_manifest(
+    root: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+) -> Manifest:
     """Load `ROOT/manifest.json` (ROOT may be a folder or the manifest file itself, or a URL).
+
+    Args:
+        root: a folder, its manifest.json, or a URL prefix (s3://, gs://, https://; needs
+            `pip install "fastdata[remote]"`).
+        storage_options: for a URL, passed to fsspec (e.g. `{"endpoint_url": ...}`).
 
     Raises:
         ManifestError: when there is no manifest there, or it is not a fastdata manifest.
+        RemoteError: a remote manifest cannot be read after the retries (names the URL).
     """
     text_root = os.fspath(root)
     if text_root.endswith(".json"):
@@ -198,16 +214,16 @@ def load_manifest(root: str | os.PathLike[str]) -> Manifest:
     url = _join(text_root, MANIFEST_NAME)
     try:
         if _is_remote(text_root):
-            import fsspec  # fsspec comes with lightning; imported only for remote manifests
+            from fastdata.remote.fs import read_bytes  # fsspec only for remote manifests
 
-            with fsspec.open(url, "r") as f:
-                data = json.load(f)
+            data = json.loads(read_bytes(url, storage_options))
         else:
             with open(url) as f:
                 data = json.load(f)
     except FileNotFoundError as exc:
+        upload = " (an upload writes it last: is one still running?)" if _is_remote(url) else ""
         raise ManifestError(
-            f"no {MANIFEST_NAME} in {text_root}: make the shards first with "
+            f"no {MANIFEST_NAME} in {text_root}{upload}: make the shards first with "
             f"`fastdata shard SOURCE INPUT {text_root}`"
         ) from exc
     except json.JSONDecodeError as exc:

@@ -1,8 +1,9 @@
 """Reading samples out of shards by their index: random access without scanning tars.
 
 The DALI index written beside each shard gives every component's byte offset and size, so a
-sample is one slice of a memory-mapped file. Remote shards (http://, s3://, ... through fsspec)
-are fetched whole into memory once per worker and then sliced the same way.
+sample is one slice of a memory-mapped file. Remote shards (s3://, gs://, https://) are read
+the same way from a node-local `fastdata.remote.ShardCache`: downloaded once per node, checked
+against the manifest's sha256, then memory-mapped like local shards.
 """
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ import os
 import tarfile
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from fastdata.manifest import Manifest, ShardInfo
+
+if TYPE_CHECKING:  # fastdata.remote is imported only for remote datasets
+    from fastdata.remote import CachedShard, ShardCache
 
 __all__ = ["ShardIndex", "ShardReadError", "ShardReader", "parse_index", "read_sample"]
 
@@ -103,13 +108,30 @@ class ShardReader:
 
     Keeps at most `max_open` shards open (least recently used are closed). One reader per
     process: DataLoader workers each build their own after forking.
+
+    Args:
+        manifest: the dataset; its root may be a folder or a URL (s3://, gs://, https://).
+        split: the split to read.
+        max_open: most shards kept open (memory-mapped; for a remote dataset, also pinned in
+            the cache, so the cache must hold at least max_open shards per reader).
+        cache: the node-local cache for a remote dataset; None means `ShardCache.default()`
+            (`$FASTDATA_CACHE_DIR` or ~/.cache/fastdata/shards, 50 GB). Unused for local shards.
     """
 
-    def __init__(self, manifest: Manifest, split: str, max_open: int = 8) -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        split: str,
+        max_open: int = 8,
+        cache: ShardCache | None = None,
+    ) -> None:
         self.manifest = manifest
         self.shards: list[ShardInfo] = manifest.split(split).shards
         self.max_open = max_open
-        self._open: OrderedDict[int, tuple[ShardIndex, bytes | mmap.mmap]] = OrderedDict()
+        self.cache = cache
+        self._remote = "://" in manifest.root
+        self._open: OrderedDict[int, tuple[ShardIndex, bytes | mmap.mmap, CachedShard | None]]
+        self._open = OrderedDict()
 
     def key(self, shard: int, index: int) -> str:
         return self._get(shard)[0].keys[index]
@@ -122,7 +144,7 @@ class ShardReader:
         Raises:
             ShardReadError: a component is missing or lies past the end of a truncated shard.
         """
-        shard_index, data = self._get(shard)
+        shard_index, data, _ = self._get(shard)
         key = shard_index.keys[index]
         entry = shard_index.components[index]
         wanted = exts if exts is not None else tuple(entry)
@@ -146,54 +168,81 @@ class ShardReader:
         return out
 
     def close(self) -> None:
-        for _, data in self._open.values():
-            _close(data)
+        for _, data, pin in self._open.values():
+            _close(data, pin)
         self._open.clear()
 
-    def _get(self, shard: int) -> tuple[ShardIndex, bytes | mmap.mmap]:
+    def _get(self, shard: int) -> tuple[ShardIndex, bytes | mmap.mmap, CachedShard | None]:
         if shard in self._open:
             self._open.move_to_end(shard)
             return self._open[shard]
         info = self.shards[shard]
-        data = _open_bytes(self.manifest.shard_url(info), info.name)
-        index = _load_index(self.manifest.index_url(info), info.name, data)
+        pin = self._acquire(info) if self._remote else None
+        try:
+            tar = str(pin.tar) if pin else self.manifest.shard_url(info)
+            data = _open_bytes(tar, info.name)
+            index_path = self.manifest.index_url(info) if pin is None else pin.index
+            index = _load_index(str(index_path) if index_path else None, info.name, data)
+        except BaseException:
+            if pin is not None:
+                pin.release()
+            raise
         if len(index) != info.num_samples:
+            _close(data, pin)
             raise ShardReadError(
                 info.name,
                 None,
                 f"index lists {len(index)} samples but the manifest says {info.num_samples}",
             )
-        self._open[shard] = (index, data)
+        self._open[shard] = (index, data, pin)
         while len(self._open) > self.max_open:
-            _, (_, old) = self._open.popitem(last=False)
-            _close(old)
+            _, (_, old, old_pin) = self._open.popitem(last=False)
+            _close(old, old_pin)
         return self._open[shard]
 
+    def _acquire(self, info: ShardInfo) -> CachedShard:
+        """The remote shard's cached files, pinned while this reader has the shard open."""
+        if self.cache is None:
+            from fastdata.remote import ShardCache
 
-def read_sample(manifest: Manifest, split: str, shard: int, index: int) -> dict[str, bytes]:
+            self.cache = ShardCache.default()
+        try:
+            return self.cache.acquire(self.manifest, info)
+        except RuntimeError as exc:  # RemoteError: names the URL and what to do
+            raise ShardReadError(info.name, None, str(exc)) from exc
+
+
+def read_sample(
+    manifest: Manifest, split: str, shard: int, index: int, cache: ShardCache | None = None
+) -> dict[str, bytes]:
     """One sample's components as bytes (convenience; loops should keep a `ShardReader`)."""
-    reader = ShardReader(manifest, split, max_open=1)
+    reader = ShardReader(manifest, split, max_open=1, cache=cache)
     try:
         return {ext: bytes(view) for ext, view in reader.sample(shard, index).items()}
     finally:
         reader.close()
 
 
-def _close(data: bytes | mmap.mmap) -> None:
+def _close(data: bytes | mmap.mmap, pin: CachedShard | None = None) -> None:
     if isinstance(data, mmap.mmap):
         try:
             data.close()
         except BufferError:
             pass  # a sample view is still alive; the map closes when the last view goes
+    if pin is not None:
+        # Unpinned, the cache may evict the file; a map still alive keeps its pages readable
+        # (on POSIX, deleting a mapped file frees its space only when the map goes).
+        pin.release()
 
 
 def _open_bytes(url: str, name: str) -> bytes | mmap.mmap:
+    """A local shard memory-mapped, or a remote object fetched whole (for `fastdata verify`;
+    readers go through the cache instead)."""
     if "://" in url:
-        import fsspec  # remote shards only
+        from fastdata.remote.fs import read_bytes
 
         try:
-            with fsspec.open(url, "rb") as f:
-                return f.read()
+            return read_bytes(url)
         except Exception as exc:
             raise ShardReadError(name, None, f"cannot fetch {url} ({exc})") from exc
     try:
@@ -205,16 +254,13 @@ def _open_bytes(url: str, name: str) -> bytes | mmap.mmap:
         raise ShardReadError(name, None, f"shard file {url} is missing") from exc
 
 
-def _load_index(url: str, name: str, data: bytes | mmap.mmap) -> ShardIndex:
+def _load_index(path: str | None, name: str, data: bytes | mmap.mmap) -> ShardIndex:
+    """Parse the local index file at `path`; scan the tar when there is none."""
+    if path is None:
+        return index_from_tar(data, name)
     try:
-        if "://" in url:
-            import fsspec
-
-            with fsspec.open(url, "r") as f:
-                text = f.read()
-        else:
-            with open(url) as f:
-                text = f.read()
-    except (FileNotFoundError, OSError):
+        with open(path) as f:
+            text = f.read()
+    except OSError:
         return index_from_tar(data, name)
     return parse_index(text, name)

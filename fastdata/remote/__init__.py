@@ -1,0 +1,32 @@
+"""Remote datasets: shards on object storage or a web server, read through a node-local cache.
+
+Needs `pip install "fastdata[remote]"` (fsspec with s3fs, gcsfs and aiohttp); `import fastdata`
+works without it, and the first remote URL used says what to install.
+"""
+
+from fastdata.remote.cache import (
+    CACHE_DIR_ENV,
+    CACHE_LIMIT_ENV,
+    DEFAULT_LIMIT,
+    CachedShard,
+    CacheStats,
+    ShardCache,
+    default_cache_dir,
+    parse_size,
+)
+from fastdata.remote.fs import is_remote
+from fastdata.remote.retry import RemoteError, RetryPolicy
+
+__all__ = [
+    "CACHE_DIR_ENV",
+    "CACHE_LIMIT_ENV",
+    "DEFAULT_LIMIT",
+    "CacheStats",
+    "CachedShard",
+    "RemoteError",
+    "RetryPolicy",
+    "ShardCache",
+    "default_cache_dir",
+    "is_remote",
+    "parse_size",
+]

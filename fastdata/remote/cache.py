@@ -1,0 +1,429 @@
+"""A node-local cache of remote shards, shared by every rank and DataLoader worker of the node.
+
+Layout of `cache_dir` (content-addressed by the manifest's sha256, so two datasets that share a
+shard share its file, and a re-written dataset never reads a stale one):
+
+    <sha256>.tar                 a complete shard, checked against the manifest's size and sha256
+    <sha256>.idx                 its DALI index (absent when the store has none)
+    <sha256>.tar.<bytes>.part    a download under way (renamed to .tar once checked)
+    <sha256>.lock                the shard's lock file (kept: deleting a lock file races)
+    .cache.lock                  held while making room, so two makers of room never both count it
+
+Rules, each enforced with `fcntl.flock` (works across processes and threads of one node):
+1. One download per shard per node: a downloader holds the shard's lock exclusively; anyone who
+   wants the shard meanwhile waits on the lock, then finds the `.tar` in place.
+2. Nothing partial is read: a shard is fetched under a `.part` name, checked, then renamed.
+3. A reader pins the shards it has open with a shared lock; eviction only takes shards whose lock
+   it can get exclusively (without waiting), so a pinned shard is never deleted.
+4. Least recently used first: every use sets the `.tar`'s mtime; eviction goes by oldest mtime.
+5. The folder stays within `limit_bytes`: before a download, under `.cache.lock`, old shards are
+   evicted until the shards present plus the downloads under way plus this one fit. It can only
+   go over when the shards pinned by open readers alone do not fit, or one shard is larger than
+   the limit (a warning says so): size the limit above (readers x open shards) shards.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import queue
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fastdata.manifest import Manifest, ShardInfo
+from fastdata.remote.fs import download
+from fastdata.remote.retry import DEFAULT_RETRY, RemoteError, RetryPolicy
+
+__all__ = [
+    "CACHE_DIR_ENV",
+    "CACHE_LIMIT_ENV",
+    "DEFAULT_LIMIT",
+    "CacheStats",
+    "CachedShard",
+    "ShardCache",
+    "default_cache_dir",
+    "parse_size",
+]
+
+log = logging.getLogger(__name__)
+
+CACHE_DIR_ENV = "FASTDATA_CACHE_DIR"
+CACHE_LIMIT_ENV = "FASTDATA_CACHE_LIMIT"
+DEFAULT_LIMIT = "50GB"
+_UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([KMGT]?)(I?)B?\s*$", re.IGNORECASE)
+_SHA = re.compile(r"^[0-9a-f]{64}$")
+_PART = re.compile(r"^([0-9a-f]{64})\.(?:tar\.(\d+)|idx)\.part$")
+_ACQUIRE_TRIES = 5  # a shard evicted between its download and the reader's pin is fetched again
+
+
+def parse_size(size: str | int) -> int:
+    """Bytes in a size such as "50GB" (10**9), "512MiB" (2**20), "1.5T" or 1000.
+
+    Raises:
+        ValueError: the text is not a size.
+    """
+    if isinstance(size, int):
+        if size < 0:
+            raise ValueError(f"a size cannot be negative: {size}")
+        return size
+    match = _SIZE.match(size)
+    if match is None:
+        raise ValueError(f"not a size: {size!r} (use e.g. 50GB, 512MiB or a number of bytes)")
+    number, unit, binary = match.groups()
+    unit = unit.upper()
+    scale = 1024 ** ("KMGT".index(unit) + 1) if binary and unit else _UNITS[unit]
+    return int(float(number) * scale)
+
+
+def default_cache_dir() -> Path:
+    """`$FASTDATA_CACHE_DIR`, else `~/.cache/fastdata/shards`."""
+    env = os.environ.get(CACHE_DIR_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "fastdata" / "shards"
+
+
+@dataclass
+class CacheStats:
+    """What this process's cache did (not shared between processes)."""
+
+    downloads: int = 0
+    bytes_fetched: int = 0
+    hits: int = 0
+    evictions: int = 0
+
+
+class CachedShard:
+    """A shard in the cache, pinned (never evicted) until `release()` or the end of a `with`.
+
+    Attributes:
+        tar: the shard's local file.
+        index: its DALI index, or None when the store has none (scan the tar instead).
+    """
+
+    def __init__(self, fd: int, tar: Path, index: Path | None) -> None:
+        self._fd: int | None = fd
+        self.tar = tar
+        self.index = index
+
+    def release(self) -> None:
+        """Unpin (closing the lock file releases the shared lock). Safe to call twice."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> CachedShard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        self.release()
+
+
+class ShardCache:
+    """Remote shards streamed through a bounded local folder (see the module docstring).
+
+    Picklable: a DataLoader worker gets a copy that opens its own locks and prefetch thread.
+
+    Args:
+        cache_dir: the node-local folder (created); give every rank of a node the same one.
+        limit_bytes: most bytes the folder holds, as bytes or a size such as "50GB".
+        storage_options: passed to fsspec (e.g. `{"endpoint_url": ...}` for an S3-compatible
+            store, `{"anon": True}` for a public bucket).
+        retry: attempts and backoff for transient failures.
+    """
+
+    def __init__(
+        self,
+        cache_dir: str | os.PathLike[str],
+        limit_bytes: int | str = DEFAULT_LIMIT,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        retry: RetryPolicy = DEFAULT_RETRY,
+    ) -> None:
+        self.cache_dir = Path(cache_dir).expanduser()
+        self.limit_bytes = parse_size(limit_bytes)
+        self.storage_options = dict(storage_options or {})
+        self.retry = retry
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        self._reset()
+
+    @classmethod
+    def default(cls) -> ShardCache:
+        """The cache a remote manifest gets when none is given: `default_cache_dir()`, limited to
+        `$FASTDATA_CACHE_LIMIT` or 50 GB."""
+        return cls(default_cache_dir(), os.environ.get(CACHE_LIMIT_ENV, DEFAULT_LIMIT))
+
+    def _reset(self) -> None:
+        self.stats = CacheStats()
+        self._pid = os.getpid()
+        self._mutex = threading.Lock()
+        self._queue: queue.SimpleQueue[tuple[Manifest, ShardInfo]] | None = None
+        self._queued: set[str] = set()
+        self._plan: tuple[str, dict[str, int], list[ShardInfo], int] | None = None
+        self._warned = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        keep = ("cache_dir", "limit_bytes", "storage_options", "retry")
+        return {name: self.__dict__[name] for name in keep}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._reset()
+
+    def __repr__(self) -> str:
+        return f"ShardCache({str(self.cache_dir)!r}, limit_bytes={self.limit_bytes})"
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def acquire(self, manifest: Manifest, shard: ShardInfo) -> CachedShard:
+        """The shard's local files, downloaded first if needed, pinned until released.
+
+        Raises:
+            RemoteError: the shard cannot be downloaded intact (names the URL and what to do).
+        """
+        self._check(manifest, shard)
+        tar, idx = self._path(shard, "tar"), self._path(shard, "idx")
+        for tries in range(_ACQUIRE_TRIES):
+            fd = self._lock_fd(shard)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if tar.exists():
+                os.utime(tar)  # rule 4: the newest mtime is the latest use
+                self.stats.hits += tries == 0
+                self._prefetch_after(manifest, shard)
+                return CachedShard(fd, tar, idx if idx.exists() else None)
+            os.close(fd)
+            self.fetch(manifest, shard)
+        raise RemoteError(
+            manifest.shard_url(shard),
+            f"evicted {_ACQUIRE_TRIES} times between its download and its use",
+            f"The cache ({self.limit_bytes} bytes) is too small for the readers of this node; "
+            "raise cache_limit.",
+        )
+
+    def fetch(self, manifest: Manifest, shard: ShardInfo) -> Path:
+        """Download the shard into the cache unless it is there (without pinning it)."""
+        self._check(manifest, shard)
+        tar = self._path(shard, "tar")
+        fd = self._lock_fd(shard)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # rule 1: waits while another process downloads it
+            if tar.exists():
+                os.utime(tar)
+            else:
+                self._download(manifest, shard)
+        finally:
+            os.close(fd)
+        return tar
+
+    def size_bytes(self) -> int:
+        """Bytes in the cache folder now (shards, indexes and downloads under way)."""
+        return sum(e.stat().st_size for e in os.scandir(self.cache_dir) if e.is_file())
+
+    # --- prefetching -------------------------------------------------------------------------
+
+    def prefetch(
+        self, manifest: Manifest, shards: Sequence[ShardInfo | str], ahead: int = 2
+    ) -> None:
+        """Download ahead of the reader: `shards` is the order this process will read them in.
+
+        Starts the first `ahead` now, in a background thread; each time `acquire` reaches a shard
+        of the list, the `ahead` shards after it are queued. One order per process (a new call
+        replaces it); a worker process calls this with its own order. Failures are left to the
+        reader's own `acquire`, which retries and reports them.
+        """
+        if ahead < 0:
+            raise ValueError(f"ahead must be >= 0, got {ahead}")
+        infos = [self._info(manifest, s) for s in shards]
+        with self._mutex:
+            self._plan = (manifest.root, {s.name: i for i, s in enumerate(infos)}, infos, ahead)
+        for info in infos[:ahead]:
+            self._enqueue(manifest, info)
+
+    def _prefetch_after(self, manifest: Manifest, shard: ShardInfo) -> None:
+        plan = self._plan
+        if plan is None or plan[0] != manifest.root or shard.name not in plan[1]:
+            return
+        position, infos, ahead = plan[1][shard.name], plan[2], plan[3]
+        for info in infos[position + 1 : position + 1 + ahead]:
+            self._enqueue(manifest, info)
+
+    def _enqueue(self, manifest: Manifest, shard: ShardInfo) -> None:
+        if self._path(shard, "tar").exists():
+            return
+        with self._mutex:
+            if self._pid != os.getpid():  # forked: the parent's thread is not here
+                self._reset()
+            if shard.sha256 in self._queued:
+                return
+            self._queued.add(shard.sha256)
+            if self._queue is None:
+                self._queue = queue.SimpleQueue()
+                # A daemon thread: exiting never waits for queued downloads (a cut one leaves a
+                # .part that the next maker of room removes).
+                threading.Thread(
+                    target=self._prefetch_loop,
+                    args=(self._queue,),
+                    daemon=True,
+                    name="fastdata-prefetch",
+                ).start()
+            self._queue.put((manifest, shard))
+
+    def _prefetch_loop(self, jobs: queue.SimpleQueue[tuple[Manifest, ShardInfo]]) -> None:
+        while True:
+            manifest, shard = jobs.get()
+            try:
+                self.fetch(manifest, shard)
+            except Exception as exc:  # the reader's acquire() retries and reports it
+                log.debug("prefetch of %s failed: %s", shard.name, exc)
+            finally:
+                with self._mutex:
+                    self._queued.discard(shard.sha256)
+
+    # --- downloading and making room ---------------------------------------------------------
+
+    def _download(self, manifest: Manifest, shard: ShardInfo) -> None:
+        """Fetch, check and rename into place; called holding the shard's exclusive lock."""
+        part = self.cache_dir / f"{shard.sha256}.tar.{shard.bytes}.part"
+        idx_part = self.cache_dir / f"{shard.sha256}.idx.part"
+        self._make_room(shard, part)
+        try:
+            has_index = self._fetch_files(manifest, shard, part, idx_part)
+            if has_index:
+                os.replace(idx_part, self._path(shard, "idx"))
+            os.replace(part, self._path(shard, "tar"))  # rule 2: the .tar appears complete
+        finally:
+            idx_part.unlink(missing_ok=True)  # both gone after a success: no-ops then
+            part.unlink(missing_ok=True)
+        self.stats.downloads += 1
+
+    def _fetch_files(
+        self, manifest: Manifest, shard: ShardInfo, part: Path, idx_part: Path
+    ) -> bool:
+        """Download the index (if the store has one) and the tar; True when there is an index."""
+        options, retry = self.storage_options, self.retry
+        has_index = True
+        try:
+            self.stats.bytes_fetched += download(
+                manifest.index_url(shard), idx_part, storage_options=options, retry=retry
+            )
+        except FileNotFoundError:
+            log.info("%s has no index file; the reader scans the tar", manifest.index_url(shard))
+            has_index = False
+        url = manifest.shard_url(shard)
+        try:
+            self.stats.bytes_fetched += download(
+                url,
+                part,
+                size=shard.bytes,
+                sha256=shard.sha256,
+                storage_options=options,
+                retry=retry,
+            )
+        except FileNotFoundError as exc:
+            raise RemoteError(
+                url,
+                "the manifest lists this shard but the store has no such object",
+                "The dataset was changed or partly deleted: shard it again.",
+            ) from exc
+        return has_index
+
+    def _make_room(self, shard: ShardInfo, part: Path) -> None:
+        """Rule 5: evict least recently used shards until this one fits; reserve its space."""
+        with open(self.cache_dir / ".cache.lock", "a+b") as lock:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+            entries, used = self._scan()
+            for _, sha, size in sorted(entries):
+                if used + shard.bytes <= self.limit_bytes:
+                    break
+                if self._evict(sha):
+                    used -= size
+            if used + shard.bytes > self.limit_bytes and not self._warned:
+                self._warned = True
+                log.warning(
+                    "shard cache %s goes over its limit of %d bytes: the shards pinned by open "
+                    "readers (or %s, %d bytes) do not fit; raise cache_limit",
+                    self.cache_dir,
+                    self.limit_bytes,
+                    shard.name,
+                    shard.bytes,
+                )
+            part.touch()  # reserves the space: other makers of room count it from its name
+
+    def _scan(self) -> tuple[list[tuple[float, str, int]], int]:
+        """(mtime, sha, bytes) of each complete shard, and the bytes in use or reserved."""
+        entries: list[tuple[float, str, int]] = []
+        used = 0
+        for entry in os.scandir(self.cache_dir):
+            name = entry.name
+            if name.endswith(".tar") and _SHA.match(name[:-4]):
+                stat = entry.stat()
+                idx = self.cache_dir / (name[:-4] + ".idx")
+                size = stat.st_size + (idx.stat().st_size if idx.exists() else 0)
+                entries.append((stat.st_mtime, name[:-4], size))
+                used += size
+            elif match := _PART.match(name):
+                if self._stale(match.group(1)):
+                    Path(entry.path).unlink(missing_ok=True)
+                else:
+                    used += int(match.group(2)) if match.group(2) else entry.stat().st_size
+        return entries, used
+
+    def _stale(self, sha: str) -> bool:
+        """A .part whose shard lock nobody holds was left by a process that died mid-download."""
+        return self._try_exclusive(sha, lambda: None)
+
+    def _evict(self, sha: str) -> bool:
+        def delete() -> None:
+            for ext in ("tar", "idx"):
+                (self.cache_dir / f"{sha}.{ext}").unlink(missing_ok=True)
+            self.stats.evictions += 1
+
+        return self._try_exclusive(sha, delete)
+
+    def _try_exclusive(self, sha: str, action: Any) -> bool:
+        """Run `action` holding the shard's lock exclusively, if that is possible without waiting."""
+        fd = os.open(self.cache_dir / f"{sha}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False  # pinned by a reader, or being downloaded
+        try:
+            action()
+        finally:
+            os.close(fd)
+        return True
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _lock_fd(self, shard: ShardInfo) -> int:
+        return os.open(self.cache_dir / f"{shard.sha256}.lock", os.O_RDWR | os.O_CREAT, 0o666)
+
+    def _path(self, shard: ShardInfo, ext: str) -> Path:
+        return self.cache_dir / f"{shard.sha256}.{ext}"
+
+    @staticmethod
+    def _check(manifest: Manifest, shard: ShardInfo) -> None:
+        if not _SHA.match(shard.sha256):
+            raise RemoteError(
+                manifest.shard_url(shard),
+                f"the manifest's sha256 {shard.sha256!r} is not a hex digest",
+                "Shard the dataset again with this fastdata.",
+            )
+
+    @staticmethod
+    def _info(manifest: Manifest, shard: ShardInfo | str) -> ShardInfo:
+        if isinstance(shard, ShardInfo):
+            return shard
+        for split in manifest.splits.values():
+            for info in split.shards:
+                if info.name == shard:
+                    return info
+        raise ValueError(f"shard {shard!r} is not in the manifest at {manifest.root}")
