@@ -1,0 +1,202 @@
+"""The nvjpeg backend on the CPU: everything but the GPU decode call, which a fake replaces.
+
+The fake decodes with Pillow to CHW tensors, as ``torchvision.io.decode_jpeg(..., device="cuda")``
+returns them; the loader must then crop the same regions (and flip the same samples) as the cpu
+backend, from the same plan.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fastdata.manifest import load_manifest
+from fastdata.read import nvjpeg
+from fastdata.read.base import LoaderSpec
+from fastdata.read.cpu import make_cpu_loader
+from fastdata.read.decode import Geometry
+from fastdata.read.nvjpeg import NvjpegLoader, crop_box, crop_resize, nvjpeg_status
+from fastdata.read.shardio import ShardReadError
+from fastdata.sources.folder import FolderSource
+from fastdata.write import ShardOptions, write_shards
+
+SIZE = 24
+
+
+def _smooth_folder(root: Path, classes: int = 3, per_class: int = 6) -> Path:
+    """JPEGs (and one PNG per class) of smooth, asymmetric gradients: resamplers agree on them,
+    and a mirrored crop differs clearly from an unmirrored one."""
+    yy, xx = np.mgrid[0:60, 0:80].astype(np.float32)
+    for c in range(classes):
+        folder = root / f"class{c}"
+        folder.mkdir(parents=True)
+        for i in range(per_class):
+            pixels = np.stack([xx * 3, yy * 4, (xx + yy) * (1 + i % 3)], axis=-1)
+            image = Image.fromarray(np.clip(pixels + 10 * c, 0, 255).astype(np.uint8))
+            if i == per_class - 1:
+                image.save(folder / f"img{i}.png", "PNG")
+            else:
+                image.save(folder / f"img{i}.jpg", "JPEG", quality=95)
+    return root
+
+
+@pytest.fixture
+def photo_shards(tmp_path: Path) -> Path:
+    source = FolderSource(_smooth_folder(tmp_path / "images"))
+    out = tmp_path / "shards"
+    write_shards(source, out, ShardOptions(max_count=5, workers=1, progress=False))
+    return out
+
+
+def _spec(root: Path, **kw) -> LoaderSpec:
+    manifest = load_manifest(root)
+    base = dict(
+        manifest=manifest,
+        split=next(iter(manifest.splits)),
+        train=True,
+        batch_size=4,
+        seed=3,
+        preset="photo",
+        image_size=SIZE,
+    )
+    base.update(kw)
+    return LoaderSpec(**base)
+
+
+class FakeDecoder:
+    """Pillow standing in for nvJPEG: a list of byte tensors -> a list of CHW uint8 tensors."""
+
+    def __init__(self, fail_on: bytes | None = None) -> None:
+        self.calls: list[int] = []
+        self.fail_on = fail_on
+
+    def __call__(self, data: list[torch.Tensor]) -> list[torch.Tensor]:
+        self.calls.append(len(data))
+        out = []
+        for t in data:
+            raw = t.numpy().tobytes()
+            assert raw[:2] == b"\xff\xd8", "only JPEG bytes go to the GPU decoder"
+            if self.fail_on is not None and raw == self.fail_on:
+                raise RuntimeError("nvjpeg: bitstream error")
+            pixels = np.asarray(Image.open(io.BytesIO(raw)).convert("RGB"))
+            out.append(torch.from_numpy(pixels.copy()).permute(2, 0, 1))
+        return out
+
+
+# -- geometry: the same boxes as the cpu backend ---------------------------------------------
+
+
+def test_rrc_box_draws_like_the_cpu_decoder():
+    from fastdata.augment import rrc_params
+
+    geometry = Geometry("rrc", SIZE)
+    for seed in range(20):
+        got = crop_box(60, 80, geometry, np.random.default_rng(seed))
+        assert got == rrc_params(
+            60, 80, geometry.scale, geometry.ratio, np.random.default_rng(seed)
+        )
+
+
+def test_center_and_cover_boxes():
+    rng = np.random.default_rng(0)
+    top, left, h, w = crop_box(60, 80, Geometry("center", 28), rng)
+    assert h == w == round(60 / (256 / 224)) and (top, left) == ((60 - h) // 2, (80 - w) // 2)
+    assert crop_box(60, 80, Geometry("cover", hw=(30, 30)), rng) == (0, 10, 60, 60)
+    assert crop_box(60, 80, Geometry("none"), rng) == (0, 0, 60, 80)
+
+
+def test_crop_resize_crops_resizes_and_flips():
+    image = torch.arange(5 * 7, dtype=torch.uint8).reshape(1, 5, 7).repeat(3, 1, 1)
+    out = crop_resize([image, image], [(1, 2, 3, 4), (1, 2, 3, 4)], (3, 4), [False, True])
+    assert out.shape == (2, 3, 3, 4) and out.dtype == torch.uint8
+    assert torch.equal(out[0], image[:, 1:4, 2:6])  # same size: an exact crop
+    assert torch.equal(out[1], image[:, 1:4, 2:6].flip(-1))
+    smaller = crop_resize([image], [(0, 0, 5, 7)], (2, 3), [False])
+    assert smaller.shape == (1, 3, 2, 3)
+
+
+# -- the loader ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_same_samples_regions_and_flips_as_the_cpu_backend(photo_shards, train):
+    spec = _spec(photo_shards, train=train)
+    decoder = FakeDecoder()
+    loader = NvjpegLoader(spec, decoder=decoder)
+    cpu = make_cpu_loader(spec)
+    assert len(loader) == len(cpu) and loader.applied_ops == cpu.applied_ops
+    assert not loader.normalized and not loader.augmented
+    batches = 0
+    for (x, y), (cx, cy) in zip(loader, cpu, strict=True):
+        assert x.dtype == torch.uint8 and x.shape == cx.shape == (len(y), 3, SIZE, SIZE)
+        assert torch.equal(y, cy)
+        # Another resampler (and the cpu backend's JPEG draft scaling): close, not equal.
+        diff = (x.float() - cx.float()).abs().mean(dim=(1, 2, 3))
+        assert diff.max() < 12, diff
+        batches += 1
+    assert batches == len(cpu) and sum(decoder.calls) > 0
+
+
+def test_png_samples_are_decoded_on_the_cpu(photo_shards):
+    decoder = FakeDecoder()  # asserts it never sees PNG bytes
+    loader = NvjpegLoader(_spec(photo_shards, batch_size=18, drop_last=False), decoder=decoder)
+    (x, y), *_ = list(loader)
+    assert len(y) == 18 and decoder.calls == [15]  # 3 PNGs of 18 took the CPU path
+
+
+def test_set_epoch_changes_the_order_and_len_counts_the_plan(photo_shards):
+    loader = NvjpegLoader(_spec(photo_shards), decoder=FakeDecoder())
+    first = [int(v) for _, y in loader for v in y]
+    loader.set_epoch(1)
+    second = [int(v) for _, y in loader for v in y]
+    assert sorted(first) == sorted(second) and first != second
+    loader.set_epoch(0, consumed=8, steps_before=2)
+    assert len(loader) == len(_spec(photo_shards).plan(0, 8, 2))
+
+
+def test_a_bad_jpeg_is_named(photo_shards):
+    manifest = load_manifest(photo_shards)
+    spec = _spec(photo_shards, train=False, batch_size=18)
+    from fastdata.read.shardio import ShardReader
+
+    reader = ShardReader(manifest, spec.split)
+    batch = nvjpeg.read_batch(reader, spec, spec.plan(0), 0)
+    bad = batch.payloads[batch.exts.index("jpg")]
+    loader = NvjpegLoader(spec, decoder=FakeDecoder(fail_on=bad))
+    with pytest.raises(ShardReadError, match=r"\.tar, sample '.+_\d{8}'.*bitstream error"):
+        list(loader)
+
+
+def test_raw_splits_and_skip_are_refused(tiny_shards, photo_shards):
+    with pytest.raises(ValueError, match="raw pixels"):
+        NvjpegLoader(_spec(tiny_shards, preset="none", image_size=None), decoder=FakeDecoder())
+    with pytest.raises(ValueError, match="on_error='raise' only"):
+        NvjpegLoader(_spec(photo_shards, on_error="skip"), decoder=FakeDecoder())
+
+
+# -- availability ------------------------------------------------------------------------------
+
+
+def test_status_without_gpu_or_torchvision(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert nvjpeg_status() == (False, "no CUDA GPU is visible")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(nvjpeg.importlib.util, "find_spec", lambda name: None)
+    ok, reason = nvjpeg_status()
+    assert not ok and "torchvision is not installed" in reason
+
+
+def test_status_never_raises(monkeypatch):
+    def broken(name):
+        raise OSError("libnvjpeg.so.13: cannot open shared object file")
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(nvjpeg.importlib.util, "find_spec", broken)
+    ok, reason = nvjpeg_status()
+    assert not ok and "libnvjpeg" in reason
+    assert nvjpeg.nvjpeg_available() is False
