@@ -4,22 +4,39 @@ Raw samples (`rgb`) are a reshape. Encoded images (`jpg`, `png`) are decoded wit
 given their decode-time geometry here, because it is cheaper to shrink while decoding than after:
 
 - "rrc" (training, photo preset): the random-resized-crop box is drawn first from the image's
-  size, then JPEG draft mode asks libjpeg for the smallest DCT scale (1/2, 1/4, 1/8) that still
-  covers the box at the output size, and one `resize(box=...)` crops and scales in one pass.
+  size (read from the header), then the JPEG is decoded the cheaper of two ways: only the box's
+  region (plus the resize filter's margin), at full resolution, by libjpeg-turbo through
+  nvImageCodec's CPU decoder (`jpeg_crop_scanline` / `jpeg_skip_scanlines`: rows below the box
+  are never decoded, columns outside it skip IDCT and colour conversion); or, when the box is so
+  large that a DCT scale of 1/2, 1/4 or 1/8 still covers the output size, the whole image at that
+  scale through Pillow-SIMD's draft mode. Whichever has fewer pixels to produce wins. One boxed
+  bilinear `resize` then crops and scales in one pass (Pillow-SIMD), as before: the region path
+  gives the same pixels as a full decode and `resize(box=...)` (tests/read/test_decode.py).
 - "center" (evaluation): resize the shorter side to `size * 256 / 224` and take the centre
-  `size` x `size` crop, again through draft mode and one boxed resize.
+  `size` x `size` crop, through the same two paths.
 - "cover": resize so the image just covers `hw` and take the centre `hw` window (the stored size
   of photos when no crop is fused: `stored_hw`; the memory backend's store uses it too).
 - "none": decode at the stored size (every image of the split must then share one size).
 
-A preset's decode-time flip (`Geometry.flip_p`, "photo") is a PIL transpose after the resize.
-Pad-crops, other flips and normalization happen later, batched on the device (fastdata.augment).
+PNG, WebP, CMYK JPEGs, and every JPEG when nvImageCodec is not installed, take the Pillow-SIMD
+path. A preset's decode-time flip (`Geometry.flip_p`, "photo") is a PIL transpose after the
+resize. Pad-crops, other flips and normalization happen later, batched on the device
+(fastdata.augment).
+
+`decode_batch` decodes a batch in a persistent per-process thread pool (both decoders release the
+GIL while they work); every image draws from its own generator, so the pixels do not depend on
+the number of threads.
 """
 
 from __future__ import annotations
 
 import io
+import logging
+import math
+import os
+import threading
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,8 +50,11 @@ __all__ = [
     "decode_batch",
     "decode_image",
     "decode_raw",
+    "jpeg_region_decoder",
     "stored_hw",
 ]
+
+log = logging.getLogger("fastdata")
 
 EVAL_RESIZE_RATIO = 256 / 224
 _CROP_RATIO = (256, 224)  # stored side / output side for photos
@@ -117,15 +137,22 @@ def decode_raw(data: memoryview | bytes, shape: tuple[int, int, int]) -> np.ndar
 
 
 def decode_image(
-    data: memoryview | bytes, geometry: Geometry, rng: np.random.Generator
+    data: memoryview | bytes, geometry: Geometry, rng: np.random.Generator, roi: bool = True
 ) -> np.ndarray:
     """Decode JPEG/PNG bytes to uint8 HWC RGB with the decode-time `geometry`.
+
+    Args:
+        data: the encoded image.
+        geometry: the decode-time geometry.
+        rng: the image's generator (crop box first, then the flip).
+        roi: decode only a JPEG's crop region when that is cheaper (False: always Pillow-SIMD,
+            for comparison; the pixels are the same).
 
     Raises:
         ValueError: the bytes are not a readable image (the caller adds the shard and key).
     """
     try:
-        image = Image.open(io.BytesIO(data))
+        image = Image.open(io.BytesIO(data))  # reads the header only
         width, height = image.size
         if geometry.kind == "none":
             return _to_array(_maybe_flip(image, geometry.flip_p, rng))
@@ -139,8 +166,14 @@ def decode_image(
             side = min(width, height) / geometry.resize_ratio
             h = w = max(1, round(side))
             top, left = (height - h) // 2, (width - w) // 2
-        image = _crop_resize(image, (left, top, left + w, top + h), geometry.size)
-        return _to_array(_maybe_flip(image, geometry.flip_p, rng))
+        box = (left, top, left + w, top + h)
+        resized = _region_resize(data, image, box, geometry.size) if roi else None
+        if resized is None:
+            resized = _crop_resize(image, box, geometry.size)
+        return _to_array(_maybe_flip(resized, geometry.flip_p, rng))
+    except Image.UnidentifiedImageError as exc:  # its message is the BytesIO object's repr
+        head = bytes(data[:8])
+        raise ValueError(f"cannot decode image (unknown image format, starts {head!r})") from exc
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise ValueError(f"cannot decode image ({type(exc).__name__}: {exc})") from exc
 
@@ -150,6 +183,7 @@ def decode_batch(
     geometry: Geometry,
     rngs: Sequence[np.random.Generator],
     threads: int = 1,
+    roi: bool = True,
 ) -> list[np.ndarray | ValueError]:
     """Decode a batch of encoded images: entry i is image i's HWC uint8 pixels, or its error.
 
@@ -160,18 +194,155 @@ def decode_batch(
         payloads: encoded image bytes.
         geometry: the decode-time geometry of every image.
         rngs: one generator per image.
-        threads: decode threads (1: in the calling thread).
+        threads: decode threads: the calling thread and ``threads - 1`` threads of this process's
+            decode pool (created on first use, and anew in a forked child).
+        roi: see `decode_image`.
     """
     if len(payloads) != len(rngs):
         raise ValueError(f"need one generator per image, got {len(payloads)} and {len(rngs)}")
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
 
-    def one(i: int) -> np.ndarray | ValueError:
+    def chunk(indices: range) -> list[np.ndarray | ValueError]:
+        out: list[np.ndarray | ValueError] = []
+        for i in indices:
+            try:
+                out.append(decode_image(payloads[i], geometry, rngs[i], roi))
+            except ValueError as exc:
+                out.append(exc)
+        return out
+
+    n = len(payloads)
+    k = min(threads, n)
+    if k <= 1:
+        return chunk(range(n))
+    # Strided chunks (i, i + k, ...) balance the work; the calling thread decodes chunk 0.
+    pool = _decode_pool(k - 1)
+    futures = [pool.submit(chunk, range(j, n, k)) for j in range(1, k)]
+    results: list[np.ndarray | ValueError] = [None] * n  # type: ignore[list-item]
+    results[0::k] = chunk(range(0, n, k))
+    for j, future in enumerate(futures, start=1):
+        results[j::k] = future.result()
+    return results
+
+
+def jpeg_region_decoder() -> str | None:
+    """Name and version of the JPEG region decoder this process uses, None when unavailable."""
+    decoder = _region_decoder()
+    return None if decoder is None else decoder.name
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-process state: the decode pool and one region decoder per thread. A forked child (a
+# DataLoader worker) inherits these objects but not their threads, so it starts afresh, and it
+# never destroys the inherited ones: their destructors would wait for threads that do not exist.
+
+_state_lock = threading.Lock()
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (threads, pool)
+_local = threading.local()
+_inherited: list[object] = []
+
+
+def _forget_parent_state() -> None:
+    global _state_lock, _pool, _local
+    _inherited.extend([_pool, _local])
+    _state_lock, _pool, _local = threading.Lock(), None, threading.local()
+
+
+os.register_at_fork(after_in_child=_forget_parent_state)
+
+
+def _decode_pool(threads: int) -> ThreadPoolExecutor:
+    """This process's decode pool, with at least `threads` threads."""
+    global _pool
+    with _state_lock:
+        if _pool is None or _pool[0] < threads:
+            if _pool is not None:
+                _pool[1].shutdown(wait=False)
+            _pool = (threads, ThreadPoolExecutor(threads, thread_name_prefix="fastdata-decode"))
+        return _pool[1]
+
+
+class _RegionDecoder:
+    """nvImageCodec's CPU decoder (libjpeg-turbo) of a JPEG region; one per thread.
+
+    Fancy chroma upsampling and no EXIF rotation, as libjpeg and Pillow do by default: the
+    region's pixels are then those of a full Pillow decode (nvImageCodec's default upsampling is
+    the cheaper box filter, which differs by up to ~70 levels at colour edges).
+    """
+
+    def __init__(self) -> None:
+        # Failed decodes are re-done by Pillow, which raises with the reason; nvImageCodec would
+        # also print each failure to stderr (read once, at import; a user's setting is kept).
+        os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
+        from nvidia import nvimgcodec
+
+        self._nv = nvimgcodec
+        self._decoder = nvimgcodec.Decoder(
+            device_id=nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY,
+            max_num_cpu_threads=1,
+            backends=[nvimgcodec.Backend(nvimgcodec.CPU_ONLY)],
+            options=":fancy_upsampling=1",
+        )
+        self._params = nvimgcodec.DecodeParams(
+            apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB
+        )
+        self.name = f"nvimgcodec {nvimgcodec.__version__} (libjpeg-turbo, CPU)"
+
+    def region(self, data: memoryview | bytes, box: tuple[int, int, int, int]) -> np.ndarray | None:
+        """RGB pixels of ``box = (left, top, right, bottom)``, None when the decode fails."""
+        nv = self._nv
+        left, top, right, bottom = box
+        stream = nv.CodeStream(bytes(data)).get_sub_code_stream(
+            region=nv.Region(top, left, bottom, right)
+        )
+        image = self._decoder.decode(stream, params=self._params)
+        return None if image is None else np.asarray(image.cpu())
+
+
+def _region_decoder() -> _RegionDecoder | None:
+    """This thread's region decoder; None when nvImageCodec is missing or cannot start."""
+    decoder = getattr(_local, "decoder", False)
+    if decoder is False:
         try:
-            return decode_image(payloads[i], geometry, rngs[i])
-        except ValueError as exc:
-            return exc
+            decoder = _RegionDecoder()
+        except Exception as exc:  # ImportError, or a binary that does not load on this system
+            log.debug("JPEG region decoding off, Pillow-SIMD decodes whole images: %r", exc)
+            decoder = None
+        _local.decoder = decoder
+    return decoder
 
-    return [one(i) for i in range(len(payloads))]
+
+def _region_resize(
+    data: memoryview | bytes, image: Image.Image, box: tuple[int, int, int, int], size: int
+) -> Image.Image | None:
+    """Decode only `box` (+ margin) of a JPEG and resize it; None where Pillow's path is better.
+
+    Pillow's path is taken for non-JPEG and CMYK images, when no region decoder is available,
+    when the region decoder fails (Pillow then names the reason), and when a DCT-scaled full
+    decode has fewer pixels to produce than the region at full resolution.
+    """
+    if image.format != "JPEG" or image.mode not in ("RGB", "L"):
+        return None
+    width, height = image.size
+    left, top, right, bottom = box
+    step = max(1.0, (right - left) / size, (bottom - top) / size)
+    dct = 2 ** min(3, int(math.log2(max(1.0, min(right - left, bottom - top) / size))))
+    if (right - left) * (bottom - top) * dct * dct > width * height:
+        return None
+    decoder = _region_decoder()
+    if decoder is None:
+        return None
+    # The bilinear filter reads up to half a step beyond the box (inside a whole image); decoding
+    # that margin too keeps the result equal to a full decode + resize(box=...).
+    margin = math.ceil(step / 2) + 1
+    x0, y0 = max(0, left - margin), max(0, top - margin)
+    x1, y1 = min(width, right + margin), min(height, bottom + margin)
+    pixels = decoder.region(data, (x0, y0, x1, y1))
+    if pixels is None:
+        return None
+    inner = (left - x0, top - y0, right - x0, bottom - y0)
+    return Image.fromarray(pixels).resize((size, size), Image.BILINEAR, box=inner)
 
 
 def _maybe_flip(image: Image.Image, flip_p: float, rng: np.random.Generator) -> Image.Image:
