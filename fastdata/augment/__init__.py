@@ -7,20 +7,19 @@ them (torchvision v2 style), on the device of the ``torch.Generator`` when one i
 batch's device) and then moved to the batch: a CPU generator with a fixed seed gives the same
 augmentation for a CPU batch and for a CUDA batch.
 
-Presets (`get_preset(name)`); other backends (DALI) must match these semantics:
+Presets (`get_preset(name)`, typed `Preset` objects; a user's own batched callable is wrapped as a
+`BatchTransform` op); every backend gives the same semantics:
 
 - ``"cifar"``: train = random 32x32 crop (the input size) of the input zero-padded by 4 pixels on
   every side, offsets ``(dy, dx)`` uniform in ``[0, 8]`` each (torchvision
   ``RandomCrop(32, padding=4)``, zero fill), then horizontal flip with p = 0.5 (fused into the
-  crop's gather), then normalize with the CIFAR-100 mean/std. Eval = normalize only.
-- ``"photo"``: the CPU decoder already did the geometry and the flip (train: random-resized-crop
-  with `rrc_params`, scale (0.08, 1), ratio (3/4, 4/3), to ``image_size`` squared, then horizontal
-  flip with p = 0.5 (`Preset.decode_flip_p`); eval: shorter side resized to
-  ``floor(image_size * 256 / 224)`` then centre crop, see `center_crop_params`). On the device:
-  normalize (ImageNet mean/std).
-- ``"photo_device"``: for backends that hand over full-size, fixed-size images (the device-resident
-  backend): train = random-resized-crop on the device (`batch_rrc_params` + `resized_crop`) + flip +
-  normalize; eval = `resize_center_crop` + normalize.
+  crop's gather), then normalize with the dataset's mean/std (else CIFAR-100's). Eval = normalize.
+- ``"photo"``: train = random-resized-crop (`RandomResizedCrop`: `rrc_params`, scale (0.08, 1),
+  ratio (3/4, 4/3)) to ``image_size`` squared, then horizontal flip with p = 0.5; eval = shorter
+  side resized to ``floor(image_size * 256 / 224)`` then centre crop (`ResizeCenterCrop`). Backends
+  that decode (cpu, dali, nvjpeg) fuse the crop (and the flip) into decoding; the memory backend
+  stores each photo's centre square at ``floor(image_size * 256 / 224)`` and runs the ops on the
+  device. Then normalize (the dataset's statistics, else ImageNet's).
 - ``"none"``: normalize to float in [0, 1] (mean 0, std 255).
 
 Resizing is bilinear with antialiasing when shrinking (the filter of PIL and of torchvision /
@@ -56,7 +55,17 @@ from fastdata.augment.params import (
     pad_crop_params,
     rrc_params,
 )
-from fastdata.augment.presets import OPS, PRESETS, Op, Preset, get_preset
+from fastdata.augment.presets import (
+    PRESETS,
+    BatchTransform,
+    Flip,
+    Op,
+    PadCrop,
+    Preset,
+    RandomResizedCrop,
+    ResizeCenterCrop,
+    get_preset,
+)
 
 __all__ = [
     "CIFAR10_MEAN",
@@ -65,10 +74,14 @@ __all__ = [
     "CIFAR100_STD",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
-    "OPS",
     "PRESETS",
+    "BatchTransform",
+    "Flip",
     "Op",
+    "PadCrop",
     "Preset",
+    "RandomResizedCrop",
+    "ResizeCenterCrop",
     "batch_rrc_params",
     "center_crop_params",
     "crop_with_padding",

@@ -1,13 +1,22 @@
-"""Augmentation presets: `Op` steps from the `OPS` registry, grouped into a `Preset`.
+"""Augmentation presets: typed ops grouped into a `Preset`; user callables wrapped as one op.
 
-The semantics of every preset are described in the `fastdata.augment` package docstring.
+A `Preset` says by its typed fields what a backend may fuse, so no backend looks at names:
+
+- `Preset.decode_crop(train)`: a leading `RandomResizedCrop` (optionally followed by a `Flip`) or
+  `ResizeCenterCrop` that a decoder can apply while decoding (the cpu backend's Pillow geometry,
+  DALI's fused decode-and-crop, the nvjpeg backend's crop after decoding);
+- `Preset.pad_crop(train)`: the memory backend's fused pad-crop (train ops exactly one `PadCrop`).
+
+A backend reports how many leading ops it applied (`BatchLoader.applied_ops`) and whether it also
+normalized; `Preset.apply(..., skip=n)` runs the rest on the device. Semantics of the built-in
+presets are in the `fastdata.augment` package docstring.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Union
 
 import torch
 from torch import Tensor
@@ -23,85 +32,97 @@ from fastdata.augment.kernels import (
 )
 from fastdata.augment.params import batch_rrc_params
 
-__all__ = ["OPS", "PRESETS", "Op", "Preset", "get_preset"]
+__all__ = [
+    "PRESETS",
+    "BatchTransform",
+    "Flip",
+    "Op",
+    "PadCrop",
+    "Preset",
+    "RandomResizedCrop",
+    "ResizeCenterCrop",
+    "get_preset",
+]
 
 
 @dataclass(frozen=True)
-class Op:
-    """One augmentation step of a preset: a name in `OPS` and its keyword arguments.
+class PadCrop:
+    """Random crop of the input size from the input zero-padded by `pad` (RandomCrop(padding=)),
+    then a horizontal flip with probability `flip_p` (fused into the crop's gather)."""
 
-    Args:
-        name: key of `OPS`.
-        params: ``(keyword, value)`` pairs (a tuple so that the preset stays hashable).
-    """
+    pad: int = 4
+    flip_p: float = 0.5
 
-    name: str
-    params: tuple[tuple[str, Any], ...] = ()
-
-    @classmethod
-    def of(cls, name: str, **params: Any) -> Op:
-        """``Op.of("flip", p=0.5)``."""
-        return cls(name, tuple(sorted(params.items())))
+    def __call__(self, x: Tensor, size: int | None, generator: torch.Generator | None) -> Tensor:
+        return random_crop_with_padding(x, self.pad, generator, self.flip_p)
 
 
-def _op_pad_crop(
-    x: Tensor,
-    size: int | None,
-    generator: torch.Generator | None,
-    pad: int = 4,
-    flip_p: float = 0.0,
-) -> Tensor:
-    return random_crop_with_padding(x, pad, generator, flip_p)
+@dataclass(frozen=True)
+class Flip:
+    """Horizontal flip of each image with probability `p`."""
+
+    p: float = 0.5
+
+    def __call__(self, x: Tensor, size: int | None, generator: torch.Generator | None) -> Tensor:
+        return random_flip(x, generator, self.p)
 
 
-def _op_flip(
-    x: Tensor, size: int | None, generator: torch.Generator | None, p: float = 0.5
-) -> Tensor:
-    return random_flip(x, generator, p)
+@dataclass(frozen=True)
+class RandomResizedCrop:
+    """torchvision RandomResizedCrop to the preset's `image_size` (antialiased bilinear)."""
+
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    antialias: bool = True
+    needs_size = True
+
+    def __call__(self, x: Tensor, size: int | None, generator: torch.Generator | None) -> Tensor:
+        n, _, h, w = x.shape
+        boxes = batch_rrc_params((n, h, w), self.scale, self.ratio, generator, device=x.device)
+        return resized_crop(x, boxes, size, self.antialias)
 
 
-def _op_rrc(
-    x: Tensor,
-    size: int | None,
-    generator: torch.Generator | None,
-    scale: tuple[float, float] = (0.08, 1.0),
-    ratio: tuple[float, float] = (3 / 4, 4 / 3),
-    antialias: bool = True,
-) -> Tensor:
-    assert size is not None  # Preset.__post_init__ requires image_size for this op
-    n, _, h, w = x.shape
-    boxes = batch_rrc_params((n, h, w), scale, ratio, generator, device=x.device)
-    return resized_crop(x, boxes, size, antialias)
+@dataclass(frozen=True)
+class ResizeCenterCrop:
+    """Shorter side resized to ``floor(image_size * ratio)``, then the centre `image_size` crop."""
+
+    ratio: float = 256 / 224
+    antialias: bool = True
+    needs_size = True
+
+    def __call__(self, x: Tensor, size: int | None, generator: torch.Generator | None) -> Tensor:
+        return resize_center_crop(x, size, self.ratio, self.antialias)
 
 
-def _op_resize_center_crop(
-    x: Tensor,
-    size: int | None,
-    generator: torch.Generator | None,
-    resize_ratio: float = 256 / 224,
-    antialias: bool = True,
-) -> Tensor:
-    assert size is not None  # Preset.__post_init__ requires image_size for this op
-    return resize_center_crop(x, size, resize_ratio, antialias)
+@dataclass(frozen=True)
+class BatchTransform:
+    """A user's callable on a uint8 (N, 3, H, W) batch on the device, returning (N, 3, H', W')
+    on the 0..255 scale (uint8 or float), e.g. a `torchvision.transforms.v2` pipeline or a kornia
+    augmentation. The DataModule seeds torch's global generator per batch around the call (on
+    the batch's device), so its random draws repeat on a resumed run."""
+
+    fn: Callable[[Tensor], Tensor]
+
+    def __call__(self, x: Tensor, size: int | None, generator: torch.Generator | None) -> Tensor:
+        if generator is None:
+            return self.fn(x)
+        devices = [x.device] if x.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(generator.initial_seed())
+            return self.fn(x)
 
 
-OpFn = Callable[..., Tensor]
-#: Op name -> ``fn(x, size, generator, **params)``; `size` is the preset's image_size.
-OPS: dict[str, OpFn] = {
-    "pad_crop": _op_pad_crop,
-    "flip": _op_flip,
-    "random_resized_crop": _op_rrc,
-    "resize_center_crop": _op_resize_center_crop,
-}
-_SIZED_OPS = frozenset({"random_resized_crop", "resize_center_crop"})
+Op = Union[PadCrop, Flip, RandomResizedCrop, ResizeCenterCrop, BatchTransform]  # noqa: UP007
+_SIZED = (RandomResizedCrop, ResizeCenterCrop)
+DecodeCrop = Union[RandomResizedCrop, ResizeCenterCrop]  # noqa: UP007
 
 
 @dataclass(frozen=True)
 class Preset:
-    """A named augmentation recipe: ops for train and eval, then normalization.
+    """An augmentation recipe: ops for train and eval, then normalization.
 
     Args:
-        name: preset name (for messages).
+        name: preset name (for messages only; no backend reads it).
         image_size: output side; ops that resize need it; when set, `apply` checks the output is
             ``image_size`` squared. None keeps the input size.
         mean: per-channel mean, 0..255 scale.
@@ -110,10 +131,6 @@ class Preset:
         eval_ops: ops applied in order when ``train=False``.
         dtype: dtype of `apply`'s result.
         channels_last: return `apply`'s result in the channels-last memory format.
-        decode_flip_p: training flip probability a CPU decoder applies per image while decoding
-            (the CPU backend reads it; `apply` does not flip for it). Cheaper there than on a
-            CPU device: a batched flip of 64 channels-last 224 px images took 15 ms on the
-            training process's core, a PIL transpose ~0.05 ms per image in a loader worker.
     """
 
     name: str
@@ -124,7 +141,6 @@ class Preset:
     eval_ops: tuple[Op, ...] = ()
     dtype: torch.dtype = field(default=torch.float32)
     channels_last: bool = False
-    decode_flip_p: float = 0.0
 
     def __post_init__(self) -> None:
         if len(self.mean) != len(self.std) or any(s <= 0 for s in self.std):
@@ -132,12 +148,34 @@ class Preset:
                 f"preset {self.name!r}: need positive std per mean, got {self.mean}, {self.std}"
             )
         for op in self.train_ops + self.eval_ops:
-            if op.name not in OPS:
-                raise ValueError(
-                    f"preset {self.name!r}: unknown op {op.name!r}; known: {sorted(OPS)}"
-                )
-            if op.name in _SIZED_OPS and self.image_size is None:
-                raise ValueError(f"preset {self.name!r}: op {op.name!r} needs image_size")
+            if not callable(op):
+                raise ValueError(f"preset {self.name!r}: op {op!r} is not callable")
+            if isinstance(op, _SIZED) and self.image_size is None:
+                raise ValueError(f"preset {self.name!r}: op {op!r} needs image_size")
+
+    def ops(self, train: bool) -> tuple[Op, ...]:
+        """The ops of a training or an evaluation batch."""
+        return self.train_ops if train else self.eval_ops
+
+    def decode_crop(self, train: bool) -> tuple[DecodeCrop | None, float, int]:
+        """What a decoder may fuse: (leading crop op or None, flip probability, ops it covers)."""
+        ops = self.ops(train)
+        if not ops or not isinstance(ops[0], _SIZED):
+            return None, 0.0, 0
+        if len(ops) > 1 and isinstance(ops[0], RandomResizedCrop) and isinstance(ops[1], Flip):
+            return ops[0], ops[1].p, 2
+        return ops[0], 0.0, 1
+
+    def pad_crop(self, train: bool) -> PadCrop | None:
+        """The pad-crop the memory backend fuses with normalization, when the ops are just that."""
+        ops = self.ops(train)
+        return ops[0] if len(ops) == 1 and isinstance(ops[0], PadCrop) else None
+
+    def with_stats(self, mean: Sequence[float], std: Sequence[float]) -> Preset:
+        """This preset normalizing with other statistics (0..255 scale)."""
+        from dataclasses import replace
+
+        return replace(self, mean=tuple(map(float, mean)), std=tuple(map(float, std)))
 
     def apply(
         self,
@@ -145,6 +183,7 @@ class Preset:
         train: bool,
         generator: torch.Generator | None = None,
         pool: TensorPool | None = None,
+        skip: int = 0,
     ) -> Tensor:
         """Augment (train) or just prepare (eval) a uint8 ``(N, C, H, W)`` batch on its device.
 
@@ -153,6 +192,7 @@ class Preset:
             train: use `train_ops` (True) or `eval_ops` (False).
             generator: torch generator for reproducible random draws (CPU or the batch's device).
             pool: reuse the memory of earlier results nobody holds any more (CPU batches).
+            skip: leading ops already applied by the loader (fused at decode time).
 
         Returns:
             Normalized ``(N, C, S, S)`` tensor of `dtype` on x's device.
@@ -162,15 +202,16 @@ class Preset:
                 f"preset {self.name!r} expects an (N, {len(self.mean)}, H, W) batch, "
                 f"got shape {tuple(x.shape)}"
             )
-        for op in self.train_ops if train else self.eval_ops:
-            x = OPS[op.name](x, self.image_size, generator, **dict(op.params))
+        ops = self.ops(train)
+        for op in ops[skip:]:
+            x = op(x, self.image_size, generator)
         size = self.image_size
-        if size is not None and tuple(x.shape[-2:]) != (size, size):
+        custom = any(isinstance(op, BatchTransform) for op in ops)  # the user's size is theirs
+        if size is not None and not custom and tuple(x.shape[-2:]) != (size, size):
             raise ValueError(
                 f"preset {self.name!r} expects {size}x{size} images, "
-                f"got {x.shape[-2]}x{x.shape[-1]}; "
-                "decode at that size, pass the matching image_size, or use 'photo_device' for "
-                "full-size images"
+                f"got {x.shape[-2]}x{x.shape[-1]}; decode at that size or pass the matching "
+                "image_size"
             )
         out = None
         if pool is not None:
@@ -183,27 +224,18 @@ def _stats(given: Sequence[float] | None, default: tuple[float, ...]) -> tuple[f
     return default if given is None else tuple(float(v) for v in given)
 
 
-_FLIP = Op.of("flip", p=0.5)
 _Stats = Sequence[float] | None
 
 
 def _cifar(image_size: int | None = None, mean: _Stats = None, std: _Stats = None) -> Preset:
     mean, std = _stats(mean, CIFAR100_MEAN), _stats(std, CIFAR100_STD)
-    # The flip rides in the crop's gather (one pass instead of two; same draws, same result).
-    return Preset("cifar", image_size, mean, std, (Op.of("pad_crop", pad=4, flip_p=0.5),))
+    return Preset("cifar", image_size, mean, std, (PadCrop(pad=4, flip_p=0.5),))
 
 
 def _photo(image_size: int | None = None, mean: _Stats = None, std: _Stats = None) -> Preset:
     mean, std = _stats(mean, IMAGENET_MEAN), _stats(std, IMAGENET_STD)
-    # The CPU decoder crops (random-resized-crop) and flips: the device only normalizes.
-    return Preset("photo", image_size or 224, mean, std, decode_flip_p=0.5)
-
-
-def _photo_device(image_size: int | None = None, mean: _Stats = None, std: _Stats = None) -> Preset:
-    mean, std = _stats(mean, IMAGENET_MEAN), _stats(std, IMAGENET_STD)
-    rrc = Op.of("random_resized_crop", scale=(0.08, 1.0), ratio=(3 / 4, 4 / 3))
-    centre = Op.of("resize_center_crop", resize_ratio=256 / 224)
-    return Preset("photo_device", image_size or 224, mean, std, (rrc, _FLIP), (centre,))
+    train = (RandomResizedCrop(), Flip(0.5))
+    return Preset("photo", image_size or 224, mean, std, train, (ResizeCenterCrop(),))
 
 
 def _none(image_size: int | None = None, mean: _Stats = None, std: _Stats = None) -> Preset:
@@ -214,7 +246,6 @@ def _none(image_size: int | None = None, mean: _Stats = None, std: _Stats = None
 PRESETS: dict[str, Callable[..., Preset]] = {
     "cifar": _cifar,
     "photo": _photo,
-    "photo_device": _photo_device,
     "none": _none,
 }
 
@@ -229,8 +260,8 @@ def get_preset(
 
     Args:
         name: a key of `PRESETS`.
-        image_size: output side; None keeps the preset's default (224 for the photo presets, the
-            input size otherwise).
+        image_size: output side; None keeps the preset's default (224 for "photo", the input
+            size otherwise).
         mean: per-channel mean on the 0..255 scale; None keeps the preset's.
         std: per-channel std on the 0..255 scale; None keeps the preset's.
     """

@@ -1,28 +1,86 @@
-"""Read side: manifest -> per-rank plan -> decode backend -> uint8 (or augmented) batches.
+"""Read side: manifest -> epoch plan -> decode backend -> uint8 (or normalized) batches.
 
-Backends are looked up by name in `BACKENDS`; optional ones (DALI) are imported only when chosen.
+Backends are registered in `BACKENDS` with their metadata; `auto`, the tuner, the CLI and the
+pipelines read it. A new backend is one module plus one line here. Optional backends (DALI,
+torchvision's nvJPEG) are imported only when chosen or probed.
 """
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from fastdata.read.base import BatchLoader, LoaderSpec
+from fastdata.read.base import BatchLoader, LoaderSpec, WorkerSettings
 
-__all__ = ["BACKENDS", "BatchLoader", "LoaderSpec", "get_backend"]
+__all__ = ["BACKENDS", "Backend", "BatchLoader", "LoaderSpec", "WorkerSettings", "get_backend"]
 
-# name -> "module:function" building a BatchLoader from a LoaderSpec.
-BACKENDS: dict[str, str] = {
-    "cpu": "fastdata.read.cpu:make_cpu_loader",
-    "dali": "fastdata.read.dali:make_dali_loader",
-    "memory": "fastdata.read.memory:make_memory_loader",
+
+@dataclass(frozen=True)
+class Backend:
+    """A read backend and what `auto`, the tuner and the CLI need to know about it.
+
+    Args:
+        name: the name users pass as `backend=`.
+        factory: ``"module:function"`` building a `BatchLoader` from a `LoaderSpec`.
+        available: ``"module:function"`` returning (usable here?, reason when not); must not
+            raise, and must not initialize CUDA.
+        uses_workers: its loading runs in DataLoader worker processes (the tuner sizes them).
+        resident: it keeps the decoded split resident on the device (auto checks memory).
+        decodes_on_gpu: it decodes on the GPU (auto prefers it when the memory store won't fit).
+        user_transforms: it hands uint8 batches over, so user callables can run on them.
+    """
+
+    name: str
+    factory: str
+    available: str
+    uses_workers: bool
+    resident: bool = False
+    decodes_on_gpu: bool = False
+    user_transforms: bool = True
+
+    def load(self) -> Callable[[LoaderSpec], BatchLoader]:
+        """The loader factory, imported on first use."""
+        module, func = self.factory.split(":")
+        return getattr(importlib.import_module(module), func)
+
+    def check(self) -> tuple[bool, str]:
+        """(usable here, reason when not)."""
+        module, func = self.available.split(":")
+        try:
+            return getattr(importlib.import_module(module), func)()
+        except Exception as exc:  # noqa: BLE001 - a broken optional install is "unavailable"
+            return False, f"{type(exc).__name__}: {exc}"
+
+
+def _always() -> tuple[bool, str]:
+    return True, ""
+
+
+_BUILTIN = "fastdata.read:_always"
+
+#: name -> Backend, in `auto`'s order of preference after the memory check.
+BACKENDS: dict[str, Backend] = {
+    b.name: b
+    for b in (
+        Backend(
+            "memory", "fastdata.read.memory:make_memory_loader", _BUILTIN, False, resident=True
+        ),
+        Backend(
+            "dali",
+            "fastdata.read.dali:make_dali_loader",
+            "fastdata.read.dali:dali_status",
+            uses_workers=False,
+            decodes_on_gpu=True,
+            user_transforms=False,
+        ),
+        Backend("cpu", "fastdata.read.cpu:make_cpu_loader", _BUILTIN, uses_workers=True),
+    )
 }
 
 
-def get_backend(name: str) -> Callable[[LoaderSpec], BatchLoader]:
-    """The loader factory of a backend, imported on first use."""
+def get_backend(name: str) -> Backend:
+    """The registered backend `name` (ValueError naming the choices otherwise)."""
     if name not in BACKENDS:
         raise ValueError(f"backend must be one of {sorted(BACKENDS)} or 'auto', got {name!r}")
-    module, func = BACKENDS[name].split(":")
-    return getattr(importlib.import_module(module), func)
+    return BACKENDS[name]

@@ -8,8 +8,10 @@ Rule, in order:
    the free memory of the training device (`torch.cuda.mem_get_info` on a GPU,
    `psutil.virtual_memory().available` on the CPU): nothing is decoded after the first epoch, and
    batches are one gather on the device.
-2. "dali" when it does not fit, the training device is a GPU and DALI is importable: decoding on
-   the GPU keeps up with the model where CPU workers would not.
+2. When it does not fit and the training device is a GPU: the first registered backend
+   (`fastdata.read.BACKENDS`, in order: "dali", then "nvjpeg") that decodes on the GPU, is
+   available here and can run the preset's ops (a user's callable needs uint8 batches): decoding
+   on the GPU keeps up with the model where CPU workers would not.
 3. "cpu" otherwise.
 
 The probes are arguments so that tests (and callers that know better) can replace them. In DDP,
@@ -18,27 +20,26 @@ ranks can see different free memory: the caller should decide on rank 0 and broa
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import Callable
 
 import torch
 
+from fastdata.augment import BatchTransform, Preset
 from fastdata.manifest import Manifest
-from fastdata.read.decoded import ImageSize, decoded_nbytes, stored_hw
+from fastdata.read import BACKENDS
+from fastdata.read.decode import stored_hw
+from fastdata.read.decoded_cache import ImageSize, decoded_nbytes
 from fastdata.read.memory import resident_nbytes
 
-__all__ = ["choose_backend", "dali_importable", "free_device_memory"]
+__all__ = ["backend_available", "choose_backend", "free_device_memory"]
 
 _log = logging.getLogger("fastdata")
 
 
-def dali_importable() -> bool:
-    """True when `nvidia.dali` can be imported (checked without importing it)."""
-    try:
-        return importlib.util.find_spec("nvidia.dali") is not None
-    except (ImportError, ValueError):  # no `nvidia` namespace package at all
-        return False
+def backend_available(name: str) -> tuple[bool, str]:
+    """(the registered backend `name` can run here, reason when not)."""
+    return BACKENDS[name].check()
 
 
 def free_device_memory(device: str) -> int:
@@ -58,10 +59,10 @@ def choose_backend(
     device: str,
     image_size: ImageSize,
     *,
-    preset: str = "none",
+    preset: Preset,
     ranks_per_node: int = 1,
     memory_share: float = 0.5,
-    dali_available: Callable[[], bool] = dali_importable,
+    available: Callable[[str], tuple[bool, str]] = backend_available,
     free_memory: Callable[[str], int] = free_device_memory,
 ) -> tuple[str, str]:
     """The backend for `split` on `device`, and the reason (with the figures) for the choice.
@@ -71,16 +72,17 @@ def choose_backend(
         split: the split that decides (the training split: the largest).
         device: the training device ("cpu", "cuda", "cuda:1").
         image_size: output size of variable-size photos (as for the memory backend).
-        preset: the augmentation preset's name (it decides the memory backend's store layout).
+        preset: the augmentation preset (it decides the memory backend's store layout, and
+            whether a GPU backend that fuses its graph can run it).
         ranks_per_node: training processes on this machine. On the CPU they share the plain
             store (one memory-mapped cache) but each builds its own padded store, so a padded
             store is counted once per rank.
         memory_share: the fraction of the free device memory the decoded split may take.
-        dali_available: probe: can DALI be imported?
+        available: probe: (can the named backend run here, reason when not).
         free_memory: probe: free bytes on a device.
 
     Returns:
-        (backend name, reason): the name is "memory", "dali" or "cpu".
+        (backend name, reason): a key of `fastdata.read.BACKENDS`.
     """
     if not 0.0 < memory_share <= 1.0:
         raise ValueError(f"memory_share must be in (0, 1], got {memory_share!r}")
@@ -94,7 +96,9 @@ def choose_backend(
         size, need = f"cannot be sized ({exc})", None
     else:
         need = resident_nbytes(info, image_size, preset)
-        size = f"takes {_human(need)} ({info.num_samples} images of {h}x{w}, {preset!r} preset)"
+        size = (
+            f"takes {_human(need)} ({info.num_samples} images of {h}x{w}, {preset.name!r} preset)"
+        )
         private = need != decoded_nbytes(info, image_size)  # the padded layout: a copy per rank
         if not on_gpu and private and ranks_per_node > 1:
             need *= ranks_per_node
@@ -105,17 +109,30 @@ def choose_backend(
     )
     if need is not None and need <= budget:
         name, reason = "memory", f"{figures}: it fits"
-    elif on_gpu and dali_available():
-        name, reason = "dali", f"{figures}: it does not fit; DALI decodes on the GPU instead"
     elif on_gpu:
-        name, reason = (
-            "cpu",
-            f"{figures}: it does not fit and DALI is not installed (fastdata[dali])",
-        )
+        name, why = _gpu_decoder(preset, available)
+        reason = f"{figures}: it does not fit; " + why
     else:
-        name, reason = "cpu", f"{figures}: it does not fit and {device} is not a GPU (no DALI)"
+        name, reason = "cpu", f"{figures}: it does not fit and {device} is not a GPU"
     _log.info("backend=auto chose %r: %s", name, reason)
     return name, reason
+
+
+def _gpu_decoder(preset: Preset, available: Callable[[str], tuple[bool, str]]) -> tuple[str, str]:
+    """The first available GPU-decoding backend that can run `preset`, else "cpu" (and why)."""
+    custom = any(isinstance(op, BatchTransform) for op in preset.train_ops + preset.eval_ops)
+    missing = []
+    for backend in BACKENDS.values():
+        if not backend.decodes_on_gpu:
+            continue
+        if custom and not backend.user_transforms:
+            missing.append(f"{backend.name}: cannot run a user transform")
+            continue
+        ok, why = available(backend.name)
+        if ok:
+            return backend.name, f"{backend.name} decodes on the GPU instead"
+        missing.append(f"{backend.name}: {why}")
+    return "cpu", "no GPU decoder can run here (" + "; ".join(missing) + ")"
 
 
 def _human(nbytes: int) -> str:

@@ -1,16 +1,22 @@
-"""The contract every read backend meets (see docs/DESIGN.md, "Reader contract")."""
+"""The contract every read backend meets (see docs/DESIGN.md, "Reader contract").
+
+A backend turns a `LoaderSpec` into a `BatchLoader`: the batches of one split on one rank, in the
+order of the epoch plan (`fastdata.read.plan`), which every backend consumes the same way.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from fastdata.augment import Preset, get_preset
 from fastdata.manifest import Manifest
+from fastdata.read.plan import EpochPlan, plan_epoch
 
-__all__ = ["BatchLoader", "LoaderSpec", "check_start_batch"]
+__all__ = ["BatchLoader", "LoaderSpec", "WorkerSettings"]
 
 
 @runtime_checkable
@@ -18,15 +24,44 @@ class BatchLoader(Protocol):
     """Batches of one split on one rank for one epoch.
 
     Attributes:
-        augmented: True when the backend already augmented and normalized the images (float);
-            False when it yields uint8 images for `ShardDataModule.on_after_batch_transfer`.
+        normalized: True when the batches are already augmented and normalized floats (nothing
+            is left for `ShardDataModule.on_after_batch_transfer`).
+        applied_ops: when not `normalized`, how many leading ops of the preset's op list for the
+            split the backend applied (fused at decode time); the DataModule applies the rest.
     """
 
-    augmented: bool
+    normalized: bool
+    applied_ops: int
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]: ...
 
     def __len__(self) -> int: ...
+
+    def set_epoch(self, epoch: int, consumed: int = 0, steps_before: int = 0) -> None: ...
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    """How a backend runs its loading work.
+
+    Args:
+        num_workers: DataLoader worker processes (cpu backend), or DALI CPU threads.
+        prefetch_factor: batches prefetched per worker (ignored when num_workers == 0).
+        decode_threads: threads decoding one batch's images inside each worker / process.
+        pin_memory: pin batches for faster host-to-GPU copies; None: when CUDA is available.
+        persistent_workers: keep workers between epochs; None: when there are workers.
+        timeout: seconds a DataLoader waits for a worker's batch before raising (0: forever).
+        mp_context: worker start method ("fork", "spawn", "forkserver"); None: "spawn" once CUDA
+            is initialized in this process (forking it is unsafe), else the platform default.
+    """
+
+    num_workers: int = 0
+    prefetch_factor: int = 2
+    decode_threads: int = 1
+    pin_memory: bool | None = None
+    persistent_workers: bool | None = None
+    timeout: float = 0.0
+    mp_context: str | None = None
 
 
 @dataclass(frozen=True)
@@ -36,49 +71,72 @@ class LoaderSpec:
     Args:
         manifest: the shard folder's manifest.
         split: split name ("train", "val", "test").
-        train: True for the training split (shuffle, augment, pad to equal batches).
+        train: True for the training split (shuffle, augment, plain padding); False for
+            evaluation (row order, padding marked with `plan.PAD_LABEL`).
         batch_size: samples per batch on this rank.
-        seed: base seed; every random choice derives from (seed, epoch, rank, ...).
-        epoch: epoch number (the shuffle changes every epoch).
+        preset: the augmentation preset (a `Preset`, or a preset name resolved with
+            `image_size`); backends read only its typed fields (`decode_crop`, `pad_crop`).
+        seed: base seed; every random choice derives from it through the plan.
+        epoch: the first epoch iterated (`BatchLoader.set_epoch` selects others).
+        consumed: samples of that epoch already consumed by all ranks (resume).
+        steps_before: batches each rank already took in that epoch (resume).
         rank: global rank of this process.
         world_size: number of processes.
-        num_workers: DataLoader worker processes (CPU backend), or DALI CPU threads.
-        prefetch_factor: batches prefetched per worker (ignored when num_workers == 0).
-        image_size: output (H, W) for variable-size images; None keeps the stored size (raw data).
-        preset: augmentation preset name ("cifar", "photo", "none").
+        image_size: output side of photos; None keeps the stored size (raw data).
         on_error: "raise" (default) or "skip" for corrupt samples at read time.
         device: the training device ("cpu", "cuda:0"); backends that place data there use it.
-        start_batch: batches of this epoch already consumed (mid-epoch resume).
-        drop_last: drop the last partial batch of each rank (train default True).
-        pin_memory: pin batches for faster host-to-GPU copies; None: when CUDA is available.
-        persistent_workers: keep workers between epochs; None: when there are workers.
+        drop_last: drop the last short step of a training epoch (every rank alike).
+        workers: processes, threads and prefetching (`WorkerSettings`).
+        cache: a remote shard cache passed to the shard readers (None: local shards, or the
+            default cache for a remote manifest).
     """
 
     manifest: Manifest
     split: str
     train: bool
     batch_size: int
+    preset: Preset | str = "none"
     seed: int = 0
     epoch: int = 0
+    consumed: int = 0
+    steps_before: int = 0
     rank: int = 0
     world_size: int = 1
-    num_workers: int = 0
-    prefetch_factor: int = 2
-    image_size: int | tuple[int, int] | None = None
-    preset: str = "none"
+    image_size: int | None = None
     on_error: str = "raise"
     device: str = "cpu"
-    start_batch: int = 0
     drop_last: bool = False
-    pin_memory: bool | None = None
-    persistent_workers: bool | None = None
+    workers: WorkerSettings = field(default_factory=WorkerSettings)
+    cache: Any = None
 
+    def __post_init__(self) -> None:
+        if isinstance(self.preset, str):
+            object.__setattr__(self, "preset", get_preset(self.preset, self.image_size))
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(
+                f"need world_size >= 1 and 0 <= rank < world_size, got {self.rank}, {self.world_size}"
+            )
+        if self.on_error not in ("raise", "skip"):
+            raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
 
-def check_start_batch(start_batch: int, total_batches: int) -> int:
-    """`start_batch` if it is a valid resume position in an epoch of `total_batches`, else ValueError."""
-    if not 0 <= start_batch <= total_batches:
-        raise ValueError(
-            f"start_batch must be in [0, {total_batches}] (batches per epoch on this rank), "
-            f"got {start_batch}"
+    @property
+    def shard_sizes(self) -> tuple[int, ...]:
+        """Samples per shard of the split, in manifest order."""
+        return tuple(s.num_samples for s in self.manifest.split(self.split).shards)
+
+    def plan(self, epoch: int, consumed: int = 0, steps_before: int = 0) -> EpochPlan:
+        """This rank's plan of `epoch` from `consumed` samples on (`fastdata.read.plan`)."""
+        return plan_epoch(
+            self.shard_sizes,
+            seed=self.seed,
+            epoch=epoch,
+            rank=self.rank,
+            world_size=self.world_size,
+            batch_size=self.batch_size,
+            shuffle=self.train,
+            drop_last=self.drop_last and self.train,
+            consumed=consumed,
+            steps_before=steps_before,
         )
-    return start_batch

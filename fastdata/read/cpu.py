@@ -1,8 +1,9 @@
-"""The CPU backend: shards -> per-rank plan -> decode in DataLoader workers -> uint8 batches.
+"""The CPU backend: shards -> epoch plan -> decode in DataLoader workers -> uint8 batches.
 
-Each worker builds whole batches (plan -> read -> decode -> collate), so the main process
-receives one pinned uint8 tensor per batch and does no per-sample work. Augmentation and
-normalization run later, batched, on the training device (ShardDataModule.on_after_batch_transfer).
+Each worker builds whole batches of the plan (read -> decode -> collate), so the main process
+receives one pinned uint8 tensor per batch and does no per-sample work. Encoded photos get the
+preset's decode-time crop (and flip) while decoding (`Preset.decode_crop`); everything else runs
+later, batched, on the training device (`ShardDataModule.on_after_batch_transfer`).
 
 The epoch and the resume position live in a small shared-memory tensor, so persistent workers
 see a new epoch without being restarted.
@@ -17,190 +18,190 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from fastdata.augment import get_preset
-from fastdata.read.base import LoaderSpec, check_start_batch
-from fastdata.read.decode import Geometry, decode_image, decode_raw
-from fastdata.read.plan import (
-    epoch_order,
-    num_batches,
-    rank_batches,
-    rank_span,
-    worker_batch_numbers,
-)
+from fastdata import schema
+from fastdata.augment import RandomResizedCrop
+from fastdata.read.base import LoaderSpec
+from fastdata.read.decode import Geometry, decode_batch, decode_raw, stored_hw
+from fastdata.read.plan import PAD_LABEL, EpochPlan, rows_to_refs, sample_seed, worker_batch_numbers
 from fastdata.read.shardio import ShardReader, ShardReadError
 
 __all__ = ["CpuLoader", "ShardBatchDataset", "decode_geometry", "make_cpu_loader"]
 
 log = logging.getLogger("fastdata")
 
+_EPOCH, _CONSUMED, _STEPS, _SKIPS = 0, 1, 2, 3  # slots of the shared state tensor
 
-def decode_geometry(spec: LoaderSpec) -> Geometry:
-    """Decode-time geometry of a split: none for fixed-size (raw) data, else rrc / center crop.
 
-    Training splits also take the preset's decode-time flip (`Preset.decode_flip_p`, "photo").
+def decode_geometry(spec: LoaderSpec) -> tuple[Geometry, int]:
+    """(decode-time geometry of the split's encoded images, preset ops it covers).
+
+    The preset's leading random-resized crop (and flip) or centre crop is fused into decoding;
+    without one, photos are decoded to the stored size (`decode.stored_hw`: the centre square at
+    ``floor(image_size * 256 / 224)``, or the common size), as the memory backend stores them.
+    Raw splits: no decode-time geometry (every op runs on the device).
     """
-    split = spec.manifest.split(spec.split)
-    flip_p = get_preset(spec.preset, spec.image_size).decode_flip_p if spec.train else 0.0
-    if spec.image_size is None:
-        if split.raw_shape is None:
-            raise ValueError(
-                f"split {spec.split!r} of {spec.manifest.root} holds images of different sizes "
-                f"({split.image_stats}); pass image_size= to crop them to one size"
-            )
-        return Geometry("none", flip_p=flip_p)
-    return Geometry("rrc" if spec.train else "center", size=spec.image_size, flip_p=flip_p)
+    info = spec.manifest.split(spec.split)
+    if info.encoding == "raw":
+        return Geometry("none"), 0
+    crop, flip_p, covered = spec.preset.decode_crop(spec.train)
+    if crop is not None and spec.image_size is not None:
+        if isinstance(crop, RandomResizedCrop):
+            geometry = Geometry("rrc", spec.image_size, crop.scale, crop.ratio, flip_p)
+        else:
+            geometry = Geometry("center", spec.image_size, ratio=crop.ratio)
+        return geometry, covered
+    return Geometry("cover", hw=stored_hw(info, spec.image_size)), 0
 
 
 class ShardBatchDataset(IterableDataset):
     """Yields this rank's batches of one epoch as (uint8 NCHW, int64) tensors.
 
     Args:
-        spec: what to load (see LoaderSpec); num_workers there must match the DataLoader's.
+        spec: what to load (see LoaderSpec); `spec.workers.num_workers` must match the
+            DataLoader's.
     """
 
     def __init__(self, spec: LoaderSpec) -> None:
         super().__init__()
         self.spec = spec
-        split = spec.manifest.split(spec.split)
-        self.shard_sizes = [s.num_samples for s in split.shards]
+        info = spec.manifest.split(spec.split)
         self.raw_shape = (
-            tuple(split.raw_shape) if split.encoding == "raw" and split.raw_shape else None
+            tuple(info.raw_shape) if info.encoding == "raw" and info.raw_shape else None
         )
-        self.geometry = decode_geometry(spec)
-        # [epoch, start_batch, skipped samples of worker 0, 1, ...]: shared so that (persistent)
-        # workers see a new epoch; one skip counter per worker so that no increment is lost.
-        state = [spec.epoch, spec.start_batch] + [0] * max(1, spec.num_workers)
+        self.geometry, self.applied_ops = decode_geometry(spec)
+        # [epoch, consumed, steps_before, skipped samples of worker 0, 1, ...]: shared so that
+        # (persistent) workers see a new epoch; one skip counter per worker: no increment lost.
+        state = [spec.epoch, spec.consumed, spec.steps_before] + [0] * max(
+            1, spec.workers.num_workers
+        )
         self.state = torch.tensor(state, dtype=torch.int64).share_memory_()
 
-    def __len__(self) -> int:
-        """Batches per rank per epoch (the full epoch, also when resuming mid-epoch)."""
-        total = sum(self.shard_sizes)
-        return num_batches(total, self.spec.world_size, self.spec.batch_size, self._drop_last)
+    def plan(self) -> EpochPlan:
+        """The plan of the selected epoch from the selected position."""
+        epoch, consumed, steps = (int(v) for v in self.state[:_SKIPS])
+        return self.spec.plan(epoch, consumed, steps)
 
-    @property
-    def _drop_last(self) -> bool:
-        return self.spec.drop_last and self.spec.train
+    def __len__(self) -> int:
+        """Batches per rank this epoch, counting those taken before a resume."""
+        return len(self.plan())
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        spec = self.spec
-        epoch, start = int(self.state[0]), int(self.state[1])
+        plan = self.plan()
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        order = epoch_order(self.shard_sizes, spec.seed, epoch, shuffle=spec.train)
-        batches = rank_batches(
-            rank_span(order, spec.rank, spec.world_size), spec.batch_size, self._drop_last
-        )
-        reader = ShardReader(spec.manifest, spec.split)
+        reader = ShardReader(self.spec.manifest, self.spec.split, cache=self.spec.cache)
         try:
-            for number in worker_batch_numbers(len(batches), start, worker, workers):
-                # A per-batch generator: the same batch gets the same crops whichever worker makes it.
-                rng = np.random.default_rng([spec.seed, epoch, spec.rank, number])
-                yield self._load_batch(reader, batches[number], rng)
+            for number in worker_batch_numbers(len(plan.rows), 0, worker, workers):
+                yield self._load_batch(reader, plan, number)
         finally:
             reader.close()
 
     def _load_batch(
-        self, reader: ShardReader, refs: np.ndarray, rng: np.random.Generator
+        self, reader: ShardReader, plan: EpochPlan, number: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        refs = rows_to_refs(plan.rows[number], self.spec.shard_sizes).tolist()
+        pad = plan.padding[number]
         images: list[np.ndarray] = []
         labels: list[int] = []
-        for shard, index in refs.tolist():
+        payloads, where = [], []
+        for i, (shard, index) in enumerate(refs):
             try:
-                image = self._decode(reader, shard, index, rng)
-                label = self._label(reader, shard, index)
-            except ShardReadError:
-                if self.spec.on_error != "skip":
-                    raise
-                self._skip(reader, shard, index)
+                parts = reader.sample(shard, index)
+                label, _ = schema.label_and_id(reader.key(shard, index), parts)
+                ext, data = schema.image_component(parts)
+                if self.raw_shape is not None:
+                    images.append(decode_raw(data, self.raw_shape))
+                else:
+                    payloads.append(data)
+            except (ShardReadError, ValueError) as exc:
+                self._fail(reader, shard, index, exc)
                 continue
-            images.append(image)  # both or neither: images and labels stay aligned
-            labels.append(label)
-        if not images:
-            empty = self.raw_shape or (self.geometry.size, self.geometry.size, 3)
-            return torch.zeros((0, 3, empty[0], empty[1]), dtype=torch.uint8), torch.zeros(
-                0, dtype=torch.int64
-            )
-        # Transposed to contiguous NCHW here, in the worker: the training process's normalize then
-        # reads contiguous bytes (a CL -> NCHW float conversion of a 64 x 224 px batch cost it
-        # 13 ms there; the per-image transposes cost 3.4 ms more here than a plain stack).
-        batch = np.empty((len(images), images[0].shape[2], *images[0].shape[:2]), dtype=np.uint8)
-        for i, image in enumerate(images):
-            batch[i] = image.transpose(2, 0, 1)
-        return torch.from_numpy(batch), torch.tensor(labels, dtype=torch.int64)
+            where.append(i)  # both or neither: images and labels stay aligned
+            labels.append(PAD_LABEL if pad[i] and not self.spec.train else label)
+        if payloads:
+            images, labels = self._decode(reader, plan, number, refs, payloads, where, labels)
+        return _collate(images, labels, self._empty_hw())
 
-    def _decode(
-        self, reader: ShardReader, shard: int, index: int, rng: np.random.Generator
-    ) -> np.ndarray:
-        components = reader.sample(shard, index)
-        try:
-            if self.raw_shape is not None:
-                pixels = decode_raw(
-                    _component(components, ("rgb",), reader, shard, index), self.raw_shape
-                )
-                flip_p = self.geometry.flip_p
-                # A mirrored view: np.stack copies it into the batch.
-                return pixels[:, ::-1] if flip_p > 0 and rng.random() < flip_p else pixels
-            data = _component(components, ("jpg", "png", "jpeg", "webp"), reader, shard, index)
-            return decode_image(data, self.geometry, rng)
-        except ValueError as exc:
-            raise ShardReadError(
-                reader.shards[shard].name, reader.key(shard, index), str(exc)
-            ) from exc
+    def _decode(self, reader, plan, number, refs, payloads, where, labels):
+        positions = plan.positions[number]
+        rngs = [
+            np.random.default_rng(sample_seed(self.spec.seed, plan.epoch, int(positions[i])))
+            for i in where
+        ]
+        decoded = decode_batch(payloads, self.geometry, rngs, self.spec.workers.decode_threads)
+        images, kept = [], []
+        for i, label, result in zip(where, labels, decoded, strict=True):
+            if isinstance(result, ValueError):
+                self._fail(reader, *refs[i], result)
+                continue
+            images.append(result)
+            kept.append(label)
+        return images, kept
 
-    def _label(self, reader: ShardReader, shard: int, index: int) -> int:
-        lid = reader.sample(shard, index, ("lid",))["lid"]
-        return int(np.frombuffer(lid, dtype="<i8")[0])
+    def _empty_hw(self) -> tuple[int, int]:
+        if self.raw_shape is not None:
+            return self.raw_shape[0], self.raw_shape[1]
+        return self.geometry.out_hw
 
-    def _skip(self, reader: ShardReader, shard: int, index: int) -> None:
-        info = get_worker_info()
-        self.state[2 + (info.id if info else 0)] += 1
+    def _fail(self, reader: ShardReader, shard: int, index: int, exc: Exception) -> None:
+        """Raise the sample's error (naming shard and key), or count and log it under skip."""
         name = reader.shards[shard].name
         try:
             key = reader.key(shard, index)
-        except Exception:
+        except Exception:  # noqa: BLE001 - the index itself is unreadable
             key = f"#{index}"
-        log.warning("skipped bad sample %s in %s (on_error='skip')", key, name)
+        error = exc if isinstance(exc, ShardReadError) else ShardReadError(name, key, str(exc))
+        if self.spec.on_error != "skip":
+            raise error from exc
+        info = get_worker_info()
+        self.state[_SKIPS + (info.id if info else 0)] += 1
+        log.warning("skipped bad sample %s in %s (on_error='skip'): %s", key, name, exc)
 
 
-def _component(
-    components: dict, exts: tuple[str, ...], reader: ShardReader, shard: int, index: int
-):
-    for ext in exts:
-        if ext in components:
-            return components[ext]
-    raise ShardReadError(
-        reader.shards[shard].name,
-        reader.key(shard, index),
-        f"sample has no image component (looked for {exts}, found {sorted(components)})",
-    )
+def _collate(
+    images: list[np.ndarray], labels: list[int], empty_hw: tuple[int, int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if not images:
+        return torch.zeros((0, 3, *empty_hw), dtype=torch.uint8), torch.zeros(0, dtype=torch.int64)
+    # Transposed to contiguous NCHW here, in the worker: the training process's normalize then
+    # reads contiguous bytes (a CL -> NCHW float conversion of a 64 x 224 px batch cost it
+    # 13 ms there; the per-image transposes cost 3.4 ms more here than a plain stack).
+    batch = np.empty((len(images), images[0].shape[2], *images[0].shape[:2]), dtype=np.uint8)
+    for i, image in enumerate(images):
+        batch[i] = image.transpose(2, 0, 1)
+    return torch.from_numpy(batch), torch.tensor(labels, dtype=torch.int64)
 
 
 class CpuLoader:
     """A DataLoader over `ShardBatchDataset` with an exact length and epoch control.
 
     Attributes:
-        augmented: always False (uint8 batches; augmentation runs on the device).
+        normalized: always False (uint8 batches; the rest runs on the device).
+        applied_ops: preset ops fused into decoding.
         dataset: the ShardBatchDataset.
         dataloader: the underlying torch DataLoader.
     """
 
-    augmented = False
+    normalized = False
 
     def __init__(self, spec: LoaderSpec) -> None:
-        if spec.on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {spec.on_error!r}")
         self.spec = spec
         self.dataset = ShardBatchDataset(spec)
-        pin = torch.cuda.is_available() if spec.pin_memory is None else spec.pin_memory
-        persistent_workers = spec.persistent_workers
-        workers = spec.num_workers
+        self.applied_ops = self.dataset.applied_ops
+        w = spec.workers
+        pin = torch.cuda.is_available() if w.pin_memory is None else w.pin_memory
+        context = w.mp_context
+        if context is None and w.num_workers > 0 and torch.cuda.is_initialized():
+            context = "spawn"  # forking a process with a CUDA context is unsafe
         self.dataloader = DataLoader(
             self.dataset,
             batch_size=None,  # the dataset yields whole batches
-            num_workers=workers,
+            num_workers=w.num_workers,
             pin_memory=pin,
-            prefetch_factor=spec.prefetch_factor if workers > 0 else None,
-            persistent_workers=workers > 0 and (persistent_workers is None or persistent_workers),
+            prefetch_factor=w.prefetch_factor if w.num_workers > 0 else None,
+            persistent_workers=w.num_workers > 0 and w.persistent_workers is not False,
+            timeout=w.timeout if w.num_workers > 0 else 0,
+            multiprocessing_context=context if w.num_workers > 0 else None,
         )
 
     def __len__(self) -> int:
@@ -209,15 +210,17 @@ class CpuLoader:
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         return iter(self.dataloader)
 
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        """Select the epoch (shuffle) and the first batch to produce (mid-epoch resume)."""
-        self.dataset.state[0] = epoch
-        self.dataset.state[1] = check_start_batch(start_batch, len(self.dataset))
+    def set_epoch(self, epoch: int, consumed: int = 0, steps_before: int = 0) -> None:
+        """Select the epoch and the position in it to start from (resume)."""
+        self.spec.plan(epoch, consumed, steps_before)  # validates the position
+        self.dataset.state[_EPOCH] = epoch
+        self.dataset.state[_CONSUMED] = consumed
+        self.dataset.state[_STEPS] = steps_before
 
     @property
     def skipped(self) -> int:
         """Samples skipped under on_error='skip' so far (all workers)."""
-        return int(self.dataset.state[2:].sum())
+        return int(self.dataset.state[_SKIPS:].sum())
 
 
 def make_cpu_loader(spec: LoaderSpec) -> CpuLoader:

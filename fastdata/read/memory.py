@@ -1,55 +1,49 @@
 """The device-resident backend: decode a split once, keep it on the training device as uint8.
 
-airbench-style: the whole split lives on the device (`fastdata.read.decoded` decodes it once and
-caches it on disk); every batch is a gather of a per-epoch permutation. Nothing is decoded per
-epoch. Two store layouts:
+airbench-style: the whole split lives on the device (`fastdata.read.decoded_cache` decodes it once
+with the one CPU decoder and caches it on disk), one row per sample in row order; every batch of
+the epoch plan (`fastdata.read.plan`, the same plan as every other backend) is a gather of its
+rows. Nothing is decoded per epoch. Two store layouts:
 
-- Fused pad-crop (training with a preset whose train ops are exactly one "pad_crop", i.e.
-  "cifar"): the store is `fastdata.read.padded.PaddedImages`, pre-padded and mirrored, and the
-  loader itself draws the crop offsets and flips (`fastdata.augment.pad_crop_params`), gathers the
-  windows in one pass and normalizes with the preset: it yields augmented float batches
-  (`augmented = True`). The result equals the preset's `apply` on the selected images with the
-  same generator state (tested). The draws come from a generator seeded per batch from (seed,
-  epoch, rank, batch), so a resumed epoch replays the same augmentation.
-- Otherwise (evaluation, "photo_device", "none"): the decoded uint8 (N, C, H, W) tensor itself;
-  batches are an `index_select`, and `ShardDataModule.on_after_batch_transfer` augments them on
-  the device exactly as for the CPU backend.
+- Fused pad-crop (training with a preset whose train ops are exactly one `PadCrop`:
+  `Preset.pad_crop`): the store is `fastdata.read.padded.PaddedImages`, pre-padded and mirrored,
+  and the loader itself draws the crop offsets and flips (`fastdata.augment.pad_crop_params`) from
+  the plan's batch seed, gathers the windows in one pass and normalizes with the preset: it yields
+  normalized float batches (`normalized = True`), equal to the preset's `apply` on the selected
+  images with a generator seeded with the same batch seed (tested), i.e. to what the DataModule
+  makes of the cpu backend's batch.
+- Otherwise: the decoded uint8 (N, C, H, W) tensor itself; batches are an `index_select`, and
+  `ShardDataModule.on_after_batch_transfer` runs the preset's ops on the device (photos: the
+  random-resized crop from the stored centre square).
 
 On the CPU the NCHW store is the memory-mapped cache (RAM via the page cache, shared between
-ranks); the padded store is a private copy (3.1 times the NCHW size for CIFAR).
-
-Epoch order and ranks: a permutation of the split drawn from (seed, epoch) with a CPU
-`torch.Generator` (identity for eval splits), padded by wrapping to `world_size * ceil(N /
-world_size)` entries ("documented padding": the union over ranks is the whole split, a few samples
-appear twice). Rank r takes the contiguous span `[r * span, (r + 1) * span)` (the rule of
-`read/plan.py`), cut into batches; with `drop_last` (train only) the partial last batch is dropped,
-so every rank yields exactly the same number of batches.
+ranks); the padded store is a private copy (3.1 times the NCHW size for CIFAR). Samples skipped
+as corrupt (`on_error="skip"`) keep their row and are left out of the batches that plan them.
 """
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from fastdata._pool import TensorPool
 from fastdata._threads import one_thread_on_cpu
-from fastdata.augment import OPS, Preset, get_preset, normalize, pad_crop_params
+from fastdata.augment import Preset, normalize, pad_crop_params
 from fastdata.manifest import SplitInfo
-from fastdata.read.base import BatchLoader, LoaderSpec, check_start_batch
-from fastdata.read.decoded import ImageSize, cache_key, decode_split, decoded_nbytes, stored_hw
+from fastdata.read.base import BatchLoader, LoaderSpec
+from fastdata.read.decode import stored_hw
+from fastdata.read.decoded_cache import ImageSize, cache_key, decode_split, decoded_nbytes
 from fastdata.read.padded import PaddedImages, padded_nbytes
-from fastdata.read.plan import num_batches, rank_span
+from fastdata.read.plan import PAD_LABEL, EpochPlan
 
 __all__ = [
     "FusedPadCrop",
     "MemoryLoader",
     "clear_device_cache",
-    "epoch_permutation",
     "fused_pad_crop",
     "make_memory_loader",
     "resident_nbytes",
@@ -57,22 +51,6 @@ __all__ = [
 
 _COPY_CHUNK_BYTES = 256 << 20  # host -> device copies in chunks: no second full host copy
 _DEVICE_STORE_SIZE = 4  # splits kept placed on a device in this process (train, val, test)
-
-
-# ---------------------------------------------------------------- epoch order
-
-
-def _seed(*parts: object) -> int:
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
-
-
-def epoch_permutation(n: int, seed: int, epoch: int, shuffle: bool = True) -> torch.Tensor:
-    """Row order of one epoch (int64, CPU): a permutation drawn from (seed, epoch), or 0..n-1."""
-    if not shuffle:
-        return torch.arange(n, dtype=torch.int64)
-    generator = torch.Generator().manual_seed(_seed("fastdata-memory", seed, epoch))
-    return torch.randperm(n, generator=generator)
 
 
 # ---------------------------------------------------------------- fused augmentation
@@ -96,37 +74,31 @@ class FusedPadCrop:
 def fused_pad_crop(preset: Preset, train: bool, hw: tuple[int, int]) -> FusedPadCrop | None:
     """The fused plan of `preset` for images of size `hw`, or None when it does not apply.
 
-    It applies to training when the preset's train ops are exactly one "pad_crop" and the output
-    keeps the stored size (the preset's `image_size`, when set, equals it).
+    It applies when the preset's ops for the split are exactly one `PadCrop` (`Preset.pad_crop`)
+    and the output keeps the stored size (the preset's `image_size`, when set, equals it).
     """
-    ops = preset.train_ops
-    if not train or len(ops) != 1 or ops[0].name != "pad_crop":
+    op = preset.pad_crop(train)
+    if op is None:
         return None
     if preset.image_size is not None and (preset.image_size, preset.image_size) != tuple(hw):
         return None  # the generic path raises the preset's size error
-    defaults = {
-        name: p.default
-        for name, p in inspect.signature(OPS["pad_crop"]).parameters.items()
-        if p.default is not inspect.Parameter.empty
-    }
-    params = {**defaults, **dict(ops[0].params)}
-    return FusedPadCrop(preset, int(params["pad"]), float(params["flip_p"]))
+    return FusedPadCrop(preset, op.pad, op.flip_p)
 
 
 def _store_layout(spec: LoaderSpec) -> tuple[tuple[int, int], FusedPadCrop | None]:
     hw = stored_hw(spec.manifest.split(spec.split), spec.image_size)
-    return hw, fused_pad_crop(get_preset(spec.preset, spec.image_size), spec.train, hw)
+    return hw, fused_pad_crop(spec.preset, spec.train, hw)
 
 
 def resident_nbytes(
-    info: SplitInfo, image_size: ImageSize, preset: str = "none", train: bool = True
+    info: SplitInfo, image_size: ImageSize, preset: Preset, train: bool = True
 ) -> int:
     """Device bytes of the memory backend's store of a split (padded when the preset fuses)."""
     hw = stored_hw(info, image_size)
-    fused = fused_pad_crop(get_preset(preset, image_size), train, hw)
+    fused = fused_pad_crop(preset, train, hw)
     if fused is None:
         return decoded_nbytes(info, image_size)
-    # Decoded splits are always RGB (`fastdata.read.decoded`): 3 channels.
+    # Decoded splits are always RGB (`fastdata.read.decoded_cache`): 3 channels.
     return padded_nbytes(info.num_samples, 3, *hw, fused.pad, fused.flip_p > 0)
 
 
@@ -136,19 +108,20 @@ def resident_nbytes(
 class MemoryLoader:
     """Batches of one split on one rank, gathered from a device-resident store.
 
-    Iterating yields batches of (images, int64 labels (B,)) on the store's device: batches
-    `start_batch` to `len(self) - 1` of the epoch. Images are uint8 (B, C, H, W) from an NCHW
-    store, or augmented, normalized float batches from a `PaddedImages` store with a `fused` plan
-    (then `augmented` is True). `len` is the whole epoch also when resuming, as for the CPU
-    backend (Lightning counts the restored batches towards it). `set_epoch` selects the epoch and
-    resume position; a completed pass clears `start_batch`.
+    Iterating yields the batches of the selected epoch's plan from the selected position, as
+    (images, int64 labels (B,)) on the store's device. Images are uint8 (B, C, H, W) from an NCHW
+    store, or normalized float batches from a `PaddedImages` store with a `fused` plan (then
+    `normalized` is True). `len` counts the batches taken before a resume, as every backend.
 
     Args:
         images: uint8 (N, C, H, W) store on the training device, or a `PaddedImages` store.
         labels: int64 (N,) labels, on the same device.
-        spec: the loader spec (batch size, seed, epoch, rank, world size, start_batch, train).
+        spec: the loader spec (batch size, seed, epoch, rank, world size, train, preset).
         fused: the fused augmentation (required with a `PaddedImages` store).
+        ok: bool (N,) rows decoded (False: skipped as corrupt); None: all.
     """
+
+    applied_ops = 0
 
     def __init__(
         self,
@@ -156,60 +129,68 @@ class MemoryLoader:
         labels: torch.Tensor,
         spec: LoaderSpec,
         fused: FusedPadCrop | None = None,
+        ok: torch.Tensor | None = None,
     ) -> None:
-        if spec.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {spec.batch_size}")
         if len(images) != len(labels) or len(images) == 0:
             raise ValueError(
                 f"need as many labels as images (> 0), got {len(images)} and {len(labels)}"
+            )
+        if len(images) != sum(spec.shard_sizes):
+            raise ValueError(
+                f"the store has {len(images)} rows, the split {spec.split!r} "
+                f"{sum(spec.shard_sizes)} samples"
             )
         if isinstance(images, PaddedImages) != (fused is not None):
             raise ValueError("a PaddedImages store needs a fused plan, and only it")
         if fused is not None and fused.pad != images.pad:
             raise ValueError(f"the store is padded by {images.pad}, the preset by {fused.pad}")
-        if not 0 <= spec.rank < spec.world_size:
-            raise ValueError(f"need 0 <= rank < world_size, got {spec.rank} and {spec.world_size}")
         self.images, self.labels, self.spec, self.fused = images, labels, spec, fused
-        self.augmented = fused is not None
+        self.ok = None if ok is None or bool(ok.all()) else ok.to(labels.device)
+        self.normalized = fused is not None
         self._pool = TensorPool()  # CPU batches: reuse released memory instead of page-faulting
         self.device = labels.device
-        drop = spec.drop_last and spec.train  # eval splits: every sample, no drop
-        self.total_batches = num_batches(len(images), spec.world_size, spec.batch_size, drop)
-        self.set_epoch(spec.epoch, spec.start_batch)
+        self.set_epoch(spec.epoch, spec.consumed, spec.steps_before)
 
-    def set_epoch(self, epoch: int, start_batch: int = 0) -> None:
-        """Select epoch `epoch`'s order, skipping its first `start_batch` batches (resume)."""
-        self.epoch, self.start_batch = epoch, check_start_batch(start_batch, self.total_batches)
+    def set_epoch(self, epoch: int, consumed: int = 0, steps_before: int = 0) -> None:
+        """Select epoch `epoch`'s plan from `consumed` samples on (resume)."""
+        self.plan: EpochPlan = self.spec.plan(epoch, consumed, steps_before)
 
     def __len__(self) -> int:
-        """Batches per rank per epoch (the full epoch, also when resuming mid-epoch)."""
-        return self.total_batches
+        """Batches per rank this epoch, counting those taken before a resume."""
+        return len(self.plan)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        spec, bs = self.spec, self.spec.batch_size
-        order = epoch_permutation(len(self.images), spec.seed, self.epoch, shuffle=spec.train)
-        span = rank_span(order.numpy(), spec.rank, spec.world_size)
-        rows = torch.from_numpy(span).to(self.device)
-        for b in range(self.start_batch, self.total_batches):
-            idx = rows[b * bs : (b + 1) * bs]
+        plan = self.plan
+        if not plan.rows:
+            return
+        sizes = np.cumsum([0] + [len(r) for r in plan.rows])
+        rows = torch.from_numpy(np.concatenate(plan.rows)).to(self.device)
+        pads = None
+        if not self.spec.train and any(p.any() for p in plan.padding):
+            pads = torch.from_numpy(np.concatenate(plan.padding)).to(self.device)
+        for b in range(len(plan.rows)):
+            idx = rows[sizes[b] : sizes[b + 1]]
+            pad = pads[sizes[b] : sizes[b + 1]] if pads is not None else None
+            if self.ok is not None:
+                keep = self.ok.index_select(0, idx)
+                idx = idx[keep]
+                pad = pad[keep] if pad is not None else None
             with one_thread_on_cpu(self.device):
                 if self.fused is None:
                     images = self.images.index_select(0, idx)
                 else:
-                    images = self.augment(idx, self.batch_generator(b))
-                batch = images, self.labels.index_select(0, idx)
-            yield batch
-        self.start_batch = 0
+                    images = self.augment(idx, self.batch_generator(plan.seeds[b]))
+                labels = self.labels.index_select(0, idx)
+                if pad is not None:
+                    labels = labels.masked_fill(pad, PAD_LABEL)
+            yield images, labels
 
-    def batch_generator(self, batch: int) -> torch.Generator:
-        """The generator of batch `batch` of this epoch and rank, freshly seeded."""
+    def batch_generator(self, seed: int) -> torch.Generator:
+        """A generator on the store's device, freshly seeded with a plan batch seed."""
         generator = getattr(self, "_generator", None)
         if generator is None:
             generator = self._generator = torch.Generator(device=self.device)
-        spec = self.spec
-        return generator.manual_seed(
-            _seed("fastdata-augment", spec.seed, self.epoch, spec.rank, batch)
-        )
+        return generator.manual_seed(seed)
 
     def augment(self, rows: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """The fused pad-crop, flip and normalization of the store's `rows` (a float batch).
@@ -232,7 +213,7 @@ class MemoryLoader:
 
 # ---------------------------------------------------------------- placement
 
-_Store = tuple[torch.Tensor | PaddedImages, torch.Tensor]
+_Store = tuple[torch.Tensor | PaddedImages, torch.Tensor, torch.Tensor]
 _DEVICE_STORE: OrderedDict[tuple[object, ...], _Store] = OrderedDict()
 
 
@@ -264,15 +245,16 @@ def make_memory_loader(spec: LoaderSpec) -> BatchLoader:
         layout,
     )
     if key not in _DEVICE_STORE:
-        images, labels, _ = decode_split(
+        images, labels, _, ok = decode_split(
             spec.manifest, spec.split, spec.image_size, on_error=spec.on_error
         )
         if fused is not None:
             store = PaddedImages.build(images, fused.pad, device, mirrored=fused.flip_p > 0)
         else:
             store = _place(images, device)
-        _DEVICE_STORE[key] = (store, _place(labels, device))
+        _DEVICE_STORE[key] = (store, _place(labels, device), ok)
         while len(_DEVICE_STORE) > _DEVICE_STORE_SIZE:
             _DEVICE_STORE.popitem(last=False)
     _DEVICE_STORE.move_to_end(key)
-    return MemoryLoader(*_DEVICE_STORE[key], spec, fused)
+    store, labels, ok = _DEVICE_STORE[key]
+    return MemoryLoader(store, labels, spec, fused, ok)

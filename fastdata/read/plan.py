@@ -1,80 +1,203 @@
-"""The per-rank plan of an epoch: which samples of which shards go into which batch.
+"""The epoch plan: which samples, in which order, in which batches, on which rank, with which seeds.
 
-Everything here is a pure function of (split sizes, seed, epoch, rank, world size, batch size), so
-every rank and every worker computes the same plan without talking to each other, and a resumed
-run recomputes exactly the batches it has not consumed yet.
+Every backend (cpu, memory, dali, nvjpeg) consumes this one plan, so for the same arguments they
+yield the same samples in the same order, and a resumed run (even with another world size or batch
+size) continues with exactly the samples not yet consumed. Everything is a pure function of
+(shard sizes, seed, epoch, rank, world size, batch size, samples consumed), so ranks and workers
+compute it without talking to each other.
+
+A sample is named by its *row*: its position in the split when the shards are laid end to end in
+manifest order (row = first row of its shard + its index in the shard).
 
 The rules:
 
-1. Epoch order. Training: the shards are put in a random order and the samples inside each shard
-   are permuted, both drawn from (seed, epoch). Shards were already pre-shuffled across at write
-   time, so this gives a fresh order every epoch while a batch stays within one or two shards
-   (local reads). Evaluation: file order.
-2. Ranks. The epoch order is cut into `world_size` contiguous spans of `ceil(N / world_size)`
-   samples. The last span is padded by wrapping around to the start of the epoch order (at most
-   `world_size - 1` samples are seen twice in an epoch), so no sample is lost and every rank has
-   the same number of samples, hence the same number of batches: no rank waits at epoch end.
-3. Batches. Each span is cut into batches of `batch_size`; with `drop_last` the partial batch at
-   the end of every rank is dropped (the same on every rank).
-4. Workers. DataLoader worker `w` of `W` produces the rank's batches `start + w`, `start + w + W`,
-   ... which the DataLoader returns in order; `start` is the number of batches already consumed
-   (mid-epoch resume).
+1. Epoch order. Training: the shards are put in a random order and the rows inside each shard
+   permuted, both drawn from (seed, epoch). Shards were pre-shuffled at write time, so this gives a
+   fresh order every epoch while a batch stays within one or two shards (local reads).
+   Evaluation: row order.
+2. Consumption. The epoch is consumed from the front of its order, one *step* at a time: a step
+   takes the next ``world_size * batch_size`` samples, rank r the r-th block of ``batch_size``.
+   After k steps the first ``k * world_size * batch_size`` samples are consumed, whatever ranks
+   took them, which is what a resume records (`consumed`), so it survives a change of world size
+   or batch size.
+3. Padding. The samples not yet consumed (all of them at the start of an epoch) are padded to a
+   multiple of `world_size` by repeating their first ones (at most ``world_size - 1`` repeats),
+   so every rank gets the same number of samples and batches and no rank waits at epoch end. The
+   last step may be short: each rank then takes an equal block of it. Training: padding samples
+   are ordinary repeats. Evaluation: they carry the label `PAD_LABEL` (-100, the ``ignore_index``
+   of ``torch.nn.functional.cross_entropy``) so metrics exclude them and every sample counts once.
+4. drop_last (training only): a short last step is dropped on every rank.
+5. Seeds. The random augmentation of batch b uses the seed `batch_seed(seed, epoch, position)`,
+   position = the index in the epoch order of the batch's first sample; per-sample draws (decode-
+   time crops) use `sample_seed(seed, epoch, position)` of each sample. A sample's crop therefore
+   depends on where it sits in the epoch, not on which rank or worker decodes it.
+6. Workers. DataLoader worker w of W produces the rank's batches w, w + W, ... which the
+   DataLoader returns in order, so batches do not depend on the number of workers.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["epoch_order", "num_batches", "rank_batches", "rank_span", "worker_batch_numbers"]
+__all__ = [
+    "PAD_LABEL",
+    "EpochPlan",
+    "batch_seed",
+    "epoch_order",
+    "plan_epoch",
+    "rows_to_refs",
+    "sample_seed",
+    "worker_batch_numbers",
+]
+
+#: Label of an evaluation padding sample (ignored by cross_entropy's default ignore_index).
+PAD_LABEL = -100
 
 
-def epoch_order(shard_sizes: list[int], seed: int, epoch: int, shuffle: bool) -> np.ndarray:
-    """The epoch's sample order as an (N, 2) int64 array of (shard number, index in shard)."""
-    parts = []
-    if shuffle:
-        rng = np.random.default_rng([seed, epoch, 0x5EED])
-        shards = rng.permutation(len(shard_sizes))
-    else:
-        rng = None
-        shards = np.arange(len(shard_sizes))
-    for shard in shards:
-        size = shard_sizes[shard]
-        inner = rng.permutation(size) if rng is not None else np.arange(size)
-        parts.append(np.stack([np.full(size, shard), inner], axis=1))
-    if not parts:
-        return np.zeros((0, 2), dtype=np.int64)
-    return np.concatenate(parts).astype(np.int64)
+def _mix(*parts: object) -> int:
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1  # non-negative int64
 
 
-def rank_span(order: np.ndarray, rank: int, world_size: int) -> np.ndarray:
-    """This rank's contiguous share of `order`, padded by wrapping (rule 2)."""
-    if not 0 <= rank < world_size:
-        raise ValueError(f"rank must lie in [0, {world_size}), got {rank}")
-    total = len(order)
-    if total == 0:
-        return order
-    per_rank = math.ceil(total / world_size)
-    positions = np.arange(rank * per_rank, (rank + 1) * per_rank) % total
-    return order[positions]
+def batch_seed(seed: int, epoch: int, position: int) -> int:
+    """Seed of the device augmentation of the batch starting at `position` of the epoch order."""
+    return _mix("fastdata-batch", seed, epoch, position)
 
 
-def num_batches(total: int, world_size: int, batch_size: int, drop_last: bool) -> int:
-    """Batches every rank yields in one epoch of a split of `total` samples."""
+def sample_seed(seed: int, epoch: int, position: int) -> int:
+    """Seed of the decode-time draws (crop box, flip) of the sample at `position`."""
+    return _mix("fastdata-sample", seed, epoch, position)
+
+
+def epoch_order(
+    shard_sizes: list[int] | tuple[int, ...], seed: int, epoch: int, shuffle: bool
+) -> np.ndarray:
+    """The epoch's order of rows (int64, rule 1)."""
+    sizes = np.asarray(shard_sizes, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if len(sizes) else sizes
+    if not shuffle:
+        return np.arange(int(sizes.sum()), dtype=np.int64)
+    rng = np.random.default_rng([seed, epoch, 0x5EED])
+    parts = [starts[s] + rng.permutation(sizes[s]) for s in rng.permutation(len(sizes))]
+    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+
+
+def rows_to_refs(rows: np.ndarray, shard_sizes: list[int] | tuple[int, ...]) -> np.ndarray:
+    """(shard number, index in shard) of each row, as an (n, 2) int64 array."""
+    ends = np.cumsum(np.asarray(shard_sizes, dtype=np.int64))
+    shards = np.searchsorted(ends, rows, side="right")
+    starts = ends[shards] - np.asarray(shard_sizes, dtype=np.int64)[shards]
+    return np.stack([shards, rows - starts], axis=1).astype(np.int64)
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """One rank's batches of one epoch (rules in the module docstring).
+
+    Attributes:
+        rows: per batch, the rows of its samples (int64).
+        positions: per batch, the position of each sample in the epoch order (int64); a padding
+            sample has the position of the sample it repeats plus the epoch's length.
+        padding: per batch, True where the sample is padding (rule 3).
+        seeds: per batch, its augmentation seed (rule 5).
+        epoch: the epoch.
+        consumed: samples of the epoch consumed before this plan starts (resume).
+        steps_before: steps taken before this plan starts (each rank had that many batches).
+        world_size: number of ranks sharing the epoch.
+        total: samples in the epoch.
+    """
+
+    rows: tuple[np.ndarray, ...]
+    positions: tuple[np.ndarray, ...]
+    padding: tuple[np.ndarray, ...]
+    seeds: tuple[int, ...]
+    epoch: int
+    consumed: int
+    steps_before: int
+    world_size: int
+    total: int
+
+    def __len__(self) -> int:
+        """Batches of this rank in the epoch, counting the `steps_before` already taken."""
+        return self.steps_before + len(self.rows)
+
+    def consumed_after(self, batches: int) -> int:
+        """Samples of the epoch consumed once every rank has taken `batches` of this plan."""
+        taken = self.world_size * sum(len(b) for b in self.rows[:batches])
+        return min(self.total, self.consumed + taken)
+
+
+def plan_epoch(
+    shard_sizes: list[int] | tuple[int, ...],
+    *,
+    seed: int,
+    epoch: int,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    shuffle: bool,
+    drop_last: bool = False,
+    consumed: int = 0,
+    steps_before: int = 0,
+) -> EpochPlan:
+    """This rank's plan of an epoch, starting after `consumed` samples (rules 1-5).
+
+    Args:
+        shard_sizes: samples per shard, in manifest order.
+        seed: base seed.
+        epoch: epoch number.
+        rank: this process's global rank.
+        world_size: number of ranks.
+        batch_size: samples per batch on each rank.
+        shuffle: training order (rule 1) or row order (evaluation; padding is then marked).
+        drop_last: drop a short last step (rule 4).
+        consumed: samples of this epoch already consumed (rule 2), for a resume.
+        steps_before: batches each rank already took this epoch (only counted by `len`).
+    """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    per_rank = math.ceil(total / world_size) if total else 0
-    return per_rank // batch_size if drop_last else math.ceil(per_rank / batch_size)
-
-
-def rank_batches(span: np.ndarray, batch_size: int, drop_last: bool) -> list[np.ndarray]:
-    """Cut a rank's span into batches (rule 3)."""
-    count = num_batches(len(span), 1, batch_size, drop_last)
-    return [span[i * batch_size : (i + 1) * batch_size] for i in range(count)]
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise ValueError(
+            f"need world_size >= 1 and 0 <= rank < world_size, got {rank}, {world_size}"
+        )
+    order = epoch_order(shard_sizes, seed, epoch, shuffle)
+    total = len(order)
+    if not 0 <= consumed <= total:
+        raise ValueError(f"consumed must be in [0, {total}] (samples in the epoch), got {consumed}")
+    remaining = total - consumed
+    padded = world_size * math.ceil(remaining / world_size)
+    # Positions in the epoch order of the rank-interleaved, padded remainder (rules 2 and 3).
+    positions = consumed + np.arange(padded, dtype=np.int64) % max(1, remaining)
+    is_pad = np.arange(padded) >= remaining
+    step = world_size * batch_size
+    rows, pos, pads, seeds = [], [], [], []
+    for start in range(0, padded, step):
+        block = min(step, padded - start) // world_size  # this step's batch size on every rank
+        if drop_last and block < batch_size:
+            break
+        lo = start + rank * block
+        where = positions[lo : lo + block]
+        rows.append(order[where])
+        pos.append(where + is_pad[lo : lo + block] * total)
+        pads.append(is_pad[lo : lo + block])
+        seeds.append(batch_seed(seed, epoch, int(where[0])))
+    return EpochPlan(
+        tuple(rows),
+        tuple(pos),
+        tuple(pads),
+        tuple(seeds),
+        epoch,
+        consumed,
+        steps_before,
+        world_size,
+        total,
+    )
 
 
 def worker_batch_numbers(total_batches: int, start: int, worker: int, num_workers: int) -> range:
-    """The batch numbers worker `worker` produces (rule 4)."""
-    workers = max(1, num_workers)
-    return range(start + worker, total_batches, workers)
+    """The batch numbers worker `worker` produces from batch `start` on (rule 6)."""
+    return range(start + worker, total_batches, max(1, num_workers))

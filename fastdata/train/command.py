@@ -2,42 +2,52 @@
 
     fastdata train cifar100 [--data ARCHIVE | --download] [--out DIR] [--epochs N] ...
 
-Each pipeline lives in ``pipelines/<name>/`` and lends its own argument parser (``add_arguments``)
-and entry point (``run``), so ``python -m pipelines.<name>`` and this command take the same options.
+The library never imports its applications at start-up: pipelines register themselves as entry
+points of the group ``fastdata.pipelines`` (this repository's ``pipelines/`` folder installs as
+the package ``fastdata_pipelines``; see pyproject.toml), each a module with `add_arguments(parser)`
+and `run(args)`. Building the command line only lists the entry points' names; the chosen
+pipeline is imported when it runs, and parses its own options, so ``python -m pipelines.<name>``
+and this command take the same ones.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+from importlib.metadata import entry_points
 
-__all__ = ["PIPELINES", "register"]
+__all__ = ["GROUP", "available_pipelines", "register"]
 
-#: Pipeline name -> (module with `add_arguments(parser)` and `run(args)`, one-line help).
-PIPELINES: dict[str, tuple[str, str]] = {
-    "cifar100": (
-        "pipelines.cifar100.train",
-        "ResNet on CIFAR-100: shard once, train, print a per-epoch table",
-    ),
-}
+GROUP = "fastdata.pipelines"
+
+
+def available_pipelines() -> dict[str, str]:
+    """Pipeline name -> module, from the installed entry points (nothing is imported)."""
+    return {ep.name: ep.value for ep in entry_points(group=GROUP)}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    """Add ``train`` (with one subcommand per pipeline) to the ``fastdata`` command line."""
+    """Add ``train NAME [options]`` to the ``fastdata`` command line."""
+    names = available_pipelines()
     train = subparsers.add_parser(
-        "train", help="run a training pipeline", description=__doc__.split("\n\n")[0]
+        "train",
+        help="run a training pipeline",
+        description=__doc__.split("\n\n")[0] + f" Pipelines: {', '.join(sorted(names)) or 'none'}.",
     )
-    pipelines = train.add_subparsers(dest="pipeline", required=True)
-    for name, (module_name, help_text) in PIPELINES.items():
-        module = importlib.import_module(module_name)
-        parser = pipelines.add_parser(name, help=help_text, description=help_text)
-        module.add_arguments(parser)
-        parser.set_defaults(func=_runner(module))
+    train.add_argument("pipeline", help=f"one of: {', '.join(sorted(names)) or '(none installed)'}")
+    train.add_argument("options", nargs=argparse.REMAINDER, help="the pipeline's own options")
+    train.set_defaults(func=_run)
 
 
-def _runner(module: object) -> object:
-    def run(args: argparse.Namespace) -> int:
-        module.run(args)
-        return 0
-
-    return run
+def _run(args: argparse.Namespace) -> int:
+    names = available_pipelines()
+    if args.pipeline not in names:
+        raise SystemExit(
+            f"fastdata train: unknown pipeline {args.pipeline!r}; installed: {sorted(names)} "
+            "(pipelines register under the entry-point group 'fastdata.pipelines')"
+        )
+    module = importlib.import_module(names[args.pipeline])
+    parser = argparse.ArgumentParser(prog=f"fastdata train {args.pipeline}")
+    module.add_arguments(parser)
+    module.run(parser.parse_args(args.options))
+    return 0

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fastdata.manifest import Manifest, load_manifest
-from fastdata.read.base import LoaderSpec
+from fastdata.read.base import LoaderSpec, WorkerSettings
 from fastdata.tune.probe import (
     Probe,
     SampleCost,
@@ -62,11 +62,6 @@ AUTO_TIME_BUDGET_S = 0.4
 # Batches faster than this are timed mostly by scheduler jitter: their spread says nothing about
 # the data, so it does not raise the prefetch depth.
 MIN_BATCH_S_FOR_CV = 0.01
-
-# Backends whose loader runs no CPU decoding in this process's workers: no workers to size.
-_NO_WORKER_BACKENDS = {
-    "memory": "memory backend: the decoded split lives on the device, no loader workers needed",
-}
 
 _AUTO_CACHE: dict[tuple[str, str, str, int], LoaderSettings] = {}
 
@@ -118,13 +113,12 @@ def measure_spec_cost(
 
     measured = dataclasses.replace(
         spec,
-        num_workers=0,
         epoch=0,
-        start_batch=0,
+        consumed=0,
+        steps_before=0,
         rank=0,
         world_size=1,
-        pin_memory=False,
-        persistent_workers=False,
+        workers=WorkerSettings(num_workers=0, pin_memory=False, persistent_workers=False),
     )
     return measure_sample_cost(
         lambda: CpuLoader(measured),
@@ -165,7 +159,7 @@ def tune_spec(
     n_batches: int = 8,
 ) -> TuneResult:
     """Probe the machine, time samples of `spec` with the CPU backend, size the loader."""
-    if backend in _NO_WORKER_BACKENDS:
+    if not _uses_workers(backend):
         return TuneResult(_no_workers(backend))
     probe = probe_system(window_s)
     cost = measure_spec_cost(spec, n_batches=n_batches)
@@ -218,7 +212,7 @@ def auto_loader_settings(
     """
     key = (spec.manifest.root, spec.split, backend, spec.batch_size)
     if key not in _AUTO_CACHE:
-        if backend in _NO_WORKER_BACKENDS:
+        if not _uses_workers(backend):
             _AUTO_CACHE[key] = _no_workers(backend)
         else:
             probe = dataclasses.replace(
@@ -279,8 +273,21 @@ def _meaningful_cv(cost: SampleCost) -> float:
     return cost.batch_cv
 
 
+def _uses_workers(backend: str) -> bool:
+    """Whether the registered backend's loading runs in processes (or threads) worth sizing."""
+    from fastdata.read import get_backend
+
+    entry = get_backend(backend)
+    return entry.uses_workers or entry.name == "dali"  # DALI: the CPU thread count
+
+
 def _no_workers(backend: str) -> LoaderSettings:
-    return LoaderSettings(0, 2, False, False, [_NO_WORKER_BACKENDS[backend]])
+    from fastdata.read import get_backend
+
+    why = f"{backend} backend: its loading runs in no worker processes"
+    if get_backend(backend).resident:
+        why = f"{backend} backend: the decoded split lives on the device, no loader workers needed"
+    return LoaderSettings(0, 2, False, False, [why])
 
 
 @dataclass(frozen=True)
@@ -377,10 +384,12 @@ def measure_settings(
         loader = CpuLoader(
             dataclasses.replace(
                 spec,
-                num_workers=num_workers,
-                prefetch_factor=prefetch_factor,
-                pin_memory=False,
-                persistent_workers=num_workers > 0,
+                workers=WorkerSettings(
+                    num_workers=num_workers,
+                    prefetch_factor=prefetch_factor,
+                    pin_memory=False,
+                    persistent_workers=num_workers > 0,
+                ),
             )
         )
         batches = _epochs(loader)

@@ -2,7 +2,7 @@
 
 import sys
 
-from pipelines.cifar100.train import main
+from .train import main
 
 if __name__ == "__main__":
     sys.exit(main())

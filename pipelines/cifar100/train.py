@@ -40,7 +40,7 @@ import torch
 
 from fastdata._env import data_dir
 from fastdata.manifest import MANIFEST_NAME
-from pipelines.cifar100.model import ARCHITECTURES, Cifar100Module, ModelConfig, OptimConfig
+from .model import ARCHITECTURES, Cifar100Module, ModelConfig, OptimConfig
 
 __all__ = [
     "OPTIONS",

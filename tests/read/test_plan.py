@@ -1,58 +1,121 @@
-"""The per-rank plan: equal batches on every rank, nothing lost, reproducible, resumable."""
+"""The epoch plan: order, interleaved consumption, padding, drop_last, seeds, elastic resume."""
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 import pytest
 
 from fastdata.read.plan import (
+    PAD_LABEL,
+    batch_seed,
     epoch_order,
-    num_batches,
-    rank_batches,
-    rank_span,
+    plan_epoch,
+    rows_to_refs,
     worker_batch_numbers,
 )
 
-SIZES = [64, 64, 64, 64, 44]  # 300 samples, a short last shard
+SIZES = [5, 7, 3, 9]  # 24 samples in 4 shards
 
 
-def _ids(refs: np.ndarray) -> list[int]:
-    offsets = np.cumsum([0, *SIZES])
-    return [int(offsets[s] + i) for s, i in refs]
+def _plan(rank=0, world=1, batch=4, **kw):
+    kw.setdefault("shuffle", True)
+    return plan_epoch(SIZES, seed=3, epoch=1, rank=rank, world_size=world, batch_size=batch, **kw)
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 7])
-@pytest.mark.parametrize("drop_last", [False, True])
-def test_every_rank_gets_the_same_number_of_batches_and_the_union_is_whole(world, drop_last):
-    order = epoch_order(SIZES, seed=3, epoch=0, shuffle=True)
-    spans = [rank_span(order, r, world) for r in range(world)]
-    batches = [rank_batches(span, 32, drop_last) for span in spans]
-    assert len({len(b) for b in batches}) == 1
-    assert len(batches[0]) == num_batches(300, world, 32, drop_last)
-    if not drop_last:
-        seen = [i for b in batches for batch in b for i in _ids(batch)]
-        assert set(seen) == set(range(300))
-        assert len(seen) - 300 <= world - 1  # padding by wrapping is at most world - 1 samples
+def _rows(plan):
+    return [int(r) for b in plan.rows for r in b]
 
 
-def test_order_depends_on_seed_and_epoch_only():
-    a = epoch_order(SIZES, seed=1, epoch=0, shuffle=True)
-    assert np.array_equal(a, epoch_order(SIZES, seed=1, epoch=0, shuffle=True))
-    assert not np.array_equal(a, epoch_order(SIZES, seed=1, epoch=1, shuffle=True))
-    assert not np.array_equal(a, epoch_order(SIZES, seed=2, epoch=0, shuffle=True))
-    assert sorted(_ids(a)) == list(range(300))
-    assert _ids(epoch_order(SIZES, seed=1, epoch=0, shuffle=False)) == list(range(300))
+def test_epoch_order_is_a_permutation_with_shards_kept_together():
+    order = epoch_order(SIZES, seed=3, epoch=1, shuffle=True)
+    assert sorted(order.tolist()) == list(range(24))
+    shards = rows_to_refs(order, SIZES)[:, 0]
+    assert len([s for i, s in enumerate(shards) if i == 0 or s != shards[i - 1]]) == len(SIZES)
+    assert not np.array_equal(order, epoch_order(SIZES, seed=3, epoch=2, shuffle=True))
+    assert epoch_order(SIZES, 3, 1, shuffle=False).tolist() == list(range(24))
 
 
-def test_workers_partition_the_batches_and_resume_skips_exactly():
-    for start in (0, 3):
-        numbers = [n for w in range(3) for n in worker_batch_numbers(10, start, w, 3)]
-        assert sorted(numbers) == list(range(start, 10))
-    assert list(worker_batch_numbers(10, 0, 0, 0)) == list(range(10))
+def test_rows_to_refs():
+    assert rows_to_refs(np.array([0, 4, 5, 11, 12, 15, 23]), SIZES).tolist() == [
+        [0, 0], [0, 4], [1, 0], [1, 6], [2, 0], [3, 0], [3, 8],
+    ]  # fmt: skip
 
 
-def test_bad_rank_and_batch_size_are_refused():
-    with pytest.raises(ValueError, match="rank"):
-        rank_span(epoch_order(SIZES, 0, 0, False), 2, 2)
+@pytest.mark.parametrize("world,batch", [(1, 4), (2, 4), (3, 5), (5, 2), (7, 3)])
+def test_ranks_cover_the_epoch_once_with_equal_batches(world, batch):
+    plans = [_plan(r, world, batch) for r in range(world)]
+    assert len({len(p) for p in plans}) == 1  # no rank waits at epoch end
+    counts = Counter(r for p in plans for r in _rows(p))
+    assert set(counts) == set(range(24))
+    assert sum(counts.values()) - 24 == (-24) % world  # at most world - 1 repeats
+    for b in range(len(plans[0].rows)):  # each step's batches have one size on every rank
+        assert len({len(p.rows[b]) for p in plans}) == 1
+
+
+def test_consumption_is_a_prefix_of_the_order():
+    order = epoch_order(SIZES, 3, 1, shuffle=True)
+    plans = [_plan(r, 2, 4) for r in range(2)]
+    taken = [int(r) for b in range(2) for p in plans for r in p.rows[b]]
+    assert taken == order[:16].tolist()
+    assert plans[0].consumed_after(2) == 16
+
+
+@pytest.mark.parametrize("before,after", [((2, 10), (1, 20)), ((1, 20), (2, 10)), ((3, 4), (2, 7))])
+@pytest.mark.parametrize("k", [0, 1, 2])
+def test_elastic_resume_continues_with_exactly_the_rest(before, after, k):
+    (w0, b0), (w1, b1) = before, after
+    sizes = [40, 17, 30]  # 87 samples
+    first = [
+        plan_epoch(sizes, seed=1, epoch=0, rank=r, world_size=w0, batch_size=b0, shuffle=True)
+        for r in range(w0)
+    ]
+    done = [int(x) for p in first for b in p.rows[:k] for x in b]
+    consumed = first[0].consumed_after(k)
+    rest = [
+        plan_epoch(sizes, seed=1, epoch=0, rank=r, world_size=w1, batch_size=b1, shuffle=True,
+                   consumed=consumed, steps_before=k)
+        for r in range(w1)
+    ]  # fmt: skip
+    resumed = [int(x) for p in rest for b in p.rows for x in b]
+    counts = Counter(done + resumed)
+    assert set(counts) == set(range(87))
+    repeats = sum(counts.values()) - 87
+    assert repeats == (-(87 - consumed)) % w1  # only the padding rule's repeats
+    assert all(len(p) == k + len(p.rows) for p in rest)
+
+
+def test_drop_last_drops_the_short_step_on_every_rank():
+    plans = [_plan(r, 2, 5, drop_last=True) for r in range(2)]
+    assert [len(p) for p in plans] == [2, 2]  # 24 = 2 steps of 10 + a short one of 4
+    assert all(len(b) == 5 for p in plans for b in p.rows)
+
+
+def test_eval_padding_is_marked():
+    plans = [_plan(r, 5, 4, shuffle=False) for r in range(5)]
+    pads = np.concatenate([pad for p in plans for pad in p.padding])
+    assert pads.sum() == 1  # 24 samples on 5 ranks: one padding sample
+    assert PAD_LABEL == -100
+
+
+def test_seeds_follow_positions_not_ranks():
+    one = _plan(0, 1, 4)
+    two = [_plan(r, 2, 4) for r in range(2)]
+    assert one.seeds[0] == two[0].seeds[0] == batch_seed(3, 1, 0)
+    assert two[1].seeds[0] == one.seeds[1]  # the batch at position 4 of the order
+    assert len(set(one.seeds)) == len(one.seeds)
+
+
+def test_bad_arguments_are_rejected():
     with pytest.raises(ValueError, match="batch_size"):
-        num_batches(10, 1, 0, False)
+        _plan(batch=0)
+    with pytest.raises(ValueError, match="rank"):
+        _plan(rank=2, world=2)
+    with pytest.raises(ValueError, match="consumed"):
+        _plan(consumed=25)
+
+
+def test_worker_batches_interleave():
+    assert list(worker_batch_numbers(7, 0, 1, 3)) == [1, 4]
+    assert list(worker_batch_numbers(7, 2, 0, 2)) == [2, 4, 6]

@@ -1,8 +1,10 @@
-"""DALI graph builders of the presets: encoded or raw samples -> normalized float CHW images.
+"""DALI graphs of the presets' typed ops: encoded or raw samples -> normalized float CHW images.
 
-The preset semantics (those of `fastdata.augment`) are listed in the `fastdata.read.dali` package
-docstring. `nvidia.dali` is imported inside the builders only, so importing this module never
-needs DALI.
+`build_graph` reads the preset's ops (never its name): a single `PadCrop` (the cifar graph), a
+`RandomResizedCrop` optionally followed by a `Flip` (decode-and-crop), a `ResizeCenterCrop`, or no
+op. Other ops (user callables among them) cannot run inside a DALI graph: ValueError. The
+semantics are those of `fastdata.augment`. `nvidia.dali` is imported inside the builders only, so
+importing this module never needs DALI.
 """
 
 from __future__ import annotations
@@ -12,23 +14,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fastdata.augment import get_preset
+from fastdata.augment import Flip, PadCrop, RandomResizedCrop, ResizeCenterCrop
 from fastdata.read.base import LoaderSpec
+from fastdata.read.decode import stored_hw
 
-__all__ = ["GRAPHS"]
-
-_EXTS = {"raw": "rgb", "png": "png", "jpeg": "jpg", "mixed": "jpg;png"}
-_RRC_AREA = (0.08, 1.0)
-_RRC_RATIO = (3 / 4, 4 / 3)
-_EVAL_RESIZE_RATIO = 256 / 224
-_CIFAR_PAD = 4
+__all__ = ["GRAPHS", "build_graph"]
 
 
 @dataclass(frozen=True)
 class _Graph:
     """What the preset graphs need to know; fixed for the life of the loader."""
 
-    preset: str
+    kind: str  # a key of GRAPHS
     train: bool
     encoding: str
     raw_shape: tuple[int, int, int] | None
@@ -36,6 +33,8 @@ class _Graph:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     gpu: bool
+    op: Any = None  # the fused op (PadCrop, RandomResizedCrop, ResizeCenterCrop) or None
+    flip_p: float = 0.0
 
     @property
     def decoder_device(self) -> str:
@@ -59,7 +58,7 @@ def _decode(data: Any, g: _Graph) -> Any:
 def _normalize(images: Any, g: _Graph, **crop: Any) -> Any:
     from nvidia.dali import fn, types
 
-    mirror = fn.random.coin_flip(probability=0.5) if g.train else 0
+    mirror = fn.random.coin_flip(probability=g.flip_p) if g.flip_p > 0 else 0
     return fn.crop_mirror_normalize(
         images,
         device=g.op_device,
@@ -72,22 +71,23 @@ def _normalize(images: Any, g: _Graph, **crop: Any) -> Any:
     )
 
 
-def _resize_to(images: Any, g: _Graph) -> Any:
+def _cover(images: Any, g: _Graph) -> Any:
+    """Resize to just cover the output size and keep the centre window (the decoder's "cover")."""
     from nvidia.dali import fn
 
     if g.raw_shape is not None and g.size == g.raw_shape[:2]:
         return images  # every image already has the output size
-    return fn.resize(images, device=g.op_device, resize_y=g.size[0], resize_x=g.size[1])
+    h, w = g.size
+    images = fn.resize(images, device=g.op_device, size=[h, w], mode="not_smaller")
+    return fn.crop(images, device=g.op_device, crop=(h, w))
 
 
 def _cifar_graph(data: Any, g: _Graph) -> Any:
     from nvidia.dali import fn
 
-    images = _resize_to(_decode(data, g), g)
-    if not g.train:
-        return _normalize(images, g)
+    images = _cover(_decode(data, g), g)
     h, w = g.size
-    pad = _CIFAR_PAD
+    pad = g.op.pad
     # A centred (H + 8) x (W + 8) window of an H x W image starts at -4: zero padding on each side.
     padded = fn.crop(
         images,
@@ -108,73 +108,99 @@ def _cifar_graph(data: Any, g: _Graph) -> Any:
     )
 
 
-def _photo_graph(data: Any, g: _Graph) -> Any:
+def _rrc_graph(data: Any, g: _Graph) -> Any:
     from nvidia.dali import fn, types
 
     h, w = g.size
-    if g.train:
-        if g.encoding == "raw":
-            images = fn.random_resized_crop(
-                _decode(data, g),
-                device=g.op_device,
-                size=[h, w],
-                random_area=list(_RRC_AREA),
-                random_aspect_ratio=list(_RRC_RATIO),
-            )
-            return _normalize(images, g)
-        # Fused decode + crop: only the crop window's part of the JPEG is decoded.
-        images = fn.decoders.image_random_crop(
-            data,
-            device=g.decoder_device,
-            output_type=types.RGB,
-            random_area=list(_RRC_AREA),
-            random_aspect_ratio=list(_RRC_RATIO),
-            num_attempts=10,
+    area, ratio = list(g.op.scale), list(g.op.ratio)
+    if g.encoding == "raw":
+        images = fn.random_resized_crop(
+            _decode(data, g),
+            device=g.op_device,
+            size=[h, w],
+            random_area=area,
+            random_aspect_ratio=ratio,
         )
-        images = fn.resize(images, device=g.op_device, resize_y=h, resize_x=w)
         return _normalize(images, g)
-    # floor(S * 256 / 224) like `augment.center_crop_params` (the epsilon keeps 224 -> 256).
-    shorter = math.floor(min(h, w) * _EVAL_RESIZE_RATIO + 1e-6)
+    # Fused decode + crop: only the crop window's part of the JPEG is decoded.
+    images = fn.decoders.image_random_crop(
+        data,
+        device=g.decoder_device,
+        output_type=types.RGB,
+        random_area=area,
+        random_aspect_ratio=ratio,
+        num_attempts=10,
+    )
+    images = fn.resize(images, device=g.op_device, resize_y=h, resize_x=w)
+    return _normalize(images, g)
+
+
+def _center_graph(data: Any, g: _Graph) -> Any:
+    from nvidia.dali import fn
+
+    h, w = g.size
+    # floor(S * ratio) like `augment.center_crop_params` (the epsilon keeps 224 -> 256).
+    shorter = math.floor(min(h, w) * g.op.ratio + 1e-6)
     images = fn.resize(_decode(data, g), device=g.op_device, resize_shorter=shorter)
     return _normalize(images, g, crop=(h, w))
 
 
 def _plain_graph(data: Any, g: _Graph) -> Any:
-    return _normalize(_resize_to(_decode(data, g), g), g)
+    return _normalize(_cover(_decode(data, g), g), g)
 
 
-#: Preset name -> graph builder ``(encoded or raw sample, _Graph) -> float CHW images``.
+#: Graph kind -> builder ``(encoded or raw sample, _Graph) -> float CHW images``.
 GRAPHS: dict[str, Callable[[Any, _Graph], Any]] = {
-    "cifar": _cifar_graph,
-    "photo": _photo_graph,
-    "none": _plain_graph,
+    "pad_crop": _cifar_graph,
+    "rrc": _rrc_graph,
+    "center": _center_graph,
+    "plain": _plain_graph,
 }
 
 
-def _graph(spec: LoaderSpec, gpu: bool) -> _Graph:
-    if spec.preset not in GRAPHS:
-        raise ValueError(f"the dali backend has presets {sorted(GRAPHS)}, got {spec.preset!r}")
+def _kind(spec: LoaderSpec) -> tuple[str, Any, float]:
+    """(graph kind, fused op, flip probability) of the preset's ops for the split."""
+    preset, ops = spec.preset, spec.preset.ops(spec.train)
+    if not ops:
+        return "plain", None, 0.0
+    if (pad := preset.pad_crop(spec.train)) is not None:
+        return "pad_crop", pad, pad.flip_p
+    crop, flip_p, covered = preset.decode_crop(spec.train)
+    if crop is not None and covered == len(ops):
+        return ("rrc" if isinstance(crop, RandomResizedCrop) else "center"), crop, flip_p
+    names = ", ".join(type(op).__name__ for op in ops)
+    supported = ", ".join(t.__name__ for t in (PadCrop, RandomResizedCrop, Flip, ResizeCenterCrop))
+    raise ValueError(
+        f"the dali backend fuses decoding and augmentation into one DALI graph and cannot run "
+        f"the ops [{names}] (it runs {supported} as the built-in presets use them); use "
+        "backend='cpu' or 'memory', which hand uint8 batches to your transform"
+    )
+
+
+def build_graph(spec: LoaderSpec, gpu: bool) -> Callable[[Any], Any]:
+    """The DALI graph of the split: ``images = graph(data)`` inside a pipeline definition."""
+    kind, op, flip_p = _kind(spec)
     info = spec.manifest.split(spec.split)
-    if info.encoding not in _EXTS:
-        raise ValueError(f"split {spec.split!r} has an unknown encoding {info.encoding!r}")
     raw_shape = tuple(int(v) for v in info.raw_shape) if info.raw_shape else None
     if info.encoding == "raw" and (raw_shape is None or raw_shape[2] != 3):
         raise ValueError(
             f"split {spec.split!r} is raw but its raw_shape is {info.raw_shape}; re-run `fastdata shard`"
         )
-    preset = get_preset(spec.preset)  # mean / std (and photo's default size) of fastdata.augment
-    size: Any = spec.image_size
-    if isinstance(size, int):
-        size = (size, size)
-    if size is None and preset.image_size is not None:
-        size = (preset.image_size, preset.image_size)
-    if size is None and raw_shape is None:
-        raise ValueError(
-            f"split {spec.split!r} holds {info.encoding} images of varying size: pass image_size"
-        )
-    size = tuple(int(v) for v in (size or raw_shape[:2]))
-    if min(size) < 1:
-        raise ValueError(f"image_size must be positive, got {spec.image_size!r}")
-    return _Graph(
-        spec.preset, spec.train, info.encoding, raw_shape, size, preset.mean, preset.std, gpu
+    if kind in ("rrc", "center"):
+        size = (spec.preset.image_size,) * 2
+    else:
+        size = stored_hw(info, spec.image_size)  # ValueError for photos of varying size
+    preset = spec.preset
+    graph = _Graph(
+        kind,
+        spec.train,
+        info.encoding,
+        raw_shape,
+        tuple(size),
+        preset.mean,
+        preset.std,
+        gpu,
+        op,
+        flip_p,
     )
+    return lambda data: GRAPHS[kind](data, graph)

@@ -7,17 +7,16 @@ Stored geometry (the size of every decoded image, a pure function of the split a
 - encoded samples (`jpg` / `png`) without `image_size` keep their size when the split has one
   common `raw_shape`; photos of varying size need an `image_size`.
 - encoded samples with `image_size` S: shorter side resized to floor(S * 256 / 224), centre-cropped
-  to that square (256 for 224). That is the usual resize-256 / crop-224 ratio: the device
-  "photo_device" preset has a 12.5 % margin to random-resized-crop from, and its eval centre crop
-  of S matches the standard evaluation geometry. JPEGs are decoded in draft (DCT-scaled) mode at
-  no less than the target resolution, then resized with Pillow's antialiased bilinear filter.
+  to that square (256 for 224): `fastdata.read.decode.stored_hw` and the decoder's "cover"
+  geometry (the one CPU decoder, `fastdata.read.decode`). The device random-resized crop then has
+  a 12.5 % margin, and the eval centre crop of S matches the standard evaluation geometry.
 
 Cache: the decoded split is written once to `<cache dir>/<split>-<key>.npy` (images, NCHW),
 `.meta.npy` (int64 label, sample_id, ok per row) and `.json` (header, written last: its presence
 marks a complete entry). Every file is written under a temporary name and renamed. The key hashes the
 split's shard sha256s, the stored size and the format versions, so a rewritten shard folder or a
 different size never hits a stale entry. Cache dir: the `cache_dir` argument, else
-$FASTDATA_CACHE_DIR, else `<manifest root>/.fastdata-cache/` (falling back to
+$FASTDATA_CACHE_DIR, else `<manifest root>/.fastdata-decoded/` (falling back to
 `~/.cache/fastdata` when that is not writable). Ranks that decode the same split at once each write
 their own temporary files; the renames are atomic and the contents identical.
 """
@@ -26,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import io
 import json
 import logging
 import os
@@ -37,10 +35,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image
 
+from fastdata import schema
 from fastdata.manifest import FORMAT_VERSION, Manifest, SplitInfo
-from fastdata.read.decode import decode_raw
+from fastdata.read.decode import Geometry, decode_image, decode_raw, stored_hw
 from fastdata.read.shardio import ShardReader, ShardReadError
 
 __all__ = [
@@ -51,42 +49,20 @@ __all__ = [
     "decode_split",
     "decoded_nbytes",
     "resolve_cache_dir",
-    "stored_hw",
 ]
 
 CACHE_DIR_ENV = "FASTDATA_CACHE_DIR"
 # Bump when the cache layout or the decode geometry changes: old entries then miss.
 _CACHE_LAYOUT = 1
-_CROP_RATIO = (256, 224)  # stored side / output side for photos
+_CACHE_FOLDER = ".fastdata-decoded"
+_NO_DRAWS = np.random.default_rng(0)  # the "cover" geometry draws nothing
 
 _log = logging.getLogger("fastdata")
 ImageSize = int | tuple[int, int] | None
-DecodedSplit = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+DecodedSplit = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 # ---------------------------------------------------------------- geometry
-
-
-def stored_hw(info: SplitInfo, image_size: ImageSize) -> tuple[int, int]:
-    """(H, W) of every decoded image of a split (see the module docstring for the rule).
-
-    Raises:
-        ValueError: for photos of varying size without an `image_size`.
-    """
-    if info.encoding == "raw" or (image_size is None and info.raw_shape is not None):
-        if info.raw_shape is None:
-            raise ValueError("a raw split must have a raw_shape in its manifest; re-run the writer")
-        return int(info.raw_shape[0]), int(info.raw_shape[1])
-    if image_size is None:
-        raise ValueError(
-            f"the split's {info.encoding} images vary in size "
-            f"({info.image_stats or 'no stats'}): pass image_size (e.g. 224) to decode them to one size"
-        )
-    h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
-    if h <= 0 or w <= 0:
-        raise ValueError(f"image_size must be positive, got {image_size!r}")
-    num, den = _CROP_RATIO  # floor, as fastdata.augment.center_crop_params: 224 -> 256
-    return h * num // den, w * num // den
 
 
 def decoded_nbytes(info: SplitInfo, image_size: ImageSize) -> int:
@@ -99,14 +75,14 @@ def decoded_nbytes(info: SplitInfo, image_size: ImageSize) -> int:
 
 
 def resolve_cache_dir(manifest: Manifest, cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The cache folder: `cache_dir`, else $FASTDATA_CACHE_DIR, else `<root>/.fastdata-cache/`."""
+    """The cache folder: `cache_dir`, else $FASTDATA_CACHE_DIR, else `<root>/.fastdata-decoded/`."""
     chosen = cache_dir or os.environ.get(CACHE_DIR_ENV)
     if chosen:
         path = Path(chosen)
         path.mkdir(parents=True, exist_ok=True)
         return path
     if "://" not in manifest.root:
-        path = Path(manifest.root) / ".fastdata-cache"
+        path = Path(manifest.root) / _CACHE_FOLDER
         try:
             path.mkdir(exist_ok=True)
             if os.access(path, os.W_OK):
@@ -166,11 +142,12 @@ def decode_split(
         image_size: output size of variable-size photos (see `stored_hw`).
         workers: decoding threads (one shard each at a time); default: the CPU count.
         cache_dir: cache folder (see `resolve_cache_dir`).
-        on_error: "raise" on a corrupt sample, or "skip" it (it is left out of the result).
+        on_error: "raise" on a corrupt sample, or "skip" it (its row is marked not ok).
 
     Returns:
-        (images uint8 (N, 3, H, W), labels int64 (N,), sample_ids int64 (N,)), CPU tensors backed
-        by the cache file (memory-mapped, copy-on-write), in shard order.
+        (images uint8 (N, 3, H, W), labels int64 (N,), sample_ids int64 (N,), ok bool (N,)), CPU
+        tensors backed by the cache file (memory-mapped, copy-on-write), one row per sample in
+        row order (`fastdata.read.plan`); a skipped corrupt sample keeps its row, with ok False.
     """
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -187,12 +164,8 @@ def decode_split(
             f"{len(header['skipped'])} corrupt samples in split {split!r} of {manifest.root} "
             f"(first: {header['skipped'][0]}); pass on_error='skip' or re-write the shards"
         )
-    tensors = torch.from_numpy(images), torch.from_numpy(meta[:, 0]), torch.from_numpy(meta[:, 1])
-    ok = meta[:, 2].astype(bool)
-    if not ok.all():  # rare: copies the good rows out of the mapping
-        keep = torch.from_numpy(np.flatnonzero(ok))
-        tensors = tuple(t.index_select(0, keep) for t in tensors)
-    return tensors
+    ok = torch.from_numpy(meta[:, 2].astype(bool))
+    return torch.from_numpy(images), torch.from_numpy(meta[:, 0]), torch.from_numpy(meta[:, 1]), ok
 
 
 def _build_cache(
@@ -260,11 +233,12 @@ def _decode_shard(
     """Decode shard `shard` into rows [offset, offset + num_samples); returns the skipped samples."""
     info = manifest.split(split)
     reader = ShardReader(manifest, split, max_open=1)  # one per thread: readers are not shared
+    geometry = Geometry("cover", hw=tuple(images.shape[2:]))
     skipped: list[str] = []
     try:
         for i in range(info.shards[shard].num_samples):
             try:
-                _decode_into(reader, info, shard, i, images, meta, offset + i)
+                _decode_into(reader, info, geometry, (shard, i), images, meta, offset + i)
             except (ShardReadError, ValueError) as exc:
                 if isinstance(exc, ShardReadError) and exc.key is None:
                     raise  # the whole shard is unreadable: never a per-sample skip
@@ -285,52 +259,22 @@ def _decode_shard(
 def _decode_into(
     reader: ShardReader,
     info: SplitInfo,
-    shard: int,
-    i: int,
+    geometry: Geometry,
+    ref: tuple[int, int],
     images: np.ndarray,
     meta: np.ndarray,
     row: int,
 ) -> None:
-    """Decode sample i of a shard into `images[row]` / `meta[row]` (its views die on return)."""
+    """Decode sample `ref` into `images[row]` / `meta[row]` (its views die on return)."""
+    shard, i = ref
     parts = reader.sample(shard, i)
-    label, sample_id = _label_and_id(reader.key(shard, i), parts)
-    images[row] = _decode_image(parts, info.raw_shape, images.shape[2:]).transpose(2, 0, 1)
-    meta[row] = (label, sample_id, 1)
-
-
-def _label_and_id(key: str, parts: dict[str, memoryview]) -> tuple[int, int]:
-    if "lid" in parts:
-        label, sample_id = np.frombuffer(parts["lid"], dtype="<i8", count=2)
-        return int(label), int(sample_id)
-    return int(bytes(parts["cls"])), int(key.rsplit("_", 1)[1])
-
-
-def _decode_image(
-    parts: dict[str, memoryview], raw_shape: list[int] | None, hw: tuple[int, int]
-) -> np.ndarray:
-    """One sample's pixels as uint8 HWC RGB at the stored size `hw`."""
-    if "rgb" in parts:
-        if raw_shape is None:
+    label, sample_id = schema.label_and_id(reader.key(shard, i), parts)
+    ext, data = schema.image_component(parts)
+    if ext == schema.RAW_EXT:
+        if info.raw_shape is None:
             raise ValueError("rgb sample in a split without raw_shape; re-run `fastdata shard`")
-        return decode_raw(parts["rgb"], tuple(raw_shape))
-    data = parts.get("jpg", parts.get("jpeg", parts.get("png")))
-    if data is None:
-        raise ValueError(f"no image component (rgb/jpg/png) among {sorted(parts)}")
-    # Not decode.Geometry("center"): that is the eval crop itself; the store keeps the whole
-    # centre square of the shorter side so that the device preset has room to crop.
-    th, tw = hw
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            w, h = img.size
-            cover = max(tw / w, th / h)  # the scale at which the image just covers the target
-            # JPEG draft (DCT scaling) to no less than the covering size: much less decoding work.
-            img.draft("RGB", (max(1, round(w * cover)), max(1, round(h * cover))))
-            rgb = img.convert("RGB")
-    except (OSError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise ValueError(f"cannot decode image ({type(exc).__name__}: {exc})") from exc
-    w, h = rgb.size
-    cover = max(tw / w, th / h)
-    box = ((w - tw / cover) / 2, (h - th / cover) / 2, (w + tw / cover) / 2, (h + th / cover) / 2)
-    if (w, h) != (tw, th):
-        rgb = rgb.resize((tw, th), Image.Resampling.BILINEAR, box=box)
-    return np.asarray(rgb, dtype=np.uint8)
+        pixels = decode_raw(data, tuple(info.raw_shape))
+    else:
+        pixels = decode_image(data, geometry, _NO_DRAWS)
+    images[row] = pixels.transpose(2, 0, 1)
+    meta[row] = (label, sample_id, 1)

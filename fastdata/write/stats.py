@@ -1,0 +1,63 @@
+"""Per-channel pixel statistics of a split, accumulated while its shards are written.
+
+Streaming (one pass, no second read of the data): each shard keeps the per-channel sum, sum of
+squares and pixel count of its stored images; the manifest combines the shards' figures into the
+split's mean and standard deviation (0..255 scale), the DataModule's default normalization.
+Encoded photos are measured at a reduced resolution (JPEG draft mode, about 1/8 of each side):
+a mean over a 50x67 rendition of a 400x533 photo differs from the full one by well under one
+grey level, at a fraction of the decode cost.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image
+
+from fastdata import schema
+
+__all__ = ["PixelStats"]
+
+_DRAFT_SIDE = 64  # encoded images are measured at about this many pixels a side (draft mode)
+
+
+class PixelStats:
+    """Running per-channel sums of RGB pixels (float64)."""
+
+    def __init__(self) -> None:
+        self.sums = np.zeros(3)
+        self.squares = np.zeros(3)
+        self.count = 0
+
+    def add(self, ext: str, data: bytes, height: int, width: int) -> None:
+        """Account for one stored image (its component extension and bytes)."""
+        if ext == schema.RAW_EXT:
+            pixels = np.frombuffer(data, dtype=np.uint8).reshape(height, width, -1)[..., :3]
+        else:
+            with Image.open(io.BytesIO(data)) as image:
+                image.draft("RGB", (max(1, width // 8), max(1, height // 8)))
+                rgb = image.convert("RGB")
+                if max(rgb.size) > 4 * _DRAFT_SIDE:  # PNGs have no draft mode
+                    rgb.thumbnail((_DRAFT_SIDE * 2, _DRAFT_SIDE * 2))
+                pixels = np.asarray(rgb)
+        flat = pixels.reshape(-1, 3)
+        self.sums += flat.sum(axis=0, dtype=np.uint64)
+        wide = flat.astype(np.uint32)
+        self.squares += np.einsum("ij,ij->j", wide, wide, dtype=np.uint64)
+        self.count += len(flat)
+
+    def to_list(self) -> list[float]:
+        """[3 sums, 3 sums of squares, count]: the shard's record in its `done` file."""
+        return [*self.sums.tolist(), *self.squares.tolist(), float(self.count)]
+
+    @staticmethod
+    def combine(records: list[list[float]]) -> tuple[list[float], list[float]] | None:
+        """(mean, std) per channel of the shards' records; None when there are none."""
+        rows = np.array([r for r in records if r and r[6] > 0], dtype=np.float64)
+        if not len(rows):
+            return None
+        total = rows.sum(axis=0)
+        mean = total[:3] / total[6]
+        var = np.maximum(total[3:6] / total[6] - np.square(mean), 0.0)
+        return [round(float(v), 4) for v in mean], [round(float(v), 4) for v in np.sqrt(var)]
