@@ -167,6 +167,7 @@ class ShardCache:
         self._queue: queue.SimpleQueue[tuple[Manifest, ShardInfo]] | None = None
         self._queued: set[str] = set()
         self._plan: tuple[str, dict[str, int], list[ShardInfo], int] | None = None
+        self._window: frozenset[str] = frozenset()  # sha256 of the shards the plan reads next
         self._warned = False
 
     def __getstate__(self) -> dict[str, Any]:
@@ -210,6 +211,12 @@ class ShardCache:
     def fetch(self, manifest: Manifest, shard: ShardInfo) -> Path:
         """Download the shard into the cache unless it is there (without pinning it)."""
         self._check(manifest, shard)
+        self._fetch(manifest, shard, optional=False)
+        return self._path(shard, "tar")
+
+    def _fetch(self, manifest: Manifest, shard: ShardInfo, optional: bool) -> None:
+        """Download unless present; an optional (prefetch) download is skipped when it does not
+        fit without evicting a shard the plan reads sooner."""
         tar = self._path(shard, "tar")
         fd = self._lock_fd(shard)
         try:
@@ -217,10 +224,9 @@ class ShardCache:
             if tar.exists():
                 os.utime(tar)
             else:
-                self._download(manifest, shard)
+                self._download(manifest, shard, optional)
         finally:
             os.close(fd)
-        return tar
 
     def size_bytes(self) -> int:
         """Bytes in the cache folder now (shards, indexes and downloads under way)."""
@@ -243,6 +249,7 @@ class ShardCache:
         infos = [self._info(manifest, s) for s in shards]
         with self._mutex:
             self._plan = (manifest.root, {s.name: i for i, s in enumerate(infos)}, infos, ahead)
+            self._window = frozenset(s.sha256 for s in infos[: ahead + 1])
         for info in infos[:ahead]:
             self._enqueue(manifest, info)
 
@@ -251,6 +258,7 @@ class ShardCache:
         if plan is None or plan[0] != manifest.root or shard.name not in plan[1]:
             return
         position, infos, ahead = plan[1][shard.name], plan[2], plan[3]
+        self._window = frozenset(s.sha256 for s in infos[position : position + 1 + ahead])
         for info in infos[position + 1 : position + 1 + ahead]:
             self._enqueue(manifest, info)
 
@@ -279,7 +287,7 @@ class ShardCache:
         while True:
             manifest, shard = jobs.get()
             try:
-                self.fetch(manifest, shard)
+                self._fetch(manifest, shard, optional=True)
             except Exception as exc:  # the reader's acquire() retries and reports it
                 log.debug("prefetch of %s failed: %s", shard.name, exc)
             finally:
@@ -288,11 +296,13 @@ class ShardCache:
 
     # --- downloading and making room ---------------------------------------------------------
 
-    def _download(self, manifest: Manifest, shard: ShardInfo) -> None:
+    def _download(self, manifest: Manifest, shard: ShardInfo, optional: bool) -> None:
         """Fetch, check and rename into place; called holding the shard's exclusive lock."""
         part = self.cache_dir / f"{shard.sha256}.tar.{shard.bytes}.part"
         idx_part = self.cache_dir / f"{shard.sha256}.idx.part"
-        self._make_room(shard, part)
+        if not self._make_room(shard, part, optional):
+            log.debug("prefetch of %s skipped: the cache is full of shards read sooner", shard.name)
+            return
         try:
             has_index = self._fetch_files(manifest, shard, part, idx_part)
             if has_index:
@@ -334,16 +344,23 @@ class ShardCache:
             ) from exc
         return has_index
 
-    def _make_room(self, shard: ShardInfo, part: Path) -> None:
-        """Rule 5: evict least recently used shards until this one fits; reserve its space."""
+    def _make_room(self, shard: ShardInfo, part: Path, optional: bool) -> bool:
+        """Rule 5: evict least recently used shards until this one fits; reserve its space.
+
+        An optional download (a prefetch) evicts no shard of the plan's next ones, and is not
+        made (False) when it does not fit: prefetching never pushes the cache past its limit.
+        """
+        protect = self._window if optional else frozenset()
         with open(self.cache_dir / ".cache.lock", "a+b") as lock:
             fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
             entries, used = self._scan()
             for _, sha, size in sorted(entries):
                 if used + shard.bytes <= self.limit_bytes:
                     break
-                if self._evict(sha):
+                if sha not in protect and self._evict(sha):
                     used -= size
+            if used + shard.bytes > self.limit_bytes and optional:
+                return False
             if used + shard.bytes > self.limit_bytes and not self._warned:
                 self._warned = True
                 log.warning(
@@ -355,6 +372,7 @@ class ShardCache:
                     shard.bytes,
                 )
             part.touch()  # reserves the space: other makers of room count it from its name
+        return True
 
     def _scan(self) -> tuple[list[tuple[float, str, int]], int]:
         """(mtime, sha, bytes) of each complete shard, and the bytes in use or reserved."""

@@ -1,0 +1,67 @@
+"""Reading a whole split through a ShardReader in plan order (also the target of rank processes)."""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+from pathlib import Path
+
+from fastdata.manifest import Manifest
+from fastdata.read.plan import epoch_order, rows_to_refs
+from fastdata.read.shardio import ShardReader
+from fastdata.remote import ShardCache
+
+__all__ = ["folder_bytes", "plan_shard_order", "rank_main", "read_epoch"]
+
+
+def plan_shard_order(manifest: Manifest, split: str, seed: int = 0, epoch: int = 0) -> list[int]:
+    """Shard numbers in the order the training plan (read.plan rule 1) first reads them."""
+    sizes = [s.num_samples for s in manifest.split(split).shards]
+    refs = rows_to_refs(epoch_order(sizes, seed, epoch, shuffle=True), sizes)
+    return [int(s) for s in dict.fromkeys(refs[:, 0].tolist())]
+
+
+def folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+
+
+def read_epoch(
+    manifest: Manifest,
+    split: str,
+    cache: ShardCache | None,
+    order: list[int],
+    prefetch: int = 0,
+    start: multiprocessing.synchronize.Event | None = None,
+) -> tuple[dict[str, str], list[int]]:
+    """Every sample of every shard in `order`: key -> sha256 of its components, and the cache
+    folder's size after each shard is opened."""
+    if start is not None:
+        start.wait(timeout=60)
+    reader = ShardReader(manifest, split, max_open=1, cache=cache)
+    if prefetch and cache is not None:
+        cache.prefetch(manifest, [reader.shards[n] for n in order], ahead=prefetch)
+    seen: dict[str, str] = {}
+    sizes: list[int] = []
+    try:
+        for number in order:
+            for index in range(reader.shards[number].num_samples):
+                parts = reader.sample(number, index)
+                digest = hashlib.sha256()
+                for ext in sorted(parts):
+                    digest.update(ext.encode() + bytes(parts[ext]))
+                key = reader.key(number, index)
+                assert key not in seen, f"sample {key} delivered twice"
+                seen[key] = digest.hexdigest()
+            if cache is not None:
+                sizes.append(folder_bytes(cache.cache_dir))
+    finally:
+        reader.close()
+    return seen, sizes
+
+
+def rank_main(results: multiprocessing.Queue, *args: object) -> None:
+    """A "rank" process: `read_epoch(*args)`, its result (or its error) put on `results`."""
+    try:
+        results.put(read_epoch(*args))  # type: ignore[arg-type]
+    except BaseException as exc:
+        results.put(exc)
