@@ -74,6 +74,13 @@ BACKENDS: dict[str, Backend] = {
             decodes_on_gpu=True,
             user_transforms=False,
         ),
+        Backend(
+            "nvjpeg",
+            "fastdata.read.nvjpeg:make_nvjpeg_loader",
+            "fastdata.read.nvjpeg:nvjpeg_status",
+            uses_workers=False,
+            decodes_on_gpu=True,
+        ),
         Backend("cpu", "fastdata.read.cpu:make_cpu_loader", _BUILTIN, uses_workers=True),
     )
 }

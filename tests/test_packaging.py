@@ -1,0 +1,35 @@
+"""The library does not import its applications; the wheel claims no generic top-level name."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_building_the_command_line_imports_no_pipeline():
+    code = (
+        "import sys, fastdata, fastdata.cli\n"
+        "fastdata.cli.build_parser()\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('pipelines', 'fastdata_pipelines')]\n"
+        "assert not bad, bad\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT / "tests")
+
+
+def test_packages_list_matches_the_tree_and_pipelines_install_under_our_name():
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(config["packages"])
+    tree = {
+        ".".join(p.parent.relative_to(ROOT).parts)
+        for p in (ROOT / "fastdata").rglob("__init__.py")
+    }
+    assert {p for p in listed if p.startswith("fastdata.") or p == "fastdata"} == tree
+    assert config["package-dir"] == {"fastdata_pipelines": "pipelines"}
+    assert not any(p == "pipelines" or p.startswith("pipelines.") for p in listed)
+    from fastdata.train.command import available_pipelines
+
+    assert available_pipelines()["cifar100"] == "fastdata_pipelines.cifar100.train"
