@@ -48,7 +48,7 @@ def decode_geometry(spec: LoaderSpec) -> tuple[Geometry, int]:
         if isinstance(crop, RandomResizedCrop):
             geometry = Geometry("rrc", spec.image_size, crop.scale, crop.ratio, flip_p)
         else:
-            geometry = Geometry("center", spec.image_size, ratio=crop.ratio)
+            geometry = Geometry("center", spec.image_size, resize_ratio=crop.ratio)
         return geometry, covered
     return Geometry("cover", hw=stored_hw(info, spec.image_size)), 0
 
