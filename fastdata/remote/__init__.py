@@ -4,13 +4,11 @@ Needs `pip install "fastdata[remote]"` (fsspec with s3fs, gcsfs and aiohttp); `i
 works without it, and the first remote URL used says what to install.
 """
 
-from fastdata.remote.cache import (
+from fastdata.remote.cache import CachedShard, CacheStats, ShardCache
+from fastdata.remote.config import (
     CACHE_DIR_ENV,
     CACHE_LIMIT_ENV,
     DEFAULT_LIMIT,
-    CachedShard,
-    CacheStats,
-    ShardCache,
     default_cache_dir,
     parse_size,
 )

@@ -1,0 +1,40 @@
+"""Where the shard cache lives and how big it may grow, and sizes written as text ("50GB")."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+__all__ = ["CACHE_DIR_ENV", "CACHE_LIMIT_ENV", "DEFAULT_LIMIT", "default_cache_dir", "parse_size"]
+
+CACHE_DIR_ENV = "FASTDATA_CACHE_DIR"
+CACHE_LIMIT_ENV = "FASTDATA_CACHE_LIMIT"
+DEFAULT_LIMIT = "50GB"
+_UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([KMGT]?)(I?)B?\s*$", re.IGNORECASE)
+
+
+def parse_size(size: str | int) -> int:
+    """Bytes in a size such as "50GB" (10**9), "512MiB" (2**20), "1.5T" or 1000.
+
+    Raises:
+        ValueError: the text is not a size.
+    """
+    if isinstance(size, int):
+        if size < 0:
+            raise ValueError(f"a size cannot be negative: {size}")
+        return size
+    match = _SIZE.match(size)
+    if match is None:
+        raise ValueError(f"not a size: {size!r} (use e.g. 50GB, 512MiB or a number of bytes)")
+    number, unit, binary = match.groups()
+    unit = unit.upper()
+    scale = 1024 ** ("KMGT".index(unit) + 1) if binary and unit else _UNITS[unit]
+    return int(float(number) * scale)
+
+
+def default_cache_dir() -> Path:
+    """`$FASTDATA_CACHE_DIR`, else `~/.cache/fastdata/shards`."""
+    env = os.environ.get(CACHE_DIR_ENV)
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "fastdata" / "shards"

@@ -1,0 +1,90 @@
+"""Pure parts of the remote code: sizes, which failures are retried, the retry loop's bound."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from fastdata.remote import RemoteError, RetryPolicy, parse_size
+from fastdata.remote.retry import IntegrityError, is_transient, retry_call
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("50GB", 50 * 10**9),
+        ("512MiB", 512 * 2**20),
+        ("1.5T", 1_500_000_000_000),
+        ("1000", 1000),
+        ("10k", 10_000),
+        (123, 123),
+    ],
+)
+def test_parse_size(text: str | int, expected: int) -> None:
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "GB", "12 parsecs", "-5GB"])
+def test_parse_size_refuses_what_is_not_a_size(text: str) -> None:
+    with pytest.raises(ValueError, match="not a size"):
+        parse_size(text)
+
+
+class _Status(Exception):
+    def __init__(self, status: int) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+
+
+@pytest.mark.parametrize(
+    ("exc", "transient"),
+    [
+        (_Status(503), True),
+        (_Status(429), True),
+        (_Status(403), False),
+        (_Status(400), False),
+        (ConnectionResetError(), True),
+        (TimeoutError(), True),
+        (IntegrityError("short"), True),
+        (FileNotFoundError(), False),
+        (PermissionError(), False),
+        (ValueError("bad url"), False),
+    ],
+)
+def test_which_failures_are_transient(exc: Exception, transient: bool) -> None:
+    assert is_transient(exc) is transient
+
+
+def test_retry_stops_after_the_last_attempt_and_names_the_url() -> None:
+    calls = []
+
+    def always_reset() -> None:
+        calls.append(1)
+        raise ConnectionResetError("reset by peer")
+
+    policy = RetryPolicy(attempts=3, base_delay=0.001, max_delay=0.002)
+    with pytest.raises(
+        RemoteError, match=r"https://x/y.tar: download failed 3 times.*reset by peer"
+    ):
+        retry_call(always_reset, "https://x/y.tar", "download", policy, random.Random(0))
+    assert len(calls) == 3
+
+
+def test_retry_does_not_retry_a_missing_object() -> None:
+    calls = []
+
+    def missing() -> None:
+        calls.append(1)
+        raise FileNotFoundError("s3://b/k")
+
+    with pytest.raises(FileNotFoundError):
+        retry_call(missing, "s3://b/k", "read", RetryPolicy(attempts=5, base_delay=0.001))
+    assert len(calls) == 1
+
+
+def test_backoff_grows_and_is_capped() -> None:
+    policy, rng = RetryPolicy(base_delay=1.0, max_delay=8.0), random.Random(0)
+    delays = [policy.delay(a, rng) for a in range(6)]
+    assert 0.5 <= delays[0] <= 1.0 and 4.0 <= delays[5] <= 8.0
+    assert all(d <= 8.0 for d in delays)
