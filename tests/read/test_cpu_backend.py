@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fastdata.augment import Flip, Preset, RandomResizedCrop, ResizeCenterCrop
 from fastdata.manifest import load_manifest
-from fastdata.read.base import LoaderSpec
+from fastdata.read.base import LoaderSpec, WorkerSettings
 from fastdata.read.cpu import make_cpu_loader
 from fastdata.read.shardio import ShardReader, ShardReadError
 from fastdata.sources.folder import FolderSource
@@ -18,9 +19,11 @@ from tests.conftest import unique_label_source, write_jpeg_folder
 
 
 def _spec(root: Path, **kw) -> LoaderSpec:
+    worker_keys = {"num_workers", "prefetch_factor", "decode_threads", "pin_memory"}
+    workers = WorkerSettings(**{k: kw.pop(k) for k in list(kw) if k in worker_keys})
     base = dict(manifest=load_manifest(root), split="train", train=True, batch_size=32, seed=5)
     base.update(kw)
-    return LoaderSpec(**base)
+    return LoaderSpec(workers=workers, **base)
 
 
 def _labels(loader) -> list[int]:
@@ -52,8 +55,8 @@ def test_new_shuffle_each_epoch_and_resume_mid_epoch(tiny_shards):
     loader.set_epoch(1)
     epoch1 = [y.tolist() for _, y in loader]
     assert epoch0 != epoch1
-    loader.set_epoch(1, start_batch=4)
-    assert [y.tolist() for _, y in loader] == epoch1[4:]
+    loader.set_epoch(1, consumed=4 * 32, steps_before=4)  # 4 steps of 32 on one rank
+    assert [y.tolist() for _, y in loader] == epoch1[4:] and len(loader) == len(epoch1) == 10
 
 
 def test_eval_split_is_in_file_order_and_complete(tiny_shards):
@@ -118,22 +121,47 @@ def test_photo_geometry_gives_fixed_size_batches(tmp_path):
     for train in (True, False):
         batches = list(
             make_cpu_loader(
-                _spec(tmp_path / "out", split=split, train=train, image_size=24, batch_size=4)
+                _spec(
+                    tmp_path / "out",
+                    split=split,
+                    train=train,
+                    preset="photo",
+                    image_size=24,
+                    batch_size=4,
+                )
             )
         )
         assert all(x.shape == (4, 3, 24, 24) for x, _ in batches)
+        # Without a decode-time crop, photos decode to the stored size: floor(24 * 256 / 224).
+        plain = _spec(tmp_path / "out", split=split, train=train, image_size=24, batch_size=4)
+        assert all(x.shape == (4, 3, 27, 27) for x, _ in make_cpu_loader(plain))
 
 
-def test_photo_preset_flips_at_decode_time_in_training_only(tiny_shards):
+def _identity_photo_preset() -> Preset:
+    """A photo-like preset whose crops keep an 8x8 image whole, so only the flip changes pixels."""
+    train = (RandomResizedCrop(scale=(1.0, 1.0), ratio=(1.0, 1.0)), Flip(0.5))
+    return Preset("photo8", 8, (0.0,) * 3, (255.0,) * 3, train, (ResizeCenterCrop(ratio=1.0),))
+
+
+def test_photo_preset_flips_at_decode_time_in_training_only(tmp_path):
     from fastdata.read.cpu import decode_geometry
 
-    spec = _spec(tiny_shards, preset="photo", drop_last=False)
-    assert decode_geometry(spec).flip_p == 0.5
-    assert decode_geometry(replace(spec, train=False)).flip_p == 0.0
-    assert decode_geometry(replace(spec, preset="cifar")).flip_p == 0.0
+    # Decode-time geometry applies to encoded images (raw splits run every op on the device).
+    write_shards(
+        unique_label_source(),
+        tmp_path / "png",
+        ShardOptions(encoding="png", max_count=64, workers=1, progress=False),
+    )
+    photo = _spec(tmp_path / "png", preset="photo", image_size=8, drop_last=False)
+    assert decode_geometry(photo)[0].flip_p == 0.5 and decode_geometry(photo)[1] == 2
+    assert decode_geometry(replace(photo, train=False))[0].flip_p == 0.0
+    assert decode_geometry(replace(photo, preset="cifar"))[0].flip_p == 0.0
+    spec = replace(photo, preset=_identity_photo_preset())
+    loader = make_cpu_loader(spec)
+    assert loader.applied_ops == 2 and not loader.normalized
     source = unique_label_source()
     flipped = 0
-    for x, y in make_cpu_loader(spec):
+    for x, y in loader:
         for image, label in zip(x.permute(0, 2, 3, 1).numpy(), y.tolist(), strict=True):
             pixels = source.item("train", label).pixels
             mirrored = np.array_equal(image, pixels[:, ::-1])
@@ -141,10 +169,10 @@ def test_photo_preset_flips_at_decode_time_in_training_only(tiny_shards):
             flipped += mirrored
     assert 100 < flipped < 200, f"{flipped} of 300 flipped; expected about half"
     evaluation = make_cpu_loader(replace(spec, split="test", train=False))
-    test_source = unique_label_source()
+    assert evaluation.applied_ops == 1
     for x, y in evaluation:
         for image, label in zip(x.permute(0, 2, 3, 1).numpy(), y.tolist(), strict=True):
-            assert np.array_equal(image, test_source.item("test", label).pixels)
+            assert np.array_equal(image, source.item("test", label).pixels)
 
 
 def test_decode_time_flip_mirrors_the_same_crop():
@@ -170,7 +198,7 @@ def test_mixed_sizes_without_image_size_is_a_clear_error(tmp_path):
     )
     write_shards(FolderSource(root), tmp_path / "out", ShardOptions(workers=1, progress=False))
     split = next(iter(load_manifest(tmp_path / "out").splits))
-    with pytest.raises(ValueError, match="different sizes.*image_size"):
+    with pytest.raises(ValueError, match="vary in size.*pass image_size"):
         make_cpu_loader(_spec(tmp_path / "out", split=split))
 
 
@@ -180,7 +208,8 @@ def test_skipping_a_sample_without_label_keeps_images_and_labels_aligned(tiny_sh
     index = Path(manifest.index_url(shard))
     lines = index.read_text().splitlines()
     fields = lines[1].split()  # sample 0: cls, lid, rgb components
-    lines[1] = " ".join(fields[:4] + fields[8:])  # drop its lid
+    # Drop both label components (a missing lid alone falls back to cls, `schema.label_and_id`).
+    lines[1] = " ".join(fields[8:])
     index.write_text("\n".join(lines) + "\n")
     loader = make_cpu_loader(_spec(tiny_shards, on_error="skip", train=False, batch_size=64))
     for x, y in loader:
@@ -212,7 +241,7 @@ def test_fixed_size_png_split_keeps_its_size(tmp_path):
     )
     dm.setup()
     x, y = next(iter(dm.train_dataloader()))
-    assert x.shape == (8, 3, 8, 8) and dm._preset.name == "cifar"
+    assert x.shape == (8, 3, 8, 8) and dm.transforms.name == "cifar"
     for image, label in zip(x, y, strict=True):
         assert np.array_equal(
             image.permute(1, 2, 0).numpy(), unique_label_source().item("train", int(label)).pixels
