@@ -1,66 +1,91 @@
-"""GPU check of the read backends: decode throughput, CIFAR-100 loader throughput, GPU memory.
+"""GPU check: loader throughput per backend, GPU decode vs CPU decode, memory, energy, trainer.
 
-    python benchmarks/gpu_check.py                          # one GPU, < 8 min on an H200
-    python benchmarks/gpu_check.py --cpu-smoke --out /tmp/gc  # local dry run, tiny sizes, CPU
+    python benchmarks/gpu_check.py --out $OUT --budget-s 420    # one GPU (H200: ~6 min)
+    python benchmarks/gpu_check.py --cpu-smoke --out /tmp/gc     # dry run on the CPU, tiny sizes
 
-Steps (each one is timed and reported on its own; a failing step is recorded, not fatal):
+How to bring the real data and DALI to a bare, offline GPU machine: `benchmarks/gpu_parts.py`.
 
-(a) photo: clothing-small JPEGs at 224 random-resized-crop, images/s per process, DALI ``mixed``
-    decode (nvJPEG / hardware decoder, augmentation on the GPU) vs the CPU backend (Pillow-SIMD in
-    DataLoader workers, then flip + normalize on the GPU). An image counts once it is a normalized
-    float on the GPU.
-(b) cifar: CIFAR-100 train loader throughput of each backend (cpu, dali, memory) through
-    ``ShardDataModule.on_after_batch_transfer``, i.e. augmented batches ready for the model.
-(c) memory: for every run of (a) and (b), torch's peak allocation and the device-wide used memory
-    (NVML when pynvml is installed, else ``cudaMemGetInfo``) above the level before the run, which
-    includes DALI's own pools; for DALI also the used memory after every epoch (the pipeline is
-    rebuilt every epoch: it must not grow) and after ``close()``.
-(d) trainer: ``python -m pipelines.cifar100 --model resnet9 --epochs N --devices 1`` when that
-    entry point exists, else skipped with a note.
+Steps, in order (each one guarded: a failing, skipped or timed-out step is a row of the report,
+never the end of the check; the report is rewritten after every step and at exit):
 
-Timing: ``--epochs`` timed epochs after ``--warmup`` untimed ones; CUDA is synchronized at the
-start and end of every epoch and after the first batch (so "steady" excludes pipeline start-up).
-The shards are written to a temporary folder from $FASTDATA_DATA_DIR. Results: ``gpu_check.json``
-(versions, host, git revision, arguments, every measurement) and ``gpu_check.md`` in ``--out``
-(default $OUT, else the current folder).
+1. shard-photo: clothing-small (``$FASTDATA_DATA_DIR/clothing-small``) -> JPEG shards; without it,
+   synthetic JPEGs of mixed sizes, labelled "synthetic" in every row that uses them.
+2. shard-cifar: ``cifar-100-python.tar.gz`` -> raw shards; without it, synthetic 32 x 32 arrays.
+   Both are written before CUDA is first touched: the shard writer forks its workers.
+3. photo: images/s of the train split at ``--photo-size`` random-resized crop until normalized
+   floats are on the device: cpu (Pillow-SIMD in DataLoader workers), nvjpeg (torchvision's
+   nvJPEG on the GPU) and dali (DALI "mixed" decode) when available.
+4. cifar: CIFAR-100 train throughput of cpu, memory and dali, through the DataModule's
+   ``on_after_batch_transfer`` (augmented batches ready for the model).
+5. trainer: ``python -m pipelines.cifar100`` (module resolved at run time; ``--trainer-module``)
+   on the shards of step 2, its output in a temporary folder; its metrics.json and log tail are
+   copied to ``--out``.
+
+Each loader row holds the memory figures of `gpu_steps.MemoryProbe` (each labelled for what it
+measures) and, with NVML, the GPU energy per 1,000 images. Targets (pass / fail / not measured):
+memory backend >= 1,000,000 img/s on CIFAR-100; GPU decode (dali, else nvjpeg) >= 5x the cpu
+backend on photos; ResNet-9 CIFAR-100 >= 70% test top-1 in <= 60 s of training; energy per 1,000
+samples reported.
+
+Time: ``--budget-s`` is checked between steps and between epochs; every step also runs under a
+watchdog (``--step-timeout-s``, cut to the budget left) that, when it fires, records the step as
+timed out, writes the report and ends the process, so a hung loader loses nothing done before.
+Results in ``--out`` (default $OUT, else the current folder): ``gpu_check.json`` (environment,
+arguments, rows, targets) and ``gpu_check.md``.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
+import faulthandler
 import importlib.util
-import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # run as a script from a checkout without `pip install -e`
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # a checkout without `pip install -e`
+
+from gpu_report import Report, evaluate_targets  # noqa: E402
+from gpu_steps import (  # noqa: E402
+    Dataset,
+    RunSettings,
+    loader_run,
+    nvjpeg_run,
+    open_real,
+    shard_dataset,
+    synthetic_cifar,
+    synthetic_photos,
+)
 
 from fastdata._env import data_dir  # noqa: E402
-from fastdata.augment import get_preset  # noqa: E402
-from fastdata.manifest import Manifest  # noqa: E402
-from fastdata.read import LoaderSpec, get_backend  # noqa: E402
-from fastdata.sources import open_source  # noqa: E402
-from fastdata.write import ShardOptions, write_shards  # noqa: E402
 
-MiB = 2**20
+# The trainer recipe the 70%-in-60-s target is checked with (one H200, bf16, memory backend).
+GPU_TRAINER_ARGS = (
+    "--model resnet9 --width 64 --no-stem-pool --batch-size 512 --epochs 12 --lr 0.4 "
+    "--backend memory --precision bf16-mixed --workers 0 --checkpoint-every 100000"
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     p.add_argument("--cpu-smoke", action="store_true", help="tiny sizes on the CPU (dry run)")
+    p.add_argument("--data-dir", type=Path, default=None, help="default: FASTDATA_DATA_DIR")
+    p.add_argument("--budget-s", type=float, default=480.0, help="whole check, seconds")
+    p.add_argument("--step-timeout-s", type=float, default=240.0, help="watchdog per step")
+    p.add_argument("--loader-timeout-s", type=float, default=120.0, help="DataLoader timeout")
     p.add_argument("--epochs", type=int, default=3, help="timed epochs per run")
     p.add_argument("--warmup", type=int, default=1, help="untimed epochs before them")
     p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
@@ -69,11 +94,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--photo-limit", type=int, default=None, help="photos per split (default all)")
     p.add_argument("--cifar-batch", type=int, default=512)
     p.add_argument("--cifar-limit", type=int, default=None, help="CIFAR samples per split")
-    p.add_argument("--backends", default="cpu,dali,memory")
-    p.add_argument("--trainer-epochs", type=int, default=2)
-    p.add_argument("--trainer-timeout", type=int, default=150, help="seconds")
-    p.add_argument("--trainer-args", default="", help="extra arguments for the trainer CLI")
+    p.add_argument("--backends", default="cpu,nvjpeg,dali,memory")
     p.add_argument("--skip", default="", help="steps to skip, e.g. 'trainer,photo'")
+    p.add_argument("--trainer-module", default="pipelines.cifar100")
+    p.add_argument("--trainer-args", default=GPU_TRAINER_ARGS)
+    p.add_argument("--trainer-timeout", type=float, default=180.0, help="seconds")
     args = p.parse_args(argv)
     if args.cpu_smoke:
         args.epochs, args.warmup, args.workers = 1, 1, min(args.workers, 2)
@@ -83,342 +108,276 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-# ---------------------------------------------------------------------------- data
+# ---------------------------------------------------------------------------- guard
 
 
-class _FirstN:
-    """The first `limit` samples of every split of a source (itself a `Source`)."""
+class Watchdog:
+    """Ends the process when one step overruns: records it, writes the report, then exits."""
 
-    def __init__(self, source: Any, limit: int | None) -> None:
-        self.source, self.limit = source, limit
-        self.kind, self.classes = source.kind, source.classes
+    def __init__(self, report: Report) -> None:
+        self.report = report
+        self._timer: threading.Timer | None = None
 
-    def splits(self) -> dict[str, int]:
-        sizes = self.source.splits()
-        return {k: min(v, self.limit) if self.limit else v for k, v in sizes.items()}
+    def arm(self, row: dict[str, Any], seconds: float) -> None:
+        def fire() -> None:
+            faulthandler.dump_traceback(all_threads=True)
+            self.report.add({**row, "status": "timeout", "reason": f"watchdog: > {seconds:.0f} s"})
+            self.report.finish(interrupted=f"{row['step']}/{row['backend']} hung")
+            os._exit(3)
 
-    def item(self, split: str, index: int) -> Any:
-        return self.source.item(split, index)
+        self._timer = threading.Timer(max(seconds, 1.0), fire)
+        self._timer.daemon = True
+        self._timer.start()
 
-    def fingerprint(self) -> dict[str, Any]:
-        return {**self.source.fingerprint(), "first_n": self.limit}
-
-
-def shard(kind: str, path: Path, out: Path, limit: int | None, args) -> tuple[Manifest, float]:
-    """Write the shards of a real dataset (or its first `limit` samples per split)."""
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: set FASTDATA_DATA_DIR to the real-data folder")
-    t0 = time.perf_counter()
-    source = _FirstN(open_source(kind, path), limit)
-    max_count = 200 if kind == "folder" else 10_000  # several shards, so ranks / shuffles mix
-    options = ShardOptions(max_count=max_count, workers=args.workers, progress=False)
-    return write_shards(source, out, options), time.perf_counter() - t0
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
 
 
-# ---------------------------------------------------------------------------- measuring
+class Check:
+    """The run: arguments, device, report, budget, and the guarded steps."""
 
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.t0 = time.monotonic()
+        self.skip = set(filter(None, args.skip.split(",")))
+        gpu = torch.cuda.device_count() > 0 and not args.cpu_smoke  # NVML: no CUDA context yet
+        self.device = torch.device("cuda:0" if gpu else "cpu")
+        self.report = Report(args.out, environment(), vars(args))
+        self.watchdog = Watchdog(self.report)
+        self.tmp = Path(tempfile.mkdtemp(prefix="gpu_check-"))
+        os.environ.setdefault("FASTDATA_CACHE_DIR", str(self.tmp / "cache"))
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    def left_s(self) -> float:
+        return self.args.budget_s - (time.monotonic() - self.t0)
 
-
-class MemoryProbe:
-    """Peak torch allocation and device-wide used memory (DALI's pools included) during a run."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.samples: list[float] = []
-        if device.type != "cuda":
-            return
-        _sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        self.base = self.used()
-
-    def used(self) -> int:
-        try:
-            import pynvml  # optional: NVML's view, as nvidia-smi reports it
-
-            pynvml.nvmlInit()
-            index = self.device.index or 0
-            return int(
-                pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).used
-            )
-        except Exception:  # noqa: BLE001 - no pynvml: the CUDA driver's free/total is the same
-            free, total = torch.cuda.mem_get_info(self.device)
-            return int(total - free)
-
-    def sample(self) -> None:
-        if self.device.type == "cuda":
-            _sync(self.device)
-            self.samples.append((self.used() - self.base) / MiB)
-
-    def result(self) -> dict[str, Any]:
-        if self.device.type != "cuda":
-            return {}
-        return {
-            "torch_peak_alloc_mib": round(torch.cuda.max_memory_allocated(self.device) / MiB, 1),
-            "device_used_delta_mib": round(max(self.samples, default=0.0), 1),
-            "device_used_after_epoch_mib": [round(s, 1) for s in self.samples],
-        }
-
-
-def time_epochs(
-    loader: Any,
-    ready: Callable[[Any], torch.Tensor],
-    device: torch.device,
-    args,
-    probe: MemoryProbe,
-    set_epoch: bool = True,
-) -> dict[str, Any]:
-    """Iterate `warmup + epochs` epochs; images/s over the timed ones (and after first batches)."""
-    timed = []
-    for epoch in range(args.warmup + args.epochs):
-        if set_epoch and hasattr(loader, "set_epoch"):
-            loader.set_epoch(epoch)
-        _sync(device)
+    def step(self, step: str, backend: str, fn: Callable[[], dict[str, Any]], **labels) -> Any:
+        """Run one guarded step; returns fn's result (or None), after recording its row."""
+        row = {"step": step, "backend": backend, **labels}
+        if step in self.skip:
+            return self.report.add({**row, "status": "skipped", "reason": f"--skip {step}"})
+        if self.left_s() < 5:
+            reason = f"budget: {self.args.budget_s:.0f} s spent"
+            return self.report.add({**row, "status": "skipped", "reason": reason})
+        self.watchdog.arm(row, min(self.args.step_timeout_s, self.left_s()))
         t0 = time.perf_counter()
-        images = first_images = 0
-        first_s = None
-        for batch in loader:
-            n = ready(batch).shape[0]
-            images += n
-            if first_s is None:
-                _sync(device)
-                first_s, first_images = time.perf_counter() - t0, n
-        _sync(device)
-        seconds = time.perf_counter() - t0
-        probe.sample()
-        if epoch >= args.warmup:
-            timed.append((images, seconds, first_s or 0.0, first_images))
-    n, s = sum(t[0] for t in timed), sum(t[1] for t in timed)
-    steady_n = n - sum(t[3] for t in timed)
-    steady_s = s - sum(t[2] for t in timed)
-    return {
-        "images_per_epoch": timed[0][0] if timed else 0,
-        "images_per_s": round(n / s, 1) if s else None,
-        "steady_images_per_s": round(steady_n / steady_s, 1) if steady_s > 0 else None,
-        "epoch_s": [round(t[1], 3) for t in timed],
-        "first_batch_s": [round(t[2], 3) for t in timed],
-    }
+        try:
+            result = fn()
+        except Exception as exc:  # noqa: BLE001 - one failing step must not hide the others
+            traceback.print_exc()
+            result = None
+            row.update(status="failed", error=f"{type(exc).__name__}: {exc}"[:2000])
+        finally:
+            self.watchdog.disarm()
+        row["wall_s"] = round(time.perf_counter() - t0, 2)
+        if result is not None:
+            figures = result if isinstance(result, dict) else result.row()
+            row.update({"status": "ok", **figures})
+        self.report.add(row)
+        return result
 
-
-def to_device(batch: Any, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    x, y = batch
-    return x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-
-
-def close(loader: Any, device: torch.device) -> None:
-    """Release a loader's memory the way a user would between runs."""
-    inner = getattr(loader, "loader", loader)  # ShardDataModule wraps the backend's loader
-    if hasattr(inner, "close"):
-        inner.close()
-    from fastdata.read import memory
-
-    memory.clear_device_cache()
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-
-
-# ---------------------------------------------------------------------------- (a) photo
-
-
-def photo_run(backend: str, manifest: Manifest, device: torch.device, args) -> dict[str, Any]:
-    """One backend on the photo train split: images/s until normalized floats on the device."""
-    spec = LoaderSpec(
-        manifest=manifest, split="train", train=True, batch_size=args.photo_batch, seed=0,
-        num_workers=args.workers, image_size=args.photo_size, preset="photo",
-        device=str(device), drop_last=True,
-    )  # fmt: skip
-    preset = get_preset("photo", args.photo_size)
-    probe = MemoryProbe(device)
-    t0 = time.perf_counter()
-    loader = get_backend(backend)(spec)
-    setup_s = time.perf_counter() - t0
-
-    def ready(batch: Any) -> torch.Tensor:
-        x, _ = to_device(batch, device)
-        return x if loader.augmented else preset.apply(x, train=True)
-
-    result = {"backend": backend, "setup_s": round(setup_s, 3)}
-    result.update(time_epochs(loader, ready, device, args, probe))
-    close(loader, device)
-    probe.sample()
-    result.update(probe.result())
-    return result
-
-
-# ---------------------------------------------------------------------------- (b) cifar
-
-
-def cifar_run(backend: str, root: Path, device: torch.device, args) -> dict[str, Any]:
-    """One backend on CIFAR-100 train, through the data module's on_after_batch_transfer."""
-    from fastdata.datamodule import ShardDataModule
-
-    probe = MemoryProbe(device)
-    t0 = time.perf_counter()
-    dm = ShardDataModule(
-        root, batch_size=args.cifar_batch, num_workers=args.workers, prefetch_factor=2,
-        backend=backend, preset="cifar", seed=0, drop_last=True,
-    )  # fmt: skip
-    dm.setup("fit")
-    loader = dm.train_dataloader()
-    setup_s = time.perf_counter() - t0
-
-    def ready(batch: Any) -> torch.Tensor:
-        return dm.on_after_batch_transfer(to_device(batch, device), 0)[0]
-
-    result = {"backend": backend, "setup_s": round(setup_s, 3)}
-    # The data module advances the epoch itself each time its loader is iterated.
-    result.update(time_epochs(loader, ready, device, args, probe, set_epoch=False))
-    close(loader, device)
-    probe.sample()
-    result.update(probe.result())
-    return result
-
-
-# ---------------------------------------------------------------------------- (d) trainer
-
-
-def trainer_check(cifar_root: Path, args) -> dict[str, Any]:
-    """The CIFAR-100 trainer CLI on one device, when it exists."""
-    if importlib.util.find_spec("pipelines.cifar100.__main__") is None:
-        return {"status": "skipped", "note": "no `python -m pipelines.cifar100` entry point yet"}
-    cmd = [sys.executable, "-m", "pipelines.cifar100", "--model", "resnet9"]
-    cmd += ["--epochs", str(args.trainer_epochs), "--devices", "1", *args.trainer_args.split()]
-    # The data location: $FASTDATA_DATA_DIR (inherited) or `--trainer-args "--data DIR"`.
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    t0 = time.perf_counter()
-    try:
-        proc = subprocess.run(
-            cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=args.trainer_timeout
+    def skipped(self, step: str, backend: str, reason: str, **labels) -> None:
+        self.report.add(
+            {"step": step, "backend": backend, **labels, "status": "skipped", "reason": reason}
         )
-    except subprocess.TimeoutExpired as exc:
-        tail = (exc.stdout or b"")[-2000:]
-        return {"status": "timeout", "cmd": cmd, "wall_s": args.trainer_timeout, "tail": str(tail)}
-    return {
-        "status": "ok" if proc.returncode == 0 else "failed",
-        "cmd": " ".join(cmd),
-        "returncode": proc.returncode,
-        "wall_s": round(time.perf_counter() - t0, 1),
-        "tail": (proc.stdout + proc.stderr)[-3000:],
-    }
-
-
-# ---------------------------------------------------------------------------- report
 
 
 def environment() -> dict[str, Any]:
+    """Versions and host, read without creating a CUDA context."""
     info: dict[str, Any] = {
         "python": platform.python_version(),
         "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
         "host": platform.node(),
         "cpus": os.cpu_count(),
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "cuda_devices": torch.cuda.device_count(),
     }
-    for name in ("lightning", "numpy", "nvidia.dali"):
+    for name in ("lightning", "numpy", "torchvision", "nvidia.dali", "PIL"):
         try:
             info[name] = __import__(name, fromlist=["__version__"]).__version__
         except Exception as exc:  # noqa: BLE001 - a missing optional package is a fact to report
             info[name] = f"unavailable ({type(exc).__name__})"
-    try:
-        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-        info["git_revision"] = rev.stdout.strip() or "none (no commit)"
-    except OSError:
-        info["git_revision"] = "unknown"
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    info["git_revision"] = rev.stdout.strip() or "unknown"
     return info
 
 
-def markdown(report: dict[str, Any]) -> str:
-    env = report["environment"]
-    lines = [
-        "# GPU check",
-        "",
-        f"{env['gpu'] or 'CPU only'}, {env['cpus']} CPUs, torch {env['torch']}, "
-        f"DALI {env['nvidia.dali']}, git {env['git_revision'][:12]}",
-        "",
-        "| step | backend | images/s | steady images/s | epoch s | setup s | torch peak MiB "
-        "| device used MiB |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for step in ("photo", "cifar"):
-        for r in report["steps"].get(step, []):
-            if "error" in r:
-                lines.append(f"| {step} | {r['backend']} | error: {r['error'][:60]} | | | | | |")
-                continue
-            lines.append(
-                f"| {step} | {r['backend']} | {r['images_per_s']} | {r['steady_images_per_s']} | "
-                f"{r['epoch_s']} | {r['setup_s']} | {r.get('torch_peak_alloc_mib', '-')} | "
-                f"{r.get('device_used_delta_mib', '-')} |"
+# ---------------------------------------------------------------------------- steps
+
+
+def shard_steps(check: Check) -> dict[str, Dataset | None]:
+    """Steps 1 and 2: the photo and CIFAR shards (real when present, else synthetic)."""
+    a, root = check.args, check.args.data_dir or data_dir()
+    photo_dir, archive = root / "clothing-small", root / "cifar-100-python.tar.gz"
+
+    def photos() -> Dataset:
+        if photo_dir.exists():
+            source, origin = open_real("folder", photo_dir), f"real: {photo_dir}"
+        else:
+            folder = synthetic_photos(
+                check.tmp / "photos", per_class=max(3, (a.photo_limit or 60) // 10)
             )
-    trainer = report["steps"].get("trainer", {})
-    lines += ["", f"Trainer check: {trainer.get('status', 'not run')} {trainer.get('note', '')}"]
-    lines += [f"Sharding: {report['steps'].get('shard_s', {})}", ""]
-    return "\n".join(lines)
+            source, origin = open_real("folder", folder), f"synthetic ({photo_dir} not found)"
+        return shard_dataset("photo", source, origin, check.tmp / "photo", a.photo_limit, 200)
+
+    def cifar() -> Dataset:
+        if archive.exists():
+            source, origin = open_real("cifar100", archive), f"real: {archive}"
+        else:
+            n = a.cifar_limit or 50_000
+            source, origin = synthetic_cifar(n, max(n // 5, 1)), f"synthetic ({archive} not found)"
+        return shard_dataset("cifar", source, origin, check.tmp / "cifar", a.cifar_limit, 10_000)
+
+    return {
+        "photo": check.step("shard", "-", photos, dataset="photo"),
+        "cifar": check.step("shard", "-", cifar, dataset="cifar"),
+    }
 
 
-def _guarded(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    try:
-        return fn()
-    except Exception as exc:  # noqa: BLE001 - one failing run must not hide the others
-        traceback.print_exc()
-        return {"backend": name, "error": f"{type(exc).__name__}: {exc}"}
+def unavailable(backend: str, step: str, device: torch.device) -> str | None:
+    """Why `backend` cannot run in `step` here (None: it can)."""
+    if step == "photo" and backend == "memory":
+        return "decodes once, then serves batches from memory: not a decode measurement"
+    if step == "cifar" and backend == "nvjpeg":
+        return "CIFAR shards hold raw pixels: nothing to decode"
+    if backend == "dali":
+        from fastdata.read.dali import dali_available
+
+        if not dali_available():
+            return "NVIDIA DALI is not installed or does not load (see gpu_parts.py)"
+    if backend in ("dali", "nvjpeg") and device.type != "cuda":
+        return "needs a CUDA device" + (" (--cpu-smoke)" if torch.cuda.device_count() else "")
+    if backend == "nvjpeg":
+        from fastdata.read.nvjpeg import nvjpeg_status
+
+        ok, reason = nvjpeg_status()
+        return None if ok else reason
+    return None
 
 
-def _backends(args, device: torch.device) -> Iterable[str]:
-    from fastdata.read.dali import dali_available
-
-    for name in args.backends.split(","):
-        if name == "dali" and not dali_available():
-            print("DALI is not installed: skipping the dali backend")
+def loader_steps(check: Check, step: str, data: Dataset | None) -> None:
+    """Step 3 or 4: one row per backend (ran, failed, or skipped with its reason)."""
+    a = check.args
+    photo = step == "photo"
+    labels = {"data": data.source if data else "none"}
+    for backend in a.backends.split(","):
+        reason = "its shards were not written" if data is None else None
+        reason = reason or unavailable(backend, step, check.device)
+        if reason:
+            check.skipped(step, backend, reason, **labels)
             continue
-        yield name
+        settings = RunSettings(
+            batch_size=a.photo_batch if photo else a.cifar_batch,
+            preset="photo" if photo else "cifar",
+            image_size=a.photo_size if photo else None,
+            workers=a.workers, epochs=a.epochs, warmup=a.warmup,
+            deadline=time.monotonic() + max(check.left_s() - 5, 0),
+            loader_timeout_s=a.loader_timeout_s,
+        )  # fmt: skip
+        energy = gpu_energy(check.device)
+        registered = backend != "nvjpeg" or _registered("nvjpeg")
+        run = loader_run if registered else nvjpeg_run
+        args = (backend, data.root) if registered else (data.root,)
+        check.step(
+            step,
+            backend,
+            lambda r=run, g=args, s=settings, e=energy: r(*g, check.device, s, e),
+            **labels,
+        )
+
+
+def _registered(name: str) -> bool:
+    from fastdata.read import BACKENDS
+
+    return name in BACKENDS
+
+
+def gpu_energy(device: torch.device) -> Callable[[], float | None] | None:
+    """NVML's total-energy counter of `device` in joules, or None without NVML."""
+    from fastdata.tune.monitor import GpuReader
+
+    reader = GpuReader.open(device)
+    return reader.energy_j if reader is not None and reader.energy_j() is not None else None
+
+
+def trainer_step(check: Check, cifar: Dataset | None) -> None:
+    """Step 5: the CIFAR-100 pipeline on the shards of step 2, on one device."""
+    a, step = check.args, "trainer"
+    if "trainer" in check.skip:
+        return check.skipped(step, "-", "--skip trainer (or --cpu-smoke)")
+    if importlib.util.find_spec(a.trainer_module.split(".")[0]) is None or (
+        importlib.util.find_spec(a.trainer_module) is None
+    ):
+        return check.skipped(step, "-", f"no module {a.trainer_module!r} in this checkout")
+    if cifar is None or not cifar.real:
+        return check.skipped(step, "-", "needs the real CIFAR-100 shards (see gpu_parts.py)")
+    check.step(step, "-", lambda: run_trainer(check, cifar), data=cifar.source)
+
+
+def run_trainer(check: Check, cifar: Dataset) -> dict[str, Any]:
+    a, work = check.args, check.tmp / "trainer"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "shards").symlink_to(cifar.root, target_is_directory=True)  # reused, not re-sharded
+    cmd = [sys.executable, "-m", a.trainer_module, "--out", str(work), "--devices", "1"]
+    cmd += shlex.split(a.trainer_args)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    timeout = max(min(a.trainer_timeout, check.left_s() - 5), 1)
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, timeout=timeout)
+        out, status = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:  # its output is bytes (or None): decode it
+        out, status = (exc.stdout or b"") + (exc.stderr or b""), f"timeout after {timeout:.0f} s"
+    text = out.decode("utf-8", "replace") if isinstance(out, bytes) else str(out)
+    (a.out / "trainer.log").write_text(text[-200_000:])
+    result: dict[str, Any] = {"cmd": shlex.join(cmd), "returncode": status, "tail": text[-1500:]}
+    metrics_path = work / "metrics.json"
+    if metrics_path.exists():
+        (a.out / "trainer_metrics.json").write_text(metrics_path.read_text())
+        result.update(trainer_figures(metrics_path))
+    if status != 0:
+        raise RuntimeError(f"trainer exited with {status}: {text[-800:]}")
+    return result
+
+
+def trainer_figures(path: Path) -> dict[str, Any]:
+    import json
+
+    metrics = json.loads(path.read_text())
+    rows = metrics.get("epochs") or [{}]
+    return {
+        "test_top1": metrics.get("final_test_top1"),
+        "train_s": rows[-1].get("train_s"),
+        "epochs": len(metrics.get("epochs") or []),
+        "precision": metrics.get("precision"),
+    }
+
+
+# ---------------------------------------------------------------------------- main
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
-    device = torch.device("cpu" if args.cpu_smoke or not torch.cuda.is_available() else "cuda:0")
-    if device.type == "cpu" and not args.cpu_smoke:
+    check = Check(args)
+    if check.device.type == "cpu" and not args.cpu_smoke:
         print("no CUDA device: measuring the CPU paths only (use --cpu-smoke for tiny sizes)")
-    skip = set(filter(None, args.skip.split(",")))
-    report: dict[str, Any] = {"environment": environment(), "args": dict(vars(args)), "steps": {}}
-    report["args"]["out"] = str(args.out)
-    steps = report["steps"]
-    t_start = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="gpu_check-") as tmp:
-        os.environ.setdefault("FASTDATA_CACHE_DIR", str(Path(tmp) / "cache"))
-        photos, shard_photo_s = shard(
-            "folder", data_dir() / "clothing-small", Path(tmp) / "photo", args.photo_limit, args
-        )
-        cifar, shard_cifar_s = shard(
-            "cifar100", data_dir() / "cifar-100-python.tar.gz", Path(tmp) / "cifar",
-            args.cifar_limit, args,
-        )  # fmt: skip
-        steps["shard_s"] = {"photo": round(shard_photo_s, 1), "cifar": round(shard_cifar_s, 1)}
-        backends = list(_backends(args, device))
-        if "photo" not in skip:
-            steps["photo"] = [
-                _guarded(b, lambda b=b: photo_run(b, photos, device, args))
-                for b in backends
-                if b in ("cpu", "dali")
-            ]
-        if "cifar" not in skip:
-            steps["cifar"] = [
-                _guarded(b, lambda b=b: cifar_run(b, Path(cifar.root), device, args))
-                for b in backends
-            ]
-        if "trainer" in skip:
-            steps["trainer"] = {"status": "skipped", "note": "--skip trainer / --cpu-smoke"}
-        else:
-            steps["trainer"] = trainer_check(Path(cifar.root), args)
-    report["total_s"] = round(time.perf_counter() - t_start, 1)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
-    table = markdown(report)
-    (args.out / "gpu_check.md").write_text(table)
-    print(table)
-    print(f"total {report['total_s']} s; wrote {args.out / 'gpu_check.json'}")
-    return report
+    try:
+        data = shard_steps(check)  # before CUDA is touched: the writer forks
+        if check.device.type == "cuda":
+            check.report.environment["gpu"] = torch.cuda.get_device_name(check.device)
+        for step in ("photo", "cifar"):
+            if step in check.skip:
+                check.skipped(step, "*", f"--skip {step}")
+            else:
+                loader_steps(check, step, data[step])
+        trainer_step(check, data["cifar"])
+    finally:
+        check.report.targets = evaluate_targets(check.report.rows, check.device.type)
+        check.report.finish()
+    print(check.report.markdown())
+    print(f"total {time.monotonic() - check.t0:.1f} s; wrote {args.out / 'gpu_check.json'}")
+    return check.report.data()
 
 
 if __name__ == "__main__":
