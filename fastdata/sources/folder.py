@@ -22,8 +22,13 @@ __all__ = ["IMAGE_EXTENSIONS", "SPLIT_NAMES", "FolderSource"]
 
 log = logging.getLogger(__name__)
 
+# Compared lower-cased: "IMG_0001.JPG" and "scan.Tiff" are images. Every format here is decoded at
+# shard time by Pillow or, where this Pillow-SIMD lacks the codec, imagecodecs (fastdata.write.images).
 IMAGE_EXTENSIONS = frozenset(
-    {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm"}
+    {
+        *(".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".apng", ".bmp", ".dib", ".gif", ".webp"),
+        *(".tif", ".tiff", ".ppm", ".pgm", ".pbm", ".pnm", ".jp2", ".j2k", ".jpx", ".avif"),
+    }
 )
 # Folder names that mark the split layout (kept as found: "validation" stays "validation").
 SPLIT_NAMES = ("train", "val", "validation", "test")

@@ -10,6 +10,12 @@ Encodings (the `--encoding` choice):
 | "jpeg"   | `jpg` at `quality`              | decoded, optionally resized, re-encoded `jpg`          |
 | "keep"   | not allowed                     | JPEG bytes kept byte-identical; other formats -> `png` |
 
+Every image file a standard Pillow opens is accepted (`fastdata.write.images`): formats this
+Pillow-SIMD cannot decode (WebP, compressed TIFF, JPEG 2000, AVIF, 12-bit or lossless JPEG) are
+decoded with imagecodecs and stored as PNG; 16-bit, palette, alpha and CMYK images become 8-bit RGB
+by the rules documented there. JPEG bytes that Pillow decodes are kept under "keep" whatever their
+mode (grey, CMYK, progressive, MPO): DALI's CPU decoder and Pillow read them to the same pixels.
+
 Why "raw" for small images: a 32x32 CIFAR sample is 3,072 bytes raw and 2,277 as PNG, but decoding
 the PNG costs 162 us of CPU against 1 us for a reshape, and the loader's CPU is the bottleneck the
 library exists to remove (measured by benchmarks/bench_shard.py; the figures are in the README).
@@ -26,10 +32,14 @@ import numpy as np
 from PIL import Image
 
 from fastdata.sources.base import SourceItem
+from fastdata.write.images import UnreadableImage, open_image, to_rgb
 
 __all__ = ["ENCODINGS", "BadSampleError", "EncodedSample", "encode_item", "resolve_encoding"]
 
 ENCODINGS = ("auto", "raw", "png", "jpeg", "keep")
+# Containers whose bytes "keep" stores as they are (MPO: a phone's JPEG with a second picture
+# appended; every decoder reads the first).
+KEPT_FORMATS = ("JPEG", "MPO")
 # PNG level 1: writes ~5x faster than the default 6 for ~10% more bytes; decode cost is the same.
 PNG_COMPRESS_LEVEL = 1
 
@@ -91,10 +101,13 @@ def encode_item(
         data = item.path.read_bytes()
     except OSError as exc:
         raise BadSampleError(item.origin, f"cannot read file ({exc.strerror or exc})") from exc
-    image, fmt = _decode_fully(data, item.origin)
-    if encoding == "keep" and fmt == "JPEG":
-        return EncodedSample("jpg", data, image.height, image.width)
-    rgb = image.convert("RGB")
+    try:
+        opened = open_image(data)
+        rgb = to_rgb(opened.image)
+    except UnreadableImage as exc:
+        raise BadSampleError(item.origin, exc.reason) from exc
+    if encoding == "keep" and opened.by_pillow and opened.format in KEPT_FORMATS:
+        return EncodedSample("jpg", data, rgb.height, rgb.width)
     if resize is not None:
         rgb = _resize_shorter(rgb, resize)
     if encoding == "jpeg":
@@ -123,17 +136,6 @@ def _encode_pixels(
     return EncodedSample(
         "png", _save(image, "PNG", compress_level=PNG_COMPRESS_LEVEL), image.height, image.width
     )
-
-
-def _decode_fully(data: bytes, origin: str) -> tuple[Image.Image, str]:
-    """Decode every byte of an image (truncation shows only on a full decode) and return it."""
-    try:
-        image = Image.open(io.BytesIO(data))
-        fmt = image.format or "?"
-        image.load()
-    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError... for bad files
-        raise BadSampleError(origin, f"not a readable image ({type(exc).__name__}: {exc})") from exc
-    return image, fmt
 
 
 def _resize_shorter(image: Image.Image, size: int) -> Image.Image:

@@ -169,3 +169,16 @@ def test_real_clothing_small(real_data: Path) -> None:
     train_labels = [src.item("train", i).label for i in range(800)]
     assert np.bincount(train_labels).tolist() == [80] * 10
     assert src.fingerprint()["files"] == 1513
+
+
+def test_extensions_in_any_case_and_non_ascii_names(tmp_path: Path) -> None:
+    names = ["IMG_0001.JPG", "b.Jpeg", "c.TIF", "d.tiff", "e.WebP", "f.GIF", "g.bmp", "h.jp2"]
+    names += ["café_日本.png", "Ünïcödé.JPEG"]
+    for name in names:
+        (tmp_path / "ds" / "klasse_é").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "ds" / "klasse_é" / name).write_bytes(b"bytes are checked by the writer")
+    (tmp_path / "ds" / "klasse_é" / "notes.TXT").write_text("not an image")
+    src = FolderSource(tmp_path / "ds")
+    assert src.classes == ["klasse_é"]
+    assert sorted(src.item("train", i).path.name for i in range(len(names))) == sorted(names)
+    assert src.splits() == {"train": len(names)} and src.ignored_files == 1

@@ -129,3 +129,12 @@ def test_open_source_registry(tmp_path: Path) -> None:
         open_source("imagenet", tmp_path)
     with pytest.raises(ValueError, match="needs the dataset folder"):
         open_source("folder", None)
+
+
+def test_non_ascii_paths_and_labels(tmp_path: Path) -> None:
+    lst = _write(
+        tmp_path / "liste.csv", "path,label\nbilder/café_日本.JPG,chat\nbilder/ü.png,hund\n"
+    )
+    src = open_source("list", lst)
+    assert src.classes == ["chat", "hund"]
+    assert src.item("train", 0).path == tmp_path / "bilder" / "café_日本.JPG"
