@@ -1,6 +1,8 @@
 """The `fastdata` command line: a thin layer over library functions.
 
 fastdata shard SOURCE INPUT OUT [options]   # cifar10 | cifar100 | folder | list
+fastdata shard SOURCE INPUT OUT --part I/N  # part I of N, on any machine; then:
+fastdata merge OUT                          # check the parts, write the manifest
 fastdata inspect OUT
 fastdata verify OUT
 fastdata tune OUT [--sweep]
@@ -12,8 +14,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import shlex
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from fastdata import __version__
 
@@ -72,7 +76,17 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--overwrite", action="store_true", help="replace a different dataset in OUT")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--part",
+        default=None,
+        metavar="I/N",
+        help="write only part I of N (0 <= I < N; e.g. $SLURM_ARRAY_TASK_ID/8), no manifest: "
+        "run every part, then `fastdata merge OUT`",
+    )
     p.set_defaults(func=_shard)
+    merge = sub.add_parser("merge", help="check that every --part finished, write the manifest")
+    merge.add_argument("out", help="output folder the parts wrote into")
+    merge.set_defaults(func=_merge)
 
 
 def _size(text: str) -> int:
@@ -110,6 +124,8 @@ def _shard(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.no_progress,
     )
+    if args.part is not None:
+        return _shard_part(args, source, options)
     if "://" in args.out:  # an object store: write locally, then upload (manifest last)
         from fastdata.write.upload import staged_upload
 
@@ -117,6 +133,52 @@ def _shard(args: argparse.Namespace) -> int:
             manifest = write_shards(source, local, options)
     else:
         manifest = write_shards(source, args.out, options)
+    print(summarize(manifest))
+    print(f"wrote {args.out}/{MANIFEST_NAME}")
+    return 0
+
+
+def _shard_part(args: argparse.Namespace, source: Any, options: Any) -> int:
+    from fastdata.write.parts import Part, write_part
+
+    part = Part.parse(args.part)
+    if "://" in args.out:
+        raise ValueError(
+            "--part writes into a folder that every part can reach (or that is copied together "
+            "before `fastdata merge`), not to a URL"
+        )
+    report = write_part(source, args.out, options, part, command=_part_command(args))
+    if report.merged:
+        print(f"{args.out} is already merged; nothing to do")
+        return 0
+    print(
+        f"part {part}: {len(report.shards)} shards in {args.out} "
+        f"({report.already_done} already written before this run)"
+    )
+    print(f"when all {part.count} parts have finished: fastdata merge {shlex.quote(args.out)}")
+    return 0
+
+
+def _part_command(args: argparse.Namespace) -> str:
+    """The command line that runs any part of this sharding, with "{part}" for I/N."""
+    words = ["fastdata", "shard", args.source, *([args.input] if args.input else []), args.out]
+    defaults = {"seed": 0, "max_count": 10_000, "max_size": None, "encoding": "auto"}
+    defaults |= {"resize": None, "quality": 90, "workers": None}
+    for name, default in defaults.items():
+        if getattr(args, name) != default:
+            words += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+    words += ["--download"] * args.download + ["--strict"] * args.strict
+    # Braces escaped for str.format: only the "{part}" placeholder stays.
+    quoted = shlex.join(words).replace("{", "{{").replace("}", "}}")
+    return quoted + " --part {part}"
+
+
+def _merge(args: argparse.Namespace) -> int:
+    from fastdata.manifest import MANIFEST_NAME
+    from fastdata.verify import summarize
+    from fastdata.write.parts import merge_parts
+
+    manifest = merge_parts(args.out)
     print(summarize(manifest))
     print(f"wrote {args.out}/{MANIFEST_NAME}")
     return 0

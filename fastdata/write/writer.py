@@ -4,7 +4,8 @@ The work is planned before anything is written: each split's sample ids are perm
 `seed` and cut into shards by count (and by an estimate of size from the source bytes). The plan
 is a pure function of the source and the options, so N processes can write shards independently,
 a re-run after a kill skips the shards that were finished (each has a `done` record in
-`OUT/.fastdata-work/`), and the result is byte-identical whatever the number of processes.
+`OUT/.fastdata-work/`), and the result is byte-identical whatever the number of processes. The
+same plan, cut into parts, lets many machines shard one dataset (`fastdata.write.parts`).
 """
 
 from __future__ import annotations
@@ -16,24 +17,26 @@ import os
 import shutil
 import zlib
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
-from fastdata import __version__, schema
-from fastdata.manifest import (
-    MANIFEST_NAME,
-    Manifest,
-    ShardInfo,
-    SkippedSample,
-    SplitInfo,
-    load_manifest,
-)
+from fastdata import schema
+from fastdata.manifest import MANIFEST_NAME, Manifest, load_manifest
 from fastdata.sources.base import Source, SourceItem
 from fastdata.write.encode import BadSampleError, encode_item, resolve_encoding
+from fastdata.write.results import (
+    ShardResult,
+    build_manifest,
+    done_path,
+    is_done,
+    load_result,
+    report_skipped,
+)
+from fastdata.write.stats import PixelStats
 from fastdata.write.tarshard import ShardTarWriter
 
 __all__ = ["ShardOptions", "ShardingError", "write_shards"]
@@ -90,23 +93,6 @@ class ShardJob:
     sample_ids: list[int]
 
 
-@dataclass
-class ShardResult:
-    """What writing one shard produced (saved as its `done` record for resumes)."""
-
-    split: str
-    name: str
-    index: str
-    num_samples: int
-    bytes: int
-    sha256: str
-    class_counts: dict[str, int]
-    heights: list[int] = field(default_factory=list)  # [min, max, sum]
-    widths: list[int] = field(default_factory=list)
-    exts: list[str] = field(default_factory=list)
-    skipped: list[list[str]] = field(default_factory=list)  # [origin, reason]
-
-
 def write_shards(
     source: Source, out: str | os.PathLike[str], options: ShardOptions = ShardOptions()
 ) -> Manifest:
@@ -118,30 +104,44 @@ def write_shards(
         ValueError: an encoding that does not fit the source.
     """
     out_dir = Path(out)
-    first = source.item(next(iter(source.splits())), 0)
-    encoding = resolve_encoding(options.encoding, first.pixels is not None, options.resize)
-    identity = {
-        "kind": source.kind,
-        "fingerprint": source.fingerprint(),
-        "options": {**options.signature(), "encoding": encoding},
-        "format_version": 1,
-    }
+    identity = dataset_identity(source, options)
     existing = _prepare_out(out_dir, identity, options.overwrite)
     if existing is not None:
         log.info("%s already holds this dataset with these options; nothing to do", out_dir)
         return existing
     jobs = plan_jobs(source, options)
+    run_plan(source, jobs, out_dir, identity["options"]["encoding"], options)
     work = out_dir / WORK_DIR
-    todo = [job for job in jobs if not (work / f"{job.stem}.done.json").exists()]
-    if len(todo) < len(jobs):
-        log.info("resuming: %d of %d shards already written", len(jobs) - len(todo), len(jobs))
-    _run_jobs(source, todo, out_dir, encoding, options)
-    results = [_load_done(work, job.stem) for job in jobs]
-    _report_skipped(results)
-    manifest = _build_manifest(out_dir, source, identity, results, options.seed)
+    results = [load_result(work, job.stem) for job in jobs]
+    report_skipped(results)
+    manifest = build_manifest(out_dir, list(source.classes), identity, results)
     manifest.save(out_dir)
     shutil.rmtree(work, ignore_errors=True)
     return manifest
+
+
+def dataset_identity(source: Source, options: ShardOptions) -> dict[str, Any]:
+    """What makes two shardings the same: the source's kind and fingerprint, the byte options."""
+    first = source.item(next(iter(source.splits())), 0)
+    encoding = resolve_encoding(options.encoding, first.pixels is not None, options.resize)
+    return {
+        "kind": source.kind,
+        "fingerprint": source.fingerprint(),
+        "options": {**options.signature(), "encoding": encoding},
+        "format_version": 1,
+    }
+
+
+def run_plan(
+    source: Source, jobs: list[ShardJob], out_dir: Path, encoding: str, options: ShardOptions
+) -> int:
+    """Write the jobs that are not done yet (see `results.is_done`); returns how many were done."""
+    work = out_dir / WORK_DIR
+    todo = [job for job in jobs if not is_done(out_dir, work, job.stem)]
+    if len(todo) < len(jobs):
+        log.info("resuming: %d of %d shards already written", len(jobs) - len(todo), len(jobs))
+    _run_jobs(source, todo, out_dir, encoding, options)
+    return len(jobs) - len(todo)
 
 
 def plan_jobs(source: Source, options: ShardOptions) -> list[ShardJob]:
@@ -197,7 +197,7 @@ def _prepare_out(out_dir: Path, identity: dict[str, Any], overwrite: bool) -> Ma
     manifest_file = out_dir / MANIFEST_NAME
     if manifest_file.exists():
         manifest = load_manifest(out_dir)
-        if _same_identity(manifest.source, identity) and not overwrite:
+        if same_identity(manifest.source, identity) and not overwrite:
             return manifest
         if not overwrite:
             raise ShardingError(
@@ -208,7 +208,7 @@ def _prepare_out(out_dir: Path, identity: dict[str, Any], overwrite: bool) -> Ma
         _clear_ours(out_dir)
     elif plan_file.exists():
         previous = json.loads(plan_file.read_text())
-        if not _same_identity(previous, identity):
+        if not same_identity(previous, identity):
             if not overwrite:
                 raise ShardingError(
                     f"{out_dir} holds an unfinished sharding of a different input or options; "
@@ -229,11 +229,11 @@ def _prepare_out(out_dir: Path, identity: dict[str, Any], overwrite: bool) -> Ma
     # Partial files of a killed run: never under a final name, removed before resuming.
     for tmp in [*out_dir.glob("*.tmp-*"), *work.glob("*.tmp-*")]:
         tmp.unlink()
-    _atomic_write(plan_file, json.dumps(identity, sort_keys=True))
+    atomic_write(plan_file, json.dumps(identity, sort_keys=True))
     return None
 
 
-def _same_identity(recorded: dict[str, Any], identity: dict[str, Any]) -> bool:
+def same_identity(recorded: dict[str, Any], identity: dict[str, Any]) -> bool:
     keys = ("kind", "fingerprint", "options", "format_version")
     return all(recorded.get(k) == identity.get(k) for k in keys)
 
@@ -257,7 +257,8 @@ def _clear_ours(out_dir: Path) -> None:
             path.unlink()
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
+    """Write `text` to `path` under a temporary name, then rename it into place."""
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
@@ -290,9 +291,11 @@ def _run_jobs(
                     bar.update(done)
     except BaseException:
         # A failed or interrupted run: workers killed by the pool's terminate() could not remove
-        # their partial files. Finished shards (with done records) stay for a resume.
-        for tmp in out_dir.glob("*.tmp-*"):
-            tmp.unlink(missing_ok=True)
+        # their partial files. Finished shards (with done records) stay for a resume. Only this
+        # run's shards: other parts may be writing theirs into the same folder.
+        for job in jobs:
+            for tmp in out_dir.glob(f"{job.stem}.*.tmp-*"):
+                tmp.unlink(missing_ok=True)
         raise
     finally:
         bar.close()
@@ -317,6 +320,7 @@ def _write_job(job: ShardJob) -> int:
     heights: list[int] = []
     widths: list[int] = []
     exts: set[str] = set()
+    pixels = PixelStats()  # streamed per-channel statistics (the default normalization)
     try:
         for sample_id in job.sample_ids:
             item = source.item(job.split, sample_id)
@@ -331,6 +335,8 @@ def _write_job(job: ShardJob) -> int:
             heights.append(encoded.height)
             widths.append(encoded.width)
             exts.add(encoded.ext)
+            if job.split == "train":
+                pixels.add(encoded.ext, encoded.data, encoded.height, encoded.width)
             label = str(item.label)
             result.class_counts[label] = result.class_counts.get(label, 0) + 1
     except BaseException:
@@ -345,7 +351,8 @@ def _write_job(job: ShardJob) -> int:
     result.heights = [min(heights), max(heights), sum(heights)] if heights else []
     result.widths = [min(widths), max(widths), sum(widths)] if widths else []
     result.exts = sorted(exts)
-    _atomic_write(out_dir / WORK_DIR / f"{job.stem}.done.json", json.dumps(asdict(result)))
+    result.pixel_sums = pixels.to_list() if pixels.count else []
+    atomic_write(done_path(out_dir / WORK_DIR, job.stem), json.dumps(asdict(result)))
     return len(job.sample_ids)
 
 
@@ -355,72 +362,3 @@ def _key(split: str, item: SourceItem) -> str:
 
 def _components(item: SourceItem, ext: str, data: bytes) -> dict[str, bytes]:
     return schema.components(ext, data, item.label, item.sample_id)
-
-
-# ----------------------------------------------------------------------------- manifest
-
-
-def _load_done(work: Path, stem: str) -> ShardResult:
-    return ShardResult(**json.loads((work / f"{stem}.done.json").read_text()))
-
-
-def _report_skipped(results: list[ShardResult]) -> None:
-    skipped = [s for r in results for s in r.skipped]
-    if skipped:
-        lines = "\n".join(f"  {origin}: {reason}" for origin, reason in skipped)
-        log.warning(
-            "skipped %d bad source sample(s) (listed in the manifest):\n%s", len(skipped), lines
-        )
-
-
-def _build_manifest(
-    out_dir: Path, source: Source, identity: dict[str, Any], results: list[ShardResult], seed: int
-) -> Manifest:
-    splits: dict[str, SplitInfo] = {}
-    for split in sorted({r.split for r in results}):
-        mine = [r for r in results if r.split == split]
-        splits[split] = _split_info(mine, len(source.classes), identity["options"]["encoding"])
-    return Manifest(
-        root=str(out_dir),
-        classes=list(source.classes),
-        splits=splits,
-        source=identity,
-        seed=seed,
-        fastdata_version=__version__,
-    )
-
-
-def _split_info(results: list[ShardResult], num_classes: int, encoding: str) -> SplitInfo:
-    counts = [0] * num_classes
-    for r in results:
-        for label, n in r.class_counts.items():
-            counts[int(label)] += n
-    written = [r for r in results if r.num_samples]
-    n = sum(r.num_samples for r in written)
-    stats: dict[str, float] = {}
-    if n:
-        stats = {
-            "min_height": min(r.heights[0] for r in written),
-            "max_height": max(r.heights[1] for r in written),
-            "mean_height": round(sum(r.heights[2] for r in written) / n, 2),
-            "min_width": min(r.widths[0] for r in written),
-            "max_width": max(r.widths[1] for r in written),
-            "mean_width": round(sum(r.widths[2] for r in written) / n, 2),
-        }
-    exts = sorted({e for r in written for e in r.exts})
-    stored = schema.encoding_of_exts(exts)
-    raw_shape = None
-    if (
-        stats
-        and stats["min_height"] == stats["max_height"]
-        and stats["min_width"] == stats["max_width"]
-    ):
-        raw_shape = [int(stats["min_height"]), int(stats["min_width"]), 3]
-    return SplitInfo(
-        shards=[ShardInfo(r.name, r.index, r.num_samples, r.bytes, r.sha256) for r in written],
-        class_counts=counts,
-        encoding=stored if encoding != "raw" else "raw",
-        raw_shape=raw_shape,
-        image_stats=stats,
-        skipped=[SkippedSample(origin, reason) for r in results for origin, reason in r.skipped],
-    )

@@ -1,0 +1,136 @@
+"""What each written shard produced (its `done` record) and the manifest built from all of them.
+
+One shard job writes `OUT/.fastdata-work/<stem>.done.json` when its tar and index are in place.
+The manifest is a pure function of those records (in plan order), the classes and the dataset's
+identity, so a single run (`fastdata.write.writer`) and the merge of parts run on many machines
+(`fastdata.write.parts`) write the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastdata import __version__, schema
+from fastdata.manifest import Manifest, ShardInfo, SkippedSample, SplitInfo
+from fastdata.write.stats import PixelStats
+
+__all__ = ["ShardResult", "build_manifest", "done_path", "load_result", "report_skipped"]
+
+log = logging.getLogger("fastdata")
+
+
+@dataclass
+class ShardResult:
+    """What writing one shard produced (saved as its `done` record for resumes)."""
+
+    split: str
+    name: str
+    index: str
+    num_samples: int
+    bytes: int
+    sha256: str
+    class_counts: dict[str, int]
+    heights: list[int] = field(default_factory=list)  # [min, max, sum]
+    widths: list[int] = field(default_factory=list)
+    exts: list[str] = field(default_factory=list)
+    skipped: list[list[str]] = field(default_factory=list)  # [origin, reason]
+    pixel_sums: list[float] = field(default_factory=list)  # PixelStats.to_list (train split)
+
+
+def done_path(work: Path, stem: str) -> Path:
+    """The `done` record of the shard `stem` in the work folder."""
+    return work / f"{stem}.done.json"
+
+
+def load_result(work: Path, stem: str) -> ShardResult:
+    """The `done` record of shard `stem` (FileNotFoundError when it was not written)."""
+    return ShardResult(**json.loads(done_path(work, stem).read_text()))
+
+
+def is_done(out_dir: Path, work: Path, stem: str) -> bool:
+    """True when shard `stem` has its done record and its tar is in place at the recorded size.
+
+    A record whose tar went missing (a copy between machines that lost a file) does not count:
+    the shard is written again.
+    """
+    try:
+        result = load_result(work, stem)
+    except (FileNotFoundError, json.JSONDecodeError, TypeError):
+        return False
+    if result.num_samples == 0:
+        return True  # every sample of the shard was skipped: no file to find
+    tar = out_dir / result.name
+    return (
+        tar.is_file() and tar.stat().st_size == result.bytes and (out_dir / result.index).is_file()
+    )
+
+
+def report_skipped(results: list[ShardResult]) -> None:
+    """Log every source sample that was left out, with its reason."""
+    skipped = [s for r in results for s in r.skipped]
+    if skipped:
+        lines = "\n".join(f"  {origin}: {reason}" for origin, reason in skipped)
+        log.warning(
+            "skipped %d bad source sample(s) (listed in the manifest):\n%s", len(skipped), lines
+        )
+
+
+def build_manifest(
+    out_dir: Path, classes: list[str], identity: dict[str, Any], results: list[ShardResult]
+) -> Manifest:
+    """The manifest of a finished sharding, from its shards' results in plan order."""
+    splits: dict[str, SplitInfo] = {}
+    for split in sorted({r.split for r in results}):
+        mine = [r for r in results if r.split == split]
+        splits[split] = _split_info(mine, len(classes), identity["options"]["encoding"])
+    return Manifest(
+        root=str(out_dir),
+        classes=list(classes),
+        splits=splits,
+        source=identity,
+        seed=int(identity["options"]["seed"]),
+        fastdata_version=__version__,
+    )
+
+
+def _split_info(results: list[ShardResult], num_classes: int, encoding: str) -> SplitInfo:
+    counts = [0] * num_classes
+    for r in results:
+        for label, n in r.class_counts.items():
+            counts[int(label)] += n
+    written = [r for r in results if r.num_samples]
+    n = sum(r.num_samples for r in written)
+    stats: dict[str, float] = {}
+    if n:
+        stats = {
+            "min_height": min(r.heights[0] for r in written),
+            "max_height": max(r.heights[1] for r in written),
+            "mean_height": round(sum(r.heights[2] for r in written) / n, 2),
+            "min_width": min(r.widths[0] for r in written),
+            "max_width": max(r.widths[1] for r in written),
+            "mean_width": round(sum(r.widths[2] for r in written) / n, 2),
+        }
+    exts = sorted({e for r in written for e in r.exts})
+    stored = schema.encoding_of_exts(exts)
+    raw_shape = None
+    if (
+        stats
+        and stats["min_height"] == stats["max_height"]
+        and stats["min_width"] == stats["max_width"]
+    ):
+        raw_shape = [int(stats["min_height"]), int(stats["min_width"]), 3]
+    pixel = PixelStats.combine([r.pixel_sums for r in written])
+    return SplitInfo(
+        shards=[ShardInfo(r.name, r.index, r.num_samples, r.bytes, r.sha256) for r in written],
+        class_counts=counts,
+        encoding=stored if encoding != "raw" else "raw",
+        raw_shape=raw_shape,
+        image_stats=stats,
+        skipped=[SkippedSample(origin, reason) for r in results for origin, reason in r.skipped],
+        pixel_mean=pixel[0] if pixel else None,
+        pixel_std=pixel[1] if pixel else None,
+    )
