@@ -1,0 +1,209 @@
+"""Photo decoding on the CPU: per-image decoders side by side, and `decode_batch` with threads.
+
+    python benchmarks/bench_decode.py                       # clothing-small train, 224 px RRC
+    python benchmarks/bench_decode.py --geometry center     # the evaluation centre crop
+    python benchmarks/bench_decode.py --core 1 --images 200 # pinned to one core, quicker
+
+Every decoder gets the same JPEGs and the same random-resized-crop boxes (torchvision semantics,
+`fastdata.augment.rrc_params`) and returns the 224 x 224 RGB crop:
+
+- Pillow full decode + `resize(box=...)`: what a per-sample Pillow DataLoader does;
+- fastdata, Pillow-SIMD path: draft mode (DCT scale 1/2..1/8 when it covers the box) + boxed resize
+  (`decode_image(..., roi=False)`, the decoder before region decoding);
+- fastdata: `decode_image` (crop-region decode by nvImageCodec's libjpeg-turbo CPU decoder, or the
+  draft path where a DCT-scaled whole image has fewer pixels);
+- simplejpeg / pyvips, when installed: whole decode at the DCT scale that covers the box (they
+  cannot decode a region) + Pillow-SIMD boxed resize / libvips shrink-on-load + crop + resize.
+
+Per image: wall time and the process CPU time (all threads: nvImageCodec decodes in a thread of its own) (the CPU figure is the one to compare on a busy
+machine). Then `decode_batch` over batches of 64 with 1, 2, ... threads (wall time: threads only
+help where a core is free). Writes bench_decode.json / .md (versions, host, git revision) to --out,
+else $OUT, else benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import math
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from common import print_table, results_dir, save_results  # noqa: I001  (run as a script)
+from PIL import Image
+
+from fastdata._env import data_dir
+from fastdata.augment import rrc_params
+from fastdata.read import decode
+from fastdata.read.decode import Geometry, decode_batch, decode_image, jpeg_region_decoder
+
+Box = tuple[int, int, int, int]  # (left, top, right, bottom)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", default=None, help="folder with clothing-small/ (default: shared)")
+    p.add_argument("--split", default="train")
+    p.add_argument("--images", type=int, default=400, help="JPEGs to decode per decoder")
+    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--geometry", default="rrc", choices=["rrc", "center"])
+    p.add_argument("--repeats", type=int, default=3, help="passes per decoder (best is kept)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="decode_batch threads")
+    p.add_argument("--core", type=int, default=None, help="pin the per-image runs to this core")
+    p.add_argument(
+        "--out", default=None, help="results folder (default $OUT or benchmarks/results)"
+    )
+    return p.parse_args(argv)
+
+
+def load_jpegs(args: argparse.Namespace) -> list[bytes]:
+    root = Path(args.data) if args.data else data_dir()
+    files = sorted((root / "clothing-small" / args.split).glob("*/*.jpg"))[: args.images]
+    if not files:
+        raise SystemExit(f"no JPEGs under {root / 'clothing-small' / args.split}: pass --data")
+    return [f.read_bytes() for f in files]
+
+
+def crop_box(data: bytes, geometry: Geometry, seed: int) -> Box:
+    """The box `decode_image` draws for this image and seed (same generator, same order)."""
+    width, height = Image.open(io.BytesIO(data)).size
+    if geometry.kind == "rrc":
+        top, left, h, w = rrc_params(height, width, rng=np.random.default_rng(seed))
+    else:
+        h = w = max(1, round(min(width, height) / geometry.resize_ratio))
+        top, left = (height - h) // 2, (width - w) // 2
+    return left, top, left + w, top + h
+
+
+def pillow_full(data: bytes, box: Box, size: int) -> np.ndarray:
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    return np.asarray(image.resize((size, size), Image.BILINEAR, box=box))
+
+
+def dct_factor(box: Box, size: int) -> int:
+    """The DCT scale denominator (1, 2, 4, 8) that still covers the box at `size`."""
+    reduce = max(1.0, min(box[2] - box[0], box[3] - box[1]) / size)
+    return 2 ** min(3, int(math.log2(reduce)))
+
+
+def candidates(geometry: Geometry) -> dict[str, Callable[[bytes, Box, int, int], np.ndarray]]:
+    """name -> decode(data, box, size, seed); optional libraries only when importable."""
+    found: dict[str, Callable[[bytes, Box, int, int], np.ndarray]] = {
+        "Pillow full decode + resize(box)": lambda d, b, s, seed: pillow_full(d, b, s),
+        "fastdata, Pillow-SIMD draft path": lambda d, b, s, seed: decode_image(
+            d, geometry, np.random.default_rng(seed), roi=False
+        ),
+    }
+    if jpeg_region_decoder() is not None:
+        found["fastdata decode_image (region decode)"] = lambda d, b, s, seed: decode_image(
+            d, geometry, np.random.default_rng(seed)
+        )
+    try:
+        import simplejpeg
+
+        def simple(data: bytes, box: Box, size: int, seed: int) -> np.ndarray:
+            h, w, _, _ = simplejpeg.decode_jpeg_header(data)
+            f = dct_factor(box, size)  # other factors (n/8) have no SIMD IDCT: slower
+            pixels = simplejpeg.decode_jpeg(data, min_height=-(-h // f), min_width=-(-w // f))
+            sy, sx = pixels.shape[0] / h, pixels.shape[1] / w
+            scaled = (box[0] * sx, box[1] * sy, box[2] * sx, box[3] * sy)
+            return np.asarray(Image.fromarray(pixels).resize((size, size), box=scaled))
+
+        found[f"simplejpeg {simplejpeg.__version__} (scaled whole decode)"] = simple
+    except ImportError:
+        pass
+    try:
+        import pyvips
+
+        def vips(data: bytes, box: Box, size: int, seed: int) -> np.ndarray:
+            f = dct_factor(box, size)
+            image = pyvips.Image.new_from_buffer(data, "", shrink=f, access="sequential")
+            x0, y0 = box[0] // f, box[1] // f
+            crop = image.crop(
+                x0, y0, max(1, (box[2] - box[0]) // f), max(1, (box[3] - box[1]) // f)
+            )
+            crop = crop.resize(size / crop.width, vscale=size / crop.height, kernel="linear")
+            return crop.numpy()
+
+        found[f"pyvips {pyvips.__version__} (shrink-on-load + crop)"] = vips
+    except (ImportError, OSError):
+        pass
+    return found
+
+
+def time_per_image(fn, jpegs, boxes, size: int, repeats: int) -> tuple[float, float]:
+    """(best wall ms, best CPU ms) per image over `repeats` passes, after a warm-up pass."""
+    for i in range(min(20, len(jpegs))):
+        fn(jpegs[i], boxes[i], size, i)
+    wall = cpu = math.inf
+    for _ in range(repeats):
+        w0, c0 = time.perf_counter(), time.process_time()
+        for i, data in enumerate(jpegs):
+            fn(data, boxes[i], size, i)
+        wall = min(wall, time.perf_counter() - w0)
+        cpu = min(cpu, time.process_time() - c0)
+    return wall / len(jpegs) * 1e3, cpu / len(jpegs) * 1e3
+
+
+def per_image_rows(args, jpegs, geometry) -> list[dict]:
+    boxes = [crop_box(d, geometry, i) for i, d in enumerate(jpegs)]
+    factors = [dct_factor(b, args.size) for b in boxes]
+    print(f"DCT scale that covers the box: { {f'1/{f}': factors.count(f) for f in set(factors)} }")
+    rows = []
+    for name, fn in candidates(geometry).items():
+        wall, cpu = time_per_image(fn, jpegs, boxes, args.size, args.repeats)
+        rows.append({"decoder": name, "ms_per_image": wall, "cpu_ms_per_image": cpu})
+    base = rows[0]["cpu_ms_per_image"]
+    for row in rows:
+        row["speedup_cpu"] = base / row["cpu_ms_per_image"]
+    return rows
+
+
+def batch_rows(args, jpegs, geometry) -> list[dict]:
+    """decode_batch over the images in batches, wall time, per thread count."""
+    n = args.batch_size
+    batches = [jpegs[i : i + n] for i in range(0, len(jpegs) - n + 1, n)] or [jpegs]
+    rows = []
+    for threads in args.threads:
+        decode_batch(batches[0], geometry, [np.random.default_rng(i) for i in range(n)], threads)
+        wall = math.inf
+        for _ in range(args.repeats):
+            start = time.perf_counter()
+            for b, batch in enumerate(batches):
+                rngs = [np.random.default_rng([b, i]) for i in range(len(batch))]
+                decode_batch(batch, geometry, rngs, threads)
+            wall = min(wall, time.perf_counter() - start)
+        images = sum(len(b) for b in batches)
+        rows.append({"threads": threads, "batch": n, "img_per_s": images / wall})
+    return rows
+
+
+def main(args: argparse.Namespace) -> dict:
+    jpegs = load_jpegs(args)
+    geometry = Geometry(args.geometry, size=args.size, flip_p=0.5 if args.geometry == "rrc" else 0)
+    print(f"{len(jpegs)} JPEGs; region decoder: {jpeg_region_decoder() or 'none'}")
+    print(f"load average at start: {os.getloadavg()}")
+    affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    if args.core is not None and affinity is not None:
+        os.sched_setaffinity(0, {args.core})
+    single = per_image_rows(args, jpegs, geometry)
+    if args.core is not None and affinity is not None:
+        os.sched_setaffinity(0, affinity)
+    batched = batch_rows(args, jpegs, geometry)
+    title = f"per image, {args.geometry} {args.size} px, clothing-small {args.split}"
+    tables = [
+        print_table(single, ["decoder", "ms_per_image", "cpu_ms_per_image", "speedup_cpu"], title),
+        print_table(batched, ["threads", "batch", "img_per_s"], "decode_batch (wall time)"),
+    ]
+    results = {"args": vars(args), "region_decoder": jpeg_region_decoder()}
+    results |= {"per_image": single, "decode_batch": batched, "pool": repr(decode._pool)}
+    save_results("bench_decode", results_dir(args.out), results, tables)
+    return results
+
+
+if __name__ == "__main__":
+    main(parse_args())
