@@ -249,10 +249,11 @@ class ShardDataModule(pl.LightningDataModule):
         if "://" not in self.root or (self.cache_dir is None and self.cache_limit is None):
             return None  # local shards, or the reader's default cache for a remote root
         if self._cache is None:
-            from fastdata.remote import ShardCache, parse_size
+            from fastdata.remote import DEFAULT_LIMIT, ShardCache, default_cache_dir
 
-            limit = parse_size(self.cache_limit) if isinstance(self.cache_limit, str) else self.cache_limit
-            self._cache = ShardCache(self.cache_dir, limit)
+            self._cache = ShardCache(
+                self.cache_dir or default_cache_dir(), self.cache_limit or DEFAULT_LIMIT
+            )
         return self._cache
 
     def resize_workers(self, num_workers: int, prefetch_factor: int | None = None) -> None:
