@@ -29,7 +29,7 @@ def _bare_env(tmp_path: Path) -> dict[str, str]:
     """FASTDATA_DATA_DIR empty; `nvidia` (DALI) and `webdataset` raise ImportError on import."""
     blocked = tmp_path / "blocked"
     (blocked / "nvidia" / "dali").mkdir(parents=True)
-    message = "raise ImportError('blocked: absent on the GPU machine')\n"
+    message = "raise ModuleNotFoundError('blocked: absent on the GPU machine')\n"
     (blocked / "nvidia" / "__init__.py").write_text(message)
     (blocked / "nvidia" / "dali" / "__init__.py").write_text(message)
     (blocked / "webdataset.py").write_text(message)
