@@ -103,7 +103,10 @@ def open_image(data: bytes) -> OpenedImage:
     if truncation is not None:
         raise UnreadableImage(f"truncated {fmt}: {truncation}") from pillow_error
     if isinstance(pillow_error, Image.DecompressionBombError):
-        raise UnreadableImage(f"{fmt}: {_clean(pillow_error)}") from pillow_error
+        raise UnreadableImage(
+            f"{fmt}: {_clean(pillow_error)} If the file is trusted, raise "
+            "PIL.Image.MAX_IMAGE_PIXELS before sharding, or shrink the image"
+        ) from pillow_error
     if fmt in FALLBACK_FORMATS:
         return OpenedImage(_open_with_codecs(fmt, data), fmt, by_pillow=False)
     raise UnreadableImage(f"{fmt}: cannot decode ({_clean(pillow_error)})") from pillow_error

@@ -230,6 +230,11 @@ def _load_records(work: Path) -> dict[int, dict[str, Any]]:
     for path in sorted(work.glob("part-*-of-*.json")) if work.is_dir() else []:
         record = json.loads(path.read_text())
         records[int(record["part"])] = record
+    if not records and (work / "plan.json").exists():
+        raise MergeError(
+            f"{work.parent} holds an unfinished sharding that was not run in parts; run the same "
+            "`fastdata shard` command (without --part) again to finish it"
+        )
     if not records:
         raise MergeError(
             f"no part has run in {work.parent} (no part records in {work}); run "

@@ -165,3 +165,11 @@ def test_dali_cpu_decodes_the_kept_jpegs_as_pillow_does():
         pillow = np.asarray(Image.open(io.BytesIO(image.data)).convert("RGB"))
         assert dali.shape == pillow.shape, image.name
         assert np.abs(dali.astype(int) - pillow.astype(int)).max() <= 1, image.name
+
+
+def test_an_image_over_pillows_pixel_limit_says_what_to_do(monkeypatch):
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # errors above 2x: 200 pixels
+    buf = io.BytesIO()
+    Image.new("RGB", (30, 30)).save(buf, "PNG")
+    with pytest.raises(UnreadableImage, match=r"^PNG: .*900 pixels.*MAX_IMAGE_PIXELS"):
+        open_image(buf.getvalue())

@@ -159,3 +159,13 @@ def test_more_parts_than_shards(tmp_path):
     for index in range(5):  # 1 job, 5 parts: four of them have nothing to write
         write_part(source, tmp_path / "out", OPTS, Part(index, 5))
     assert merge_parts(tmp_path / "out").split("train").num_samples == 4
+
+
+def test_merge_of_an_unfinished_single_run_says_to_rerun_it(tmp_path):
+    images = write_jpeg_folder(tmp_path / "images", classes=2, per_class=2)
+    (images / "class0" / "broken.jpg").write_bytes(b"")
+    strict = ShardOptions(strict=True, workers=1, progress=False)
+    with pytest.raises(ShardingError, match="empty file"):
+        write_shards(FolderSource(images), tmp_path / "out", strict)
+    with pytest.raises(MergeError, match="not run in parts; run the same `fastdata shard`"):
+        merge_parts(tmp_path / "out")
