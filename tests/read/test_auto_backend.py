@@ -7,7 +7,8 @@ import logging
 import pytest
 
 from fastdata.manifest import Manifest, ShardInfo, SplitInfo
-from fastdata.read.auto import choose_backend, dali_importable, free_device_memory
+from fastdata.augment import get_preset
+from fastdata.read.auto import backend_available, choose_backend, free_device_memory
 
 MiB = 1 << 20
 
@@ -28,12 +29,13 @@ def _choose(manifest=CIFAR_LIKE, device="cpu", image_size=None, free=10 * MiB, d
         probed.append(dev)
         return free
 
+    kw["preset"] = get_preset(kw.get("preset", "none"))
     result = choose_backend(
         manifest,
         "train",
         device,
         image_size,
-        dali_available=lambda: dali,
+        available=lambda name: (dali and name == "dali", "not installed"),
         free_memory=free_memory,
         **kw,
     )
@@ -81,7 +83,7 @@ def test_too_big_without_gpu_picks_cpu():
 
 def test_too_big_on_gpu_without_dali_picks_cpu():
     name, reason = _choose(device="cuda", free=4 * MiB, dali=False)
-    assert name == "cpu" and "DALI is not installed" in reason
+    assert name == "cpu" and "dali: not installed" in reason
 
 
 def test_photos_are_sized_at_the_stored_decode_size():
@@ -111,4 +113,5 @@ def test_bad_memory_share(share):
 
 def test_real_probes_answer():
     assert free_device_memory("cpu") > 0
-    assert isinstance(dali_importable(), bool)
+    ok, why = backend_available("dali")
+    assert isinstance(ok, bool) and (ok or why)
