@@ -17,9 +17,9 @@ from PIL import Image
 
 from fastdata.augment import get_preset
 from fastdata.manifest import Manifest
-from fastdata.read import decoded, memory
+from fastdata.read import decoded_cache, memory
 from fastdata.read.base import BatchLoader, LoaderSpec
-from fastdata.read.decoded import decode_split
+from fastdata.read.decoded_cache import decode_split
 from fastdata.read.memory import make_memory_loader
 from fastdata.read.padded import PaddedImages
 from fastdata.read.shardio import ShardReader, ShardReadError
@@ -27,7 +27,7 @@ from fastdata.sources.arrays import ArraySource
 from fastdata.sources.folder import FolderSource
 from fastdata.write import ShardOptions, write_shards
 
-N_TRAIN, N_TEST = 51, 13  # odd: two ranks need the documented wrap-around padding
+N_TRAIN, N_TEST = 51, 13  # odd: two ranks need the plan's padding (repeats of the first samples)
 OPTIONS = ShardOptions(max_count=8, workers=1, progress=False)
 
 
@@ -62,8 +62,9 @@ def _labels(loader: BatchLoader) -> list[list[int]]:
 def test_decode_split_returns_the_source_pixels_and_labels(raw_shards):
     manifest, splits = raw_shards
     pixels, labels = splits["train"]
-    images, got_labels, sample_ids = decode_split(manifest, "train")
+    images, got_labels, sample_ids, ok = decode_split(manifest, "train")
     assert images.dtype == torch.uint8 and images.shape == (N_TRAIN, 3, 6, 5)
+    assert ok.dtype == torch.bool and bool(ok.all())
     assert sorted(sample_ids.tolist()) == list(range(N_TRAIN))
     np.testing.assert_array_equal(images.permute(0, 2, 3, 1).numpy(), pixels[sample_ids.numpy()])
     np.testing.assert_array_equal(got_labels.numpy(), labels[sample_ids.numpy()])
@@ -72,8 +73,8 @@ def test_decode_split_returns_the_source_pixels_and_labels(raw_shards):
 def test_second_decode_hits_the_cache(raw_shards, monkeypatch, tmp_path):
     manifest, _ = raw_shards
     calls = []
-    real = decoded._decode_shard
-    monkeypatch.setattr(decoded, "_decode_shard", lambda *a: calls.append(a[2]) or real(*a))
+    real = decoded_cache._decode_shard
+    monkeypatch.setattr(decoded_cache, "_decode_shard", lambda *a: calls.append(a[2]) or real(*a))
     first = decode_split(manifest, "train", cache_dir=tmp_path / "cache")
     assert sorted(calls) == list(range(len(manifest.split("train").shards)))
     calls.clear()
@@ -88,7 +89,7 @@ def test_second_decode_hits_the_cache(raw_shards, monkeypatch, tmp_path):
 
 def test_cache_dir_comes_from_the_environment(raw_shards, monkeypatch, tmp_path):
     manifest, _ = raw_shards
-    monkeypatch.setenv(decoded.CACHE_DIR_ENV, str(tmp_path / "env-cache"))
+    monkeypatch.setenv(decoded_cache.CACHE_DIR_ENV, str(tmp_path / "env-cache"))
     decode_split(manifest, "test")
     assert len(list((tmp_path / "env-cache").glob("test-*.json"))) == 1
 
@@ -104,11 +105,12 @@ def test_ranks_cover_the_split_with_equal_lengths(raw_shards, world_size, drop_l
     assert [len(batches) for batches in per_rank] == [len(loader) for loader in loaders]
     seen = [label for batches in per_rank for batch in batches for label in batch]
     span = -(-N_TRAIN // world_size)
-    if drop_last:
-        assert len(seen) == world_size * (span // 8 * 8)
-    else:  # every sample at least once; only the wrap-around padding repeats
+    if drop_last:  # whole steps of world_size * 8 samples only, each sample at most once
+        assert len(seen) == len(set(seen)) == N_TRAIN // (world_size * 8) * world_size * 8
+    else:  # every sample at least once; only the padding (< world_size samples) repeats
         assert set(seen) == set(range(N_TRAIN))
         assert len(seen) == world_size * span
+        assert len(seen) - len(set(seen)) == world_size * span - N_TRAIN < world_size
         assert all(len(batch) == 8 for batches in per_rank for batch in batches[:-1])
 
 
@@ -125,16 +127,19 @@ def test_same_order_for_same_seed_and_epoch_new_order_next_epoch(raw_shards):
     assert _labels(make_memory_loader(_spec(manifest, seed=4))) != epoch0
 
 
-def test_start_batch_skips_exactly_those_batches(raw_shards, monkeypatch):
+def test_resume_skips_exactly_the_consumed_batches(raw_shards, monkeypatch):
     manifest, _ = raw_shards
     full = _labels(make_memory_loader(_spec(manifest, epoch=2, drop_last=True)))
-    monkeypatch.setattr(decoded, "_decode_shard", _must_not_decode)  # resume never decodes
-    resumed = make_memory_loader(_spec(manifest, epoch=2, drop_last=True, start_batch=2))
+    monkeypatch.setattr(decoded_cache, "_decode_shard", _must_not_decode)  # resume never decodes
+    resumed = make_memory_loader(
+        _spec(manifest, epoch=2, drop_last=True, consumed=2 * 8, steps_before=2)
+    )
     assert len(resumed) == len(full), "len is the whole epoch, as for the CPU backend"
     assert _labels(resumed) == full[2:]
-    assert _labels(resumed) == full, "a second pass replays the whole epoch"
-    with pytest.raises(ValueError, match="start_batch"):
-        make_memory_loader(_spec(manifest, start_batch=len(full) + 1, drop_last=True))
+    resumed.set_epoch(2)
+    assert _labels(resumed) == full, "set_epoch without a position replays the whole epoch"
+    with pytest.raises(ValueError, match="consumed"):
+        make_memory_loader(_spec(manifest, consumed=N_TRAIN + 1, drop_last=True))
 
 
 def _must_not_decode(*args):
@@ -145,7 +150,7 @@ def test_eval_split_in_file_order_without_drop(raw_shards):
     manifest, _ = raw_shards
     spec = _spec(manifest, split="test", train=False, drop_last=True, batch_size=4)
     batches = _labels(make_memory_loader(spec))
-    _, _, sample_ids = decode_split(manifest, "test")
+    _, _, sample_ids, _ = decode_split(manifest, "test")
     assert sum(batches, []) == sample_ids.tolist()  # labels == sample ids here
     assert len(batches) == 4 and len(batches[-1]) == 1
 
@@ -153,7 +158,7 @@ def test_eval_split_in_file_order_without_drop(raw_shards):
 def test_batches_are_uint8_nchw_on_the_spec_device(raw_shards):
     manifest, _ = raw_shards
     loader = make_memory_loader(_spec(manifest))
-    assert isinstance(loader, BatchLoader) and loader.augmented is False
+    assert isinstance(loader, BatchLoader) and loader.normalized is False
     images, labels = next(iter(loader))
     assert images.dtype == torch.uint8 and images.shape == (8, 3, 6, 5)
     assert labels.dtype == torch.int64 and images.device == torch.device("cpu")
@@ -167,15 +172,16 @@ def _cifar_and_plain(manifest: Manifest, **kw) -> tuple[BatchLoader, BatchLoader
 def test_cifar_training_fuses_the_crop_into_the_gather(raw_shards):
     manifest, _ = raw_shards
     fused, plain = _cifar_and_plain(manifest, drop_last=False)
-    assert fused.augmented and isinstance(fused.images, PaddedImages) and fused.images.pad == 4
-    assert not plain.augmented
+    assert fused.normalized and isinstance(fused.images, PaddedImages) and fused.images.pad == 4
+    assert not plain.normalized
     cifar = get_preset("cifar")
     batches = list(fused)
     assert len(batches) == len(plain)
     for b, ((x, y), (raw, raw_y)) in enumerate(zip(batches, plain, strict=True)):
         assert x.dtype == torch.float32 and x.shape == raw.shape and torch.equal(y, raw_y)
         # Exactly what on_after_batch_transfer would make of the uint8 batch with that generator.
-        expected = cifar.apply(raw, train=True, generator=fused.batch_generator(b))
+        generator = fused.batch_generator(fused.plan.seeds[b])
+        expected = cifar.apply(raw, train=True, generator=generator)
         assert torch.equal(x, expected)
 
 
@@ -183,38 +189,46 @@ def test_fused_augmentation_is_replayed_on_resume_and_new_each_epoch(raw_shards)
     manifest, _ = raw_shards
     full = list(make_memory_loader(_spec(manifest, preset="cifar", epoch=1, drop_last=True)))
     resumed = make_memory_loader(
-        _spec(manifest, preset="cifar", epoch=1, drop_last=True, start_batch=2)
+        _spec(manifest, preset="cifar", epoch=1, drop_last=True, consumed=2 * 8, steps_before=2)
     )
     for (x, y), (rx, ry) in zip(full[2:], resumed, strict=True):
         assert torch.equal(x, rx) and torch.equal(y, ry)
-    epoch1_draws = torch.rand(4, generator=resumed.batch_generator(0))
+
+    def first_draws(loader):
+        return torch.rand(4, generator=loader.batch_generator(loader.plan.seeds[0]))
+
+    epoch1_draws = first_draws(resumed)
     resumed.set_epoch(2)
-    assert not torch.equal(torch.rand(4, generator=resumed.batch_generator(0)), epoch1_draws)
+    assert not torch.equal(first_draws(resumed), epoch1_draws)
     ranks = [
         make_memory_loader(_spec(manifest, preset="cifar", rank=r, world_size=2)) for r in (0, 1)
     ]
-    draws = [torch.rand(4, generator=loader.batch_generator(0)) for loader in ranks]
+    draws = [first_draws(loader) for loader in ranks]
     assert not torch.equal(*draws), "ranks must not share their augmentation draws"
 
 
 def test_eval_and_other_presets_keep_the_uint8_store(raw_shards):
     manifest, _ = raw_shards
     evaluation = make_memory_loader(_spec(manifest, split="test", train=False, preset="cifar"))
-    assert not evaluation.augmented and evaluation.fused is None
+    assert not evaluation.normalized and evaluation.fused is None
     assert next(iter(evaluation))[0].dtype == torch.uint8
-    assert memory.resident_nbytes(manifest.split("train"), None, "none") == N_TRAIN * 3 * 6 * 5
+    info, none, cifar = manifest.split("train"), get_preset("none"), get_preset("cifar")
+    assert memory.resident_nbytes(info, None, none) == N_TRAIN * 3 * 6 * 5
     padded = 2 * N_TRAIN * 3 * (6 + 8) * (5 + 8)  # pad 4 on every side, a mirrored copy
-    assert memory.resident_nbytes(manifest.split("train"), None, "cifar") == padded
-    assert memory.resident_nbytes(manifest.split("train"), None, "cifar", train=False) < padded
+    assert memory.resident_nbytes(info, None, cifar) == padded
+    assert memory.resident_nbytes(info, None, cifar, train=False) < padded
 
 
-def test_same_samples_as_the_cpu_backend(raw_shards):
-    cpu = pytest.importorskip("fastdata.read.cpu", reason="the CPU backend has not landed yet")
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_same_samples_in_the_same_order_as_the_cpu_backend(raw_shards, world_size):
+    from fastdata.read.cpu import make_cpu_loader
+
     manifest, _ = raw_shards
-    spec = _spec(manifest, drop_last=False)
-    ours, theirs = _labels(make_memory_loader(spec)), _labels(cpu.make_cpu_loader(spec))
-    assert len(ours) == len(theirs)
-    assert Counter(sum(ours, [])) == Counter(sum(theirs, []))
+    for rank in range(world_size):
+        spec = _spec(manifest, drop_last=False, rank=rank, world_size=world_size)
+        ours, theirs = _labels(make_memory_loader(spec)), _labels(make_cpu_loader(spec))
+        assert ours == theirs  # one epoch plan: same batches, same order
+        assert Counter(sum(ours, [])) == Counter(sum(theirs, []))
 
 
 def test_photos_are_stored_at_the_documented_size(tmp_path):
@@ -227,7 +241,7 @@ def test_photos_are_stored_at_the_documented_size(tmp_path):
     manifest = write_shards(source, tmp_path / "shards", OPTIONS)
     with pytest.raises(ValueError, match="image_size"):
         decode_split(manifest, "train")
-    images, labels, _ = decode_split(manifest, "train", image_size=28)
+    images, labels, _, _ = decode_split(manifest, "train", image_size=28)
     assert images.shape == (6, 3, 32, 32)  # floor(28 * 256 / 224)
     for image, label in zip(images, labels, strict=True):
         expected = torch.tensor(colours[source.classes[label]], dtype=torch.float32)
@@ -251,8 +265,10 @@ def test_corrupt_sample_named_or_skipped(tmp_path, on_error):
         with pytest.raises(ShardReadError, match=key):
             decode_split(manifest, "train", on_error=on_error)
     else:
-        images, _, ids = decode_split(manifest, "train", on_error=on_error)
-        assert len(images) == 19 and int(key.rsplit("_", 1)[1]) not in ids.tolist()
+        images, _, ids, ok = decode_split(manifest, "train", on_error=on_error)
+        # Every row is kept (rows are plan positions); the corrupt one is marked not ok.
+        assert len(images) == 20 and int(ok.sum()) == 19 and not bool(ok[1])
+        assert int(key.rsplit("_", 1)[1]) not in ids[ok].tolist()
 
 
 _DDP_SCRIPT = """
@@ -277,7 +293,7 @@ class Probe(L.LightningModule):
         return (self.w * batch[0].float().mean()).sum()
 
     def on_train_epoch_end(self):
-        backend = self.trainer.datamodule._backend_name
+        backend = self.trainer.datamodule.backend_name
         with open(f"{out}/rank{self.global_rank}.txt", "w") as f:
             f.write(f"{backend} {self.batches} " + " ".join(map(str, self.seen)))
 
@@ -309,10 +325,10 @@ def test_two_process_ddp_ranks_see_the_same_number_of_batches(raw_shards, tmp_pa
     backend, batches, *seen0 = (tmp_path / "rank0.txt").read_text().split()
     backend1, batches1, *seen1 = (tmp_path / "rank1.txt").read_text().split()
     assert backend == backend1 == "memory"
-    per_rank = -(-N_TRAIN // 2) // 4  # ceil(51 / 2) = 26 samples -> 6 full batches of 4
+    per_rank = N_TRAIN // (2 * 4)  # 6 whole steps of 2 x 4 samples (drop_last)
     assert int(batches) == int(batches1) == per_rank
     assert len(seen0) == len(seen1) == per_rank * 4
-    assert not set(seen0) & set(seen1), "ranks must take disjoint spans of the permutation"
+    assert not set(seen0) & set(seen1), "ranks must take disjoint blocks of each step"
 
 
 @pytest.mark.gpu
@@ -334,7 +350,7 @@ def test_fused_cifar_batches_on_the_gpu(raw_shards):
     assert fused.images.data.is_cuda
     for b, ((x, y), (raw, raw_y)) in enumerate(zip(fused, plain, strict=True)):
         assert x.is_cuda and x.dtype == torch.float32 and torch.equal(y, raw_y)
-        expected = get_preset("cifar").apply(raw, True, fused.batch_generator(b))
+        expected = get_preset("cifar").apply(raw, True, fused.batch_generator(fused.plan.seeds[b]))
         assert torch.equal(x, expected)
 
 
@@ -348,7 +364,7 @@ def test_clothing_photos_decode_to_the_photo_device_store(tmp_path):
     manifest = write_shards(
         FolderSource(folder), tmp_path / "shards", replace(OPTIONS, max_count=200)
     )
-    images, labels, _ = decode_split(manifest, "train", image_size=224)
+    images, labels, _, _ = decode_split(manifest, "train", image_size=224)
     assert images.shape == (800, 3, 256, 256)
     assert np.bincount(labels.numpy()).tolist() == manifest.split("train").class_counts
     assert 40 < images.float().mean() < 220, "decoded photos should not be blank"
