@@ -139,6 +139,21 @@ def test_large_boxes_use_dct_scaling(monkeypatch):
         assert mad(got, reference(data, geometry, seed)) <= DCT_MAD
 
 
+def test_cmyk_jpeg_takes_the_pillow_path(monkeypatch):
+    buf = io.BytesIO()
+    Image.fromarray(photo(64, 48)).convert("CMYK").save(buf, "JPEG")
+    cmyk = buf.getvalue()
+    assert Image.open(io.BytesIO(cmyk)).mode == "CMYK"
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("the region decoder ran for a CMYK JPEG")
+
+    monkeypatch.setattr(decode, "_region_decoder", forbidden)
+    geometry = Geometry("rrc", size=24)
+    got = decode_image(cmyk, geometry, np.random.default_rng(1))
+    assert np.array_equal(got, reference(cmyk, geometry, 1))
+
+
 @pytest.mark.parametrize("roi", [True, False])
 def test_png_and_none_geometry_use_pillow(roi):
     pixels = photo(40, 56)
