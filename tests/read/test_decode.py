@@ -111,6 +111,23 @@ def test_region_decode_of_grayscale_and_small_crops(monkeypatch):
         assert mad(got, reference(gray, geometry, seed)) <= REGION_MAD, seed
 
 
+@needs_region_decoder
+def test_region_decode_ignores_exif_rotation_as_pillow_does(monkeypatch):
+    exif = Image.Exif()
+    # "Rotate 90 CW to display": Pillow does not apply it, and nvImageCodec applies it to whole
+    # images by default (the decoder turns that off) but not to regions. Boxes and regions are in
+    # stored coordinates on both paths.
+    exif[0x0112] = 6
+    buf = io.BytesIO()
+    Image.fromarray(photo(90, 150)).save(buf, "JPEG", exif=exif)
+    data = buf.getvalue()
+    geometry = Geometry("rrc", size=48, ratio=(0.5, 0.6))  # tall boxes: a swap would not fit
+    pillow_path_forbidden(monkeypatch)
+    for seed in range(4):
+        got = decode_image(data, geometry, np.random.default_rng(seed))
+        assert mad(got, reference(data, geometry, seed)) <= REGION_MAD, seed
+
+
 @pytest.mark.realdata
 @needs_region_decoder
 def test_region_decode_matches_on_real_photos(real_data, monkeypatch):
@@ -133,7 +150,7 @@ def test_large_boxes_use_dct_scaling(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("the region decoder ran for a box that DCT scaling covers")
 
-    monkeypatch.setattr(decode, "_region_decoder", forbidden)
+    monkeypatch.setattr(decode._RegionDecoder, "region", forbidden)
     for seed in range(3):
         got = decode_image(data, geometry, np.random.default_rng(seed))
         assert mad(got, reference(data, geometry, seed)) <= DCT_MAD
@@ -148,7 +165,7 @@ def test_cmyk_jpeg_takes_the_pillow_path(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("the region decoder ran for a CMYK JPEG")
 
-    monkeypatch.setattr(decode, "_region_decoder", forbidden)
+    monkeypatch.setattr(decode._RegionDecoder, "region", forbidden)
     geometry = Geometry("rrc", size=24)
     got = decode_image(cmyk, geometry, np.random.default_rng(1))
     assert np.array_equal(got, reference(cmyk, geometry, 1))
