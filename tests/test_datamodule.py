@@ -14,6 +14,8 @@ import torch
 from torch import nn
 
 from fastdata.datamodule import ShardDataModule
+from fastdata.manifest import load_manifest
+from fastdata.resume import ResumeError, dataset_fingerprint
 
 
 class SmallCNN(pl.LightningModule):
@@ -60,9 +62,31 @@ def test_contract_of_the_readme(tiny_shards):
     assert n == len(dm.train_dataloader()) == 300 // 32
 
 
+def _state_after(root: Path, steps: int, batch_size: int = 32) -> dict:
+    """The state_dict of a 1-rank run (seed 0) after `steps` batches of epoch 0."""
+    manifest = load_manifest(root)
+    return {
+        "version": 2,
+        "epoch": 0,
+        "consumed": steps * batch_size,
+        "steps": steps,
+        "seed": 0,
+        "world_size": 1,
+        "batch_size": batch_size,
+        "num_samples": manifest.split("train").num_samples,
+        "dataset": dataset_fingerprint(manifest, "train"),
+    }
+
+
 def test_unchanged_lightning_module_trains_one_epoch(tiny_shards):
     dm = ShardDataModule(
-        tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="cpu", preset="cifar"
+        tiny_shards,
+        batch_size=32,
+        num_workers=0,
+        prefetch_factor=2,
+        backend="cpu",
+        preset="cifar",
+        splits={"val": "test"},  # tiny_shards has no val split: validate on test
     )
     model = SmallCNN(num_classes=300)
     trainer = pl.Trainer(
@@ -78,7 +102,23 @@ def test_unchanged_lightning_module_trains_one_epoch(tiny_shards):
     assert len(model.seen) == 9 * 32 and len(set(model.seen)) == len(model.seen)
     assert torch.isfinite(trainer.callback_metrics["train_loss"])
     assert "val_loss" in trainer.callback_metrics
-    assert dm.state_dict() == {"epoch": 0, "batches_seen": 9}
+    assert dm.state_dict() == _state_after(tiny_shards, steps=9)
+
+
+def test_no_val_split_skips_validation_with_a_warning_never_the_training_split(tiny_shards, caplog):
+    dm = ShardDataModule(
+        tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="cpu"
+    )
+    with caplog.at_level("WARNING", logger="fastdata"):
+        assert dm.val_dataloader() == []
+    assert "no validation split" in caplog.text and "splits={'val': 'test'}" in caplog.text
+    model = SmallCNN(num_classes=300)
+    trainer = pl.Trainer(
+        max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_train_batches=2,
+    )  # fmt: skip
+    trainer.fit(model, datamodule=dm)
+    assert "val_loss" not in trainer.callback_metrics  # no validation on training data
 
 
 class RangeRecorder(SmallCNN):
@@ -101,7 +141,7 @@ def test_memory_backend_fused_training_batches_with_validation_mid_epoch(tiny_sh
     # normalized exactly once, before and after the validation run.
     dm = ShardDataModule(
         tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="memory",
-        preset="cifar",
+        preset="cifar", splits={"val": "test"},
     )  # fmt: skip
     model = RangeRecorder(num_classes=300)
     trainer = pl.Trainer(
@@ -109,12 +149,12 @@ def test_memory_backend_fused_training_batches_with_validation_mid_epoch(tiny_sh
         enable_progress_bar=False, enable_model_summary=False, val_check_interval=0.5,
     )  # fmt: skip
     trainer.fit(model, datamodule=dm)
-    assert dm.train_dataloader().augmented and not dm.val_dataloader().augmented
+    assert dm.train_dataloader().normalized and not dm.val_dataloader().normalized
     assert len(model.ranges["train"]) == 9 and len(model.ranges["val"]) >= 4
     # CIFAR-100 mean/std on uint8 pixels: about [-1.9, 2.2]; twice-normalized values stay near -1.9.
     for low, high in model.ranges["train"] + model.ranges["val"]:
         assert -2.0 < low < -1.0 and 1.5 < high < 2.3
-    assert dm.state_dict() == {"epoch": 0, "batches_seen": 9}
+    assert dm.state_dict() == _state_after(tiny_shards, steps=9)
 
 
 def test_load_state_dict_resumes_mid_epoch(tiny_shards):
@@ -123,12 +163,37 @@ def test_load_state_dict_resumes_mid_epoch(tiny_shards):
     )
     full.setup()
     epoch0 = [y.tolist() for _, y in full.train_dataloader()]
+    # Take the state after 4 batches, as a custom loop (no Trainer) would.
+    partial = ShardDataModule(
+        tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="cpu"
+    )
+    partial.setup()
+    device = torch.device("cpu")
+    for step, batch in enumerate(partial.train_dataloader(), start=1):
+        partial.on_after_batch_transfer(partial.transfer_batch_to_device(batch, device, 0), 0)
+        if step == 4:
+            break
+    state = partial.state_dict()
+    assert state == _state_after(tiny_shards, steps=4)
     resumed = ShardDataModule(
         tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="cpu"
     )
-    resumed.load_state_dict({"epoch": 0, "batches_seen": 4})
+    resumed.load_state_dict(state)
     resumed.setup()
-    assert [y.tolist() for _, y in resumed.train_dataloader()] == epoch0[4:]
+    loader = resumed.train_dataloader()
+    assert len(loader) == len(epoch0)  # the epoch's length counts the batches already taken
+    assert [y.tolist() for _, y in loader] == epoch0[4:]
+
+
+def test_load_state_dict_refuses_states_it_cannot_honour(tiny_shards):
+    dm = ShardDataModule(tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, seed=1)
+    with pytest.raises(ResumeError, match="older fastdata"):
+        dm.load_state_dict({"epoch": 0, "batches_seen": 4})
+    state = _state_after(tiny_shards, steps=4)
+    with pytest.raises(ResumeError, match="seed=0.*pass seed=0"):
+        dm.load_state_dict(state)
+    with pytest.raises(ResumeError, match="another dataset"):
+        dm.load_state_dict({**state, "seed": 1, "dataset": "0" * 16})
 
 
 def test_bad_arguments_are_refused(tiny_shards):
