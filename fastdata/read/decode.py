@@ -6,8 +6,8 @@ given their decode-time geometry here, because it is cheaper to shrink while dec
 - "rrc" (training, photo preset): the random-resized-crop box is drawn first from the image's
   size (read from the header), then the JPEG is decoded the cheaper of two ways: only the box's
   region (plus the resize filter's margin), at full resolution, by libjpeg-turbo through
-  nvImageCodec's CPU decoder (`jpeg_crop_scanline` / `jpeg_skip_scanlines`: rows below the box
-  are never decoded, columns outside it skip IDCT and colour conversion); or, when the box is so
+  nvImageCodec's CPU decoder (`fastdata.read.jpeg_region`: rows below the box are never
+  decoded, columns outside it skip IDCT and colour conversion); or, when the box is so
   large that a DCT scale of 1/2, 1/4 or 1/8 still covers the output size, the whole image at that
   scale through Pillow-SIMD's draft mode. Whichever has fewer pixels to produce wins. One boxed
   bilinear `resize` then crops and scales in one pass (Pillow-SIMD), as before: the region path
@@ -31,19 +31,18 @@ the number of threads.
 from __future__ import annotations
 
 import io
-import logging
 import math
 import os
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from PIL import Image
 
 from fastdata.manifest import SplitInfo
+from fastdata.read.jpeg_region import JpegStream, RegionDecoder, jpeg_stream, region_decoder
 
 __all__ = [
     "EVAL_RESIZE_RATIO",
@@ -55,7 +54,6 @@ __all__ = [
     "stored_hw",
 ]
 
-log = logging.getLogger("fastdata")
 
 EVAL_RESIZE_RATIO = 256 / 224
 _CROP_RATIO = (256, 224)  # stored side / output side for photos
@@ -155,7 +153,7 @@ def decode_image(
     try:
         # A JPEG the region decoder takes is sized from its code stream (~3 us; Pillow's header
         # parser, in Python, ~200 us); anything else opens in Pillow (header only).
-        region = _jpeg_stream(data) if roi and geometry.kind in ("rrc", "center") else None
+        region = jpeg_stream(data) if roi and geometry.kind in ("rrc", "center") else None
         image = None if region is not None else Image.open(io.BytesIO(data))
         width, height = image.size if image is not None else region[1].size
         if image is not None and geometry.kind == "none":
@@ -233,28 +231,27 @@ def decode_batch(
 
 def jpeg_region_decoder() -> str | None:
     """Name and version of the JPEG region decoder this process uses, None when unavailable."""
-    decoder = _region_decoder()
+    decoder = region_decoder()
     return None if decoder is None else decoder.name
 
 
 # ---------------------------------------------------------------------------------------------
-# Per-process state: the decode pool and one region decoder per thread. A forked child (a
-# DataLoader worker) inherits these objects but not their threads, so it starts afresh, and it
-# never destroys the inherited ones: their destructors would wait for threads that do not exist.
+# The per-process decode pool. A forked child (a DataLoader worker) inherits the parent's pool but
+# not its threads, so it starts a new one, and it keeps the inherited object alive: nothing may
+# wait for threads that do not exist in the child.
 
 _state_lock = threading.Lock()
 _pool: tuple[int, ThreadPoolExecutor] | None = None  # (threads, pool)
-_local = threading.local()
 _inherited: list[object] = []
 
 
-def _forget_parent_state() -> None:
-    global _state_lock, _pool, _local
-    _inherited.extend([_pool, _local])
-    _state_lock, _pool, _local = threading.Lock(), None, threading.local()
+def _forget_parent_pool() -> None:
+    global _state_lock, _pool
+    _inherited.append(_pool)
+    _state_lock, _pool = threading.Lock(), None
 
 
-os.register_at_fork(after_in_child=_forget_parent_state)
+os.register_at_fork(after_in_child=_forget_parent_pool)
 
 
 def _decode_pool(threads: int) -> ThreadPoolExecutor:
@@ -268,86 +265,8 @@ def _decode_pool(threads: int) -> ThreadPoolExecutor:
         return _pool[1]
 
 
-class _RegionDecoder:
-    """nvImageCodec's CPU decoder (libjpeg-turbo) of a JPEG region; one per thread.
-
-    Fancy chroma upsampling and no EXIF rotation, as libjpeg and Pillow do by default: the
-    region's pixels are then those of a full Pillow decode (nvImageCodec's default upsampling is
-    the cheaper box filter, which differs by up to ~70 levels at colour edges).
-    """
-
-    def __init__(self) -> None:
-        # Failed decodes are re-done by Pillow, which raises with the reason; nvImageCodec would
-        # also print each failure to stderr (read once, at import; a user's setting is kept).
-        os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
-        from nvidia import nvimgcodec
-
-        self._nv = nvimgcodec
-        self._decoder = nvimgcodec.Decoder(
-            device_id=nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY,
-            max_num_cpu_threads=1,
-            backends=[nvimgcodec.Backend(nvimgcodec.CPU_ONLY)],
-            options=":fancy_upsampling=1",
-        )
-        self._params = nvimgcodec.DecodeParams(
-            apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB
-        )
-        self.name = f"nvimgcodec {nvimgcodec.__version__} (libjpeg-turbo, CPU)"
-
-    def open(self, data: memoryview | bytes) -> _Stream | None:
-        """The JPEG's parsed header, None unless it is an 8-bit grey or YCbCr JPEG."""
-        try:
-            stream = self._nv.CodeStream(bytes(data))
-            kind = (stream.codec_name, stream.num_channels, stream.precision)
-            size = (stream.width, stream.height)
-        except RuntimeError:  # not parseable: Pillow says why
-            return None
-        # CMYK / YCCK (4 channels) and 12-bit JPEGs: Pillow converts them, as before.
-        return _Stream(stream, size) if kind in (("jpeg", 1, 8), ("jpeg", 3, 8)) else None
-
-    def region(self, stream: _Stream, box: tuple[int, int, int, int]) -> np.ndarray | None:
-        """RGB pixels of ``box = (left, top, right, bottom)``, None when the decode fails."""
-        left, top, right, bottom = box
-        try:
-            sub = stream.code.get_sub_code_stream(region=self._nv.Region(top, left, bottom, right))
-            image = self._decoder.decode(sub, params=self._params)
-        except RuntimeError:
-            return None
-        return None if image is None else np.asarray(image.cpu())
-
-
-@dataclass(frozen=True)
-class _Stream:
-    """A parsed JPEG code stream and its (width, height)."""
-
-    code: Any
-    size: tuple[int, int]
-
-
-def _jpeg_stream(data: memoryview | bytes) -> tuple[_RegionDecoder, _Stream] | None:
-    """(this thread's region decoder, the parsed JPEG) when region decoding applies, else None."""
-    if bytes(data[:2]) != b"\xff\xd8":  # JPEG's start-of-image marker
-        return None
-    decoder = _region_decoder()
-    stream = decoder.open(data) if decoder is not None else None
-    return None if stream is None else (decoder, stream)
-
-
-def _region_decoder() -> _RegionDecoder | None:
-    """This thread's region decoder; None when nvImageCodec is missing or cannot start."""
-    decoder = getattr(_local, "decoder", False)
-    if decoder is False:
-        try:
-            decoder = _RegionDecoder()
-        except Exception as exc:  # ImportError, or a binary that does not load on this system
-            log.debug("JPEG region decoding off, Pillow-SIMD decodes whole images: %r", exc)
-            decoder = None
-        _local.decoder = decoder
-    return decoder
-
-
 def _region_resize(
-    decoder: _RegionDecoder, stream: _Stream, box: tuple[int, int, int, int], size: int
+    decoder: RegionDecoder, stream: JpegStream, box: tuple[int, int, int, int], size: int
 ) -> Image.Image | None:
     """Decode only `box` (+ margin) of a JPEG and resize it; None where Pillow's path is better.
 

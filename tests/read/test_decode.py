@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from fastdata.augment import rrc_params
-from fastdata.read import decode
+from fastdata.read import decode, jpeg_region
 from fastdata.read.decode import Geometry, decode_batch, decode_image, jpeg_region_decoder
 
 # Mean absolute difference (uint8 levels) allowed between a region decode and a full Pillow decode
@@ -150,7 +150,7 @@ def test_large_boxes_use_dct_scaling(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("the region decoder ran for a box that DCT scaling covers")
 
-    monkeypatch.setattr(decode._RegionDecoder, "region", forbidden)
+    monkeypatch.setattr(jpeg_region.RegionDecoder, "region", forbidden)
     for seed in range(3):
         got = decode_image(data, geometry, np.random.default_rng(seed))
         assert mad(got, reference(data, geometry, seed)) <= DCT_MAD
@@ -165,7 +165,7 @@ def test_cmyk_jpeg_takes_the_pillow_path(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("the region decoder ran for a CMYK JPEG")
 
-    monkeypatch.setattr(decode._RegionDecoder, "region", forbidden)
+    monkeypatch.setattr(jpeg_region.RegionDecoder, "region", forbidden)
     geometry = Geometry("rrc", size=24)
     got = decode_image(cmyk, geometry, np.random.default_rng(1))
     assert np.array_equal(got, reference(cmyk, geometry, 1))
@@ -246,7 +246,8 @@ def _child_decode(queue, payloads, geometry) -> None:
     rngs = [np.random.default_rng([7, i]) for i in range(len(payloads))]
     results = decode_batch(payloads, geometry, rngs, threads=3)
     pool_id = id(decode._pool[1]) if decode._pool else None
-    queue.put(([r if isinstance(r, np.ndarray) else str(r) for r in results], pool_id))
+    pixels = [r if isinstance(r, np.ndarray) else str(r) for r in results]
+    queue.put((pixels, pool_id, jpeg_region_decoder()))
 
 
 def test_forked_child_gets_its_own_pool_and_decoders():
@@ -259,10 +260,11 @@ def test_forked_child_gets_its_own_pool_and_decoders():
     queue = ctx.Queue()
     child = ctx.Process(target=_child_decode, args=(queue, payloads, geometry))
     child.start()
-    results, child_pool_id = queue.get(timeout=120)  # a reused parent pool would hang here
+    results, child_pool_id, child_decoder = queue.get(timeout=120)  # a reused pool would hang
     child.join(timeout=60)
     assert child.exitcode == 0
     assert child_pool_id is not None and child_pool_id != parent_pool_id
+    assert child_decoder == jpeg_region_decoder()  # the child decodes regions too (if we do)
     for a, b in zip(parent, results, strict=True):
         if isinstance(a, np.ndarray):
             assert np.array_equal(a, b)
