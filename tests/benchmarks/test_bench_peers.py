@@ -47,6 +47,15 @@ def test_loader_row_keeps_both_epochs_and_uses_epoch_two_as_the_rate():
     assert row["setup_s"] == 0.5 and row["images"] == 2000
 
 
+def test_loader_row_pools_the_epochs_after_the_first():
+    epochs = _epochs(100.0, 1000.0) + [
+        {"epoch": 3, "images": 1000, "seconds": 4.0, "setup_s": 0.0, "img_per_s": 250.0}
+    ]
+    row = bench_peers.loader_row("x", epochs)
+    assert row["epoch2_s"] == 5.0 and row["epoch2_img_per_s"] == 400.0  # 2,000 images in 5 s
+    assert bench_peers.loader_row("y", epochs[:1])["img_per_s"] == 100.0  # one epoch: epoch 1
+
+
 def test_cpu_ratios_divide_fastdata_cpu_by_each_row_and_leave_skipped_rows_alone():
     rows = _table(1000.0, {"LitData (as README)": 200.0})
     rows.append({"method": "Streaming (as README)", "skipped": "no peers venv"})
