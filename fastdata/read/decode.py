@@ -151,34 +151,14 @@ def decode_image(
         ValueError: the bytes are not a readable image (the caller adds the shard and key).
     """
     try:
-        # A JPEG the region decoder takes is sized from its code stream (~3 us; Pillow's header
-        # parser, in Python, ~200 us); anything else opens in Pillow (header only).
-        region = jpeg_stream(data) if roi and geometry.kind in ("rrc", "center") else None
-        image = None if region is not None else Image.open(io.BytesIO(data))
-        width, height = image.size if image is not None else region[1].size
-        if image is not None and geometry.kind == "none":
-            return _to_array(_maybe_flip(image, geometry.flip_p, rng))
-        if image is not None and geometry.kind == "cover":
-            return _to_array(_maybe_flip(_cover(image, geometry.hw), geometry.flip_p, rng))
-        if geometry.kind == "rrc":
-            from fastdata.augment import rrc_params
-
-            top, left, h, w = rrc_params(height, width, geometry.scale, geometry.ratio, rng)
-        else:
-            side = min(width, height) / geometry.resize_ratio
-            h = w = max(1, round(side))
-            top, left = (height - h) // 2, (width - w) // 2
-        box = (left, top, left + w, top + h)
-        resized = _region_resize(*region, box, geometry.size) if region is not None else None
-        if resized is None:
-            image = image or Image.open(io.BytesIO(data))
-            resized = _crop_resize(image, box, geometry.size)
-        return _to_array(_maybe_flip(resized, geometry.flip_p, rng))
-    except Image.UnidentifiedImageError as exc:  # its message is the BytesIO object's repr
-        head = bytes(data[:8])
-        raise ValueError(f"cannot decode image (unknown image format, starts {head!r})") from exc
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-        raise ValueError(f"cannot decode image ({type(exc).__name__}: {exc})") from exc
+        job = _region_job(data, geometry, rng) if roi else None
+        if job is None:
+            return _decode_pillow(data, geometry, rng)
+        rect = job.rect
+        pixels = job.decoder.region(job.stream, rect) if rect is not None else None
+        return _finish(job, pixels, data, geometry.size)
+    except Exception as exc:
+        raise _readable(exc, data) from exc
 
 
 def decode_batch(
@@ -191,39 +171,50 @@ def decode_batch(
     """Decode a batch of encoded images: entry i is image i's HWC uint8 pixels, or its error.
 
     Each image draws its random geometry from its own generator `rngs[i]`, so the result does not
-    depend on the order in which images are decoded (nor on `threads`).
+    depend on the order in which images are decoded (nor on `threads`). The batch's JPEG regions
+    are decoded in one call (libjpeg-turbo on `threads` threads), then every image is resized
+    and flipped, or decoded whole by Pillow-SIMD, by the calling thread and ``threads - 1``
+    threads of this process's decode pool (created on first use, and anew in a forked child).
 
     Args:
         payloads: encoded image bytes.
         geometry: the decode-time geometry of every image.
         rngs: one generator per image.
-        threads: decode threads: the calling thread and ``threads - 1`` threads of this process's
-            decode pool (created on first use, and anew in a forked child).
+        threads: decode threads.
         roi: see `decode_image`.
     """
     if len(payloads) != len(rngs):
         raise ValueError(f"need one generator per image, got {len(payloads)} and {len(rngs)}")
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-
-    def chunk(indices: range) -> list[np.ndarray | ValueError]:
-        out: list[np.ndarray | ValueError] = []
-        for i in indices:
-            try:
-                out.append(decode_image(payloads[i], geometry, rngs[i], roi))
-            except ValueError as exc:
-                out.append(exc)
-        return out
-
     n = len(payloads)
+    jobs = [_region_job(payloads[i], geometry, rngs[i]) if roi else None for i in range(n)]
+    todo = [i for i in range(n) if jobs[i] is not None and jobs[i].rect is not None]
+    regions = dict.fromkeys(range(n))
+    if todo:
+        decoder = jobs[todo[0]].decoder  # this thread's
+        found = decoder.regions([(jobs[i].stream, jobs[i].rect) for i in todo], threads)
+        regions.update(zip(todo, found, strict=True))
+
+    def one(i: int) -> np.ndarray | ValueError:
+        try:
+            if jobs[i] is None:  # no draws made for it yet
+                return decode_image(payloads[i], geometry, rngs[i], roi=False)
+            try:
+                return _finish(jobs[i], regions[i], payloads[i], geometry.size)
+            except Exception as exc:
+                raise _readable(exc, payloads[i]) from exc
+        except ValueError as exc:
+            return exc
+
     k = min(threads, n)
     if k <= 1:
-        return chunk(range(n))
-    # Strided chunks (i, i + k, ...) balance the work; the calling thread decodes chunk 0.
+        return [one(i) for i in range(n)]
+    # Strided chunks (i, i + k, ...) balance the work; the calling thread does chunk 0.
     pool = _decode_pool(k - 1)
-    futures = [pool.submit(chunk, range(j, n, k)) for j in range(1, k)]
+    futures = [pool.submit(lambda j=j: [one(i) for i in range(j, n, k)]) for j in range(1, k)]
     results: list[np.ndarray | ValueError] = [None] * n  # type: ignore[list-item]
-    results[0::k] = chunk(range(0, n, k))
+    results[0::k] = [one(i) for i in range(0, n, k)]
     for j, future in enumerate(futures, start=1):
         results[j::k] = future.result()
     return results
@@ -265,30 +256,111 @@ def _decode_pool(threads: int) -> ThreadPoolExecutor:
         return _pool[1]
 
 
-def _region_resize(
-    decoder: RegionDecoder, stream: JpegStream, box: tuple[int, int, int, int], size: int
-) -> Image.Image | None:
-    """Decode only `box` (+ margin) of a JPEG and resize it; None where Pillow's path is better.
+@dataclass(frozen=True)
+class _Job:
+    """A JPEG's planned crop: the box and flip drawn for it, the region to decode (or None)."""
 
-    None (Pillow's path) when a DCT-scaled whole decode has fewer pixels to produce than the
-    region at full resolution, and when the region decoder fails (Pillow then names the reason).
+    decoder: RegionDecoder
+    stream: JpegStream
+    box: tuple[int, int, int, int]  # (left, top, right, bottom), full-resolution pixels
+    flip: bool
+    rect: tuple[int, int, int, int] | None  # the box + the filter's margin; None: Pillow's path
+
+
+def _region_job(
+    data: memoryview | bytes, geometry: Geometry, rng: np.random.Generator
+) -> _Job | None:
+    """Draw the box and flip of a JPEG the region decoder takes; None (no draws) otherwise.
+
+    The JPEG is sized from its code stream (~3 us; Pillow's header parser, in Python, ~200 us).
     """
-    width, height = stream.size
+    if geometry.kind not in ("rrc", "center"):
+        return None
+    found = jpeg_stream(data)
+    if found is None:
+        return None
+    decoder, stream = found
+    box, flip = _draw(stream.size, geometry, rng)
+    return _Job(decoder, stream, box, flip, _region_rect(stream.size, box, geometry.size))
+
+
+def _draw(
+    size: tuple[int, int], geometry: Geometry, rng: np.random.Generator
+) -> tuple[tuple[int, int, int, int], bool]:
+    """The crop box ("rrc": random; "center"), then the flip: the order of the draws."""
+    width, height = size
+    if geometry.kind == "rrc":
+        from fastdata.augment import rrc_params
+
+        top, left, h, w = rrc_params(height, width, geometry.scale, geometry.ratio, rng)
+    else:
+        h = w = max(1, round(min(width, height) / geometry.resize_ratio))
+        top, left = (height - h) // 2, (width - w) // 2
+    flip = geometry.flip_p > 0 and bool(rng.random() < geometry.flip_p)
+    return (left, top, left + w, top + h), flip
+
+
+def _region_rect(
+    size: tuple[int, int], box: tuple[int, int, int, int], out: int
+) -> tuple[int, int, int, int] | None:
+    """The region to decode for `box`; None when a DCT-scaled whole decode has fewer pixels."""
+    width, height = size
     left, top, right, bottom = box
-    step = max(1.0, (right - left) / size, (bottom - top) / size)
-    dct = 2 ** min(3, int(math.log2(max(1.0, min(right - left, bottom - top) / size))))
+    dct = 2 ** min(3, int(math.log2(max(1.0, min(right - left, bottom - top) / out))))
     if (right - left) * (bottom - top) * dct * dct > width * height:
         return None
     # The bilinear filter reads up to half a step beyond the box (inside a whole image); decoding
     # that margin too keeps the result equal to a full decode + resize(box=...).
-    margin = math.ceil(step / 2) + 1
-    x0, y0 = max(0, left - margin), max(0, top - margin)
-    x1, y1 = min(width, right + margin), min(height, bottom + margin)
-    pixels = decoder.region(stream, (x0, y0, x1, y1))
+    margin = math.ceil(max(1.0, (right - left) / out, (bottom - top) / out) / 2) + 1
+    return (
+        max(0, left - margin),
+        max(0, top - margin),
+        min(width, right + margin),
+        min(height, bottom + margin),
+    )
+
+
+def _finish(
+    job: _Job, pixels: np.ndarray | None, data: memoryview | bytes, size: int
+) -> np.ndarray:
+    """Resize the decoded region to size x size and flip; Pillow's path when `pixels` is None.
+
+    None: the DCT-scaled path was chosen, or the region decode failed (Pillow names the reason).
+    """
     if pixels is None:
-        return None
-    inner = (left - x0, top - y0, right - x0, bottom - y0)
-    return Image.fromarray(pixels).resize((size, size), Image.BILINEAR, box=inner)
+        resized = _crop_resize(Image.open(io.BytesIO(data)), job.box, size)
+    else:
+        x0, y0 = job.rect[0], job.rect[1]
+        inner = (job.box[0] - x0, job.box[1] - y0, job.box[2] - x0, job.box[3] - y0)
+        resized = Image.fromarray(pixels).resize((size, size), Image.BILINEAR, box=inner)
+    if job.flip:
+        resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return _to_array(resized)
+
+
+def _decode_pillow(
+    data: memoryview | bytes, geometry: Geometry, rng: np.random.Generator
+) -> np.ndarray:
+    """Pillow-SIMD decode with the geometry (draft mode for JPEG crops)."""
+    image = Image.open(io.BytesIO(data))  # reads the header only
+    if geometry.kind == "none":
+        return _to_array(_maybe_flip(image, geometry.flip_p, rng))
+    if geometry.kind == "cover":
+        return _to_array(_maybe_flip(_cover(image, geometry.hw), geometry.flip_p, rng))
+    box, flip = _draw(image.size, geometry, rng)
+    resized = _crop_resize(image, box, geometry.size)
+    if flip:
+        resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return _to_array(resized)
+
+
+def _readable(exc: Exception, data: memoryview | bytes) -> ValueError:
+    """A ValueError that says why the image could not be decoded (re-raises other errors)."""
+    if isinstance(exc, Image.UnidentifiedImageError):  # its message is the BytesIO object's repr
+        return ValueError(f"cannot decode image (unknown image format, starts {bytes(data[:8])!r})")
+    if isinstance(exc, (OSError, SyntaxError, ValueError, Image.DecompressionBombError)):
+        return ValueError(f"cannot decode image ({type(exc).__name__}: {exc})")
+    raise exc
 
 
 def _maybe_flip(image: Image.Image, flip_p: float, rng: np.random.Generator) -> Image.Image:

@@ -57,16 +57,12 @@ class RegionDecoder:
     def __init__(self) -> None:
         nvimgcodec = _import_nvimgcodec()
         self._nv = nvimgcodec
-        self._decoder = nvimgcodec.Decoder(
-            device_id=nvimgcodec.NVIMGCODEC_DEVICE_CPU_ONLY,
-            max_num_cpu_threads=1,
-            backends=[nvimgcodec.Backend(nvimgcodec.CPU_ONLY)],
-            options=":fancy_upsampling=1",
-        )
+        self._decoders: dict[int, Any] = {}  # threads -> nvimgcodec.Decoder
         self._params = nvimgcodec.DecodeParams(
             apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB
         )
         self.name = f"nvimgcodec {nvimgcodec.__version__} (libjpeg-turbo, CPU)"
+        self._decoder(1)  # fail here, not at the first decode, where nvImageCodec cannot start
 
     def open(self, data: memoryview | bytes) -> JpegStream | None:
         """The JPEG's parsed header, None unless it is an 8-bit grey or YCbCr JPEG."""
@@ -81,13 +77,42 @@ class RegionDecoder:
 
     def region(self, stream: JpegStream, box: tuple[int, int, int, int]) -> np.ndarray | None:
         """RGB pixels of ``box = (left, top, right, bottom)``, None when the decode fails."""
-        left, top, right, bottom = box
+        return self.regions([(stream, box)])[0]
+
+    def regions(
+        self, items: list[tuple[JpegStream, tuple[int, int, int, int]]], threads: int = 1
+    ) -> list[np.ndarray | None]:
+        """`region` of each (stream, box), in one call on `threads` libjpeg-turbo threads.
+
+        One call per batch instead of per image: the decoder hands the work to its threads and
+        waits once (measured ~60 us an image less CPU than one call each, single-threaded).
+        """
+        nv = self._nv
         try:
-            sub = stream.code.get_sub_code_stream(region=self._nv.Region(top, left, bottom, right))
-            image = self._decoder.decode(sub, params=self._params)
+            subs = [
+                stream.code.get_sub_code_stream(region=nv.Region(top, left, bottom, right))
+                for stream, (left, top, right, bottom) in items
+            ]
+            images = self._decoder(threads).decode(subs, params=self._params)
         except RuntimeError:
-            return None
-        return None if image is None else np.asarray(image.cpu())
+            images = []
+        if len(images) != len(items):  # a failure left no placeholder: decode one by one
+            if len(items) == 1:
+                return [None]
+            return [self.regions([item])[0] for item in items]
+        return [None if image is None else np.asarray(image.cpu()) for image in images]
+
+    def _decoder(self, threads: int) -> Any:
+        decoder = self._decoders.get(threads)
+        if decoder is None:
+            nv = self._nv
+            decoder = self._decoders[threads] = nv.Decoder(
+                device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY,
+                max_num_cpu_threads=threads,
+                backends=[nv.Backend(nv.CPU_ONLY)],
+                options=":fancy_upsampling=1",
+            )
+        return decoder
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,7 @@ def test_large_boxes_use_dct_scaling(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("the region decoder ran for a box that DCT scaling covers")
 
-    monkeypatch.setattr(jpeg_region.RegionDecoder, "region", forbidden)
+    monkeypatch.setattr(jpeg_region.RegionDecoder, "regions", forbidden)
     for seed in range(3):
         got = decode_image(data, geometry, np.random.default_rng(seed))
         assert mad(got, reference(data, geometry, seed)) <= DCT_MAD
@@ -165,7 +165,7 @@ def test_cmyk_jpeg_takes_the_pillow_path(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("the region decoder ran for a CMYK JPEG")
 
-    monkeypatch.setattr(jpeg_region.RegionDecoder, "region", forbidden)
+    monkeypatch.setattr(jpeg_region.RegionDecoder, "regions", forbidden)
     geometry = Geometry("rrc", size=24)
     got = decode_image(cmyk, geometry, np.random.default_rng(1))
     assert np.array_equal(got, reference(cmyk, geometry, 1))
