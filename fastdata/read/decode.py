@@ -250,8 +250,8 @@ def _decode_pool(threads: int) -> ThreadPoolExecutor:
     global _pool
     with _state_lock:
         if _pool is None or _pool[0] < threads:
-            if _pool is not None:
-                _pool[1].shutdown(wait=False)
+            # A smaller pool is dropped, not shut down: a batch in another thread may still be
+            # submitting to it; its idle threads exit once nothing references it.
             _pool = (threads, ThreadPoolExecutor(threads, thread_name_prefix="fastdata-decode"))
         return _pool[1]
 

@@ -207,15 +207,18 @@ def test_decode_batch_same_for_any_thread_count():
         rngs = [np.random.default_rng([7, i]) for i in range(len(payloads))]
         return decode_batch(payloads, geometry, rngs, threads=threads)
 
-    one, three = run(1), run(3)
-    assert len(one) == len(three) == len(payloads)
-    for i, (a, b) in enumerate(zip(one, three, strict=True)):
-        if i in (4, len(payloads) - 1):
-            assert isinstance(a, ValueError) and isinstance(b, ValueError)
-            assert str(a) == str(b)
-        else:
-            assert isinstance(a, np.ndarray) and a.shape == (32, 32, 3)
-            assert np.array_equal(a, b), i
+    one = run(1)
+    assert len(one) == len(payloads)
+    for threads in (3, 2, 4):  # the pool grows from 2 to 3 threads, and is reused for 2
+        other = run(threads)
+        for i, (a, b) in enumerate(zip(one, other, strict=True)):
+            if i in (4, len(payloads) - 1):
+                assert isinstance(a, ValueError) and isinstance(b, ValueError)
+                assert str(a) == str(b)
+            else:
+                assert isinstance(a, np.ndarray) and a.shape == (32, 32, 3)
+                assert np.array_equal(a, b), (threads, i)
+    three = run(3)
     # Each entry is the image's own decode: independent of its neighbours and of the order.
     solo = decode_image(payloads[2], geometry, np.random.default_rng([7, 2]))
     assert np.array_equal(three[2], solo)
