@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import REPO, print_table, results_dir, save_results  # noqa: I001
-from peers_common import time_epochs
+from common import REPO, environment, print_table, results_dir, save_results  # noqa: I001
+from peers_common import LoadWatcher, time_epochs
 
 from fastdata._env import data_dir
 
@@ -312,28 +312,6 @@ def _attempt(name: str, skip: str | None, run: Callable[[], dict[str, Any]]) -> 
         return {"method": name, "skipped": f"failed: {type(exc).__name__}: {exc}"[:300]}
 
 
-def busy_processes(min_percent: float = 10.0) -> list[str]:
-    """Other processes using a noticeable share of a core now (what else loads the machine)."""
-    import psutil
-
-    procs = [p for p in psutil.process_iter(["pid", "cmdline"]) if p.pid != os.getpid()]
-    for p in procs:
-        try:
-            p.cpu_percent(None)
-        except psutil.Error:
-            pass
-    time.sleep(1.0)
-    busy = []
-    for p in procs:
-        try:
-            percent = p.cpu_percent(None)
-        except psutil.Error:
-            continue
-        if percent >= min_percent:
-            busy.append(f"{percent:.0f}% {' '.join(p.info['cmdline'] or [])[:100]}")
-    return sorted(busy, reverse=True)
-
-
 # ------------------------------------------------------------------ output
 
 
@@ -374,22 +352,20 @@ def _short(rows: list[dict[str, Any]], width: int = 90) -> list[dict[str, Any]]:
 def main(args: argparse.Namespace) -> dict[str, Any]:
     out = results_dir(args.out)
     problems = {library: peer_problem(args.peers_python, library) for library in PEERS}
-    busy_at_start = busy_processes()
+    at_start = environment()  # save_results records it again at the end: code may change between
     work = Path(tempfile.mkdtemp(prefix="bench_peers_"))
     try:
-        conversion = conversion_suite(args, work, problems)
-        cifar, peer_versions = loader_suite(args, work, "cifar", problems)
-        photo, photo_versions = loader_suite(args, work, "photo", problems)
+        with LoadWatcher() as watcher:
+            conversion = conversion_suite(args, work, problems)
+            cifar, peer_versions = loader_suite(args, work, "cifar", problems)
+            photo, photo_versions = loader_suite(args, work, "photo", problems)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results = {
         "args": vars(args) | {"data": str(args.data), "peers_python": str(args.peers_python)},
+        "environment_at_start": at_start,
         "peers_environment": peer_versions or photo_versions,
-        "machine_load": {
-            "busy_processes_at_start": busy_at_start,
-            "busy_processes_at_end": busy_processes(),
-            "load_avg_at_end": os.getloadavg(),
-        },
+        "machine_load": watcher.summary() | {"load_avg_at_end": os.getloadavg()},
         "conversion": conversion,
         "cifar": cifar,
         "photo": photo,

@@ -1,4 +1,5 @@
-"""Shared by the peer workers (`peers_litdata.py`, `peers_streaming.py`): input, transforms, timing.
+"""Shared by the peer workers (`peers_litdata.py`, `peers_streaming.py`): input, transforms, timing
+(also used by `bench_peers.py`, in fastdata's venv: `time_epochs`, `LoadWatcher`).
 
 Runs in the peers' own venv (`.venv-peers`, see `setup_peers.sh`), never in fastdata's: it imports
 torchvision (the transforms the peers' READMEs use) and, for the engine-only runs, only
@@ -15,6 +16,7 @@ import os
 import pickle
 import sys
 import tarfile
+import threading
 import time
 from collections.abc import Callable, Iterable
 from functools import lru_cache
@@ -30,6 +32,7 @@ if str(REPO) not in sys.path:
 
 __all__ = [
     "CIFAR_SPLITS",
+    "LoadWatcher",
     "PHOTO_SPLITS",
     "cifar_split",
     "engine_consumer",
@@ -219,3 +222,55 @@ def threads_note() -> dict[str, Any]:
     """Torch's intra-op threads and the usable cores of this process (for the results file)."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"torch_threads": torch.get_num_threads(), "usable_cores": cores}
+
+
+class LoadWatcher:
+    """Samples, in a thread, which other processes use the CPU while a benchmark runs.
+
+    Every `interval` seconds it reads each process's CPU share since the last sample and keeps,
+    per command line, the highest share and how many samples found it at or above `min_percent`.
+    This process and its children (the measured loaders) are left out: what remains is the load
+    other people put on the machine. Needs psutil.
+    """
+
+    def __init__(self, interval: float = 2.0, min_percent: float = 10.0) -> None:
+        self.interval, self.min_percent = interval, min_percent
+        self.samples = 0
+        self.busy: dict[str, dict[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> LoadWatcher:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def summary(self) -> dict[str, Any]:
+        """Samples taken and the busy command lines, busiest first."""
+        ranked = sorted(self.busy.items(), key=lambda kv: -kv[1]["max_percent"])
+        return {"samples": self.samples, "interval_s": self.interval, "other_busy": dict(ranked)}
+
+    def _run(self) -> None:
+        import psutil
+
+        me = psutil.Process()
+        seen: dict[int, psutil.Process] = {}
+        while not self._stop.wait(self.interval):
+            mine = {me.pid} | {c.pid for c in me.children(recursive=True)}
+            for proc in psutil.process_iter(["cmdline"]):
+                if proc.pid in mine:
+                    continue
+                known = seen.setdefault(proc.pid, proc)
+                try:
+                    percent = known.cpu_percent(None)  # 0.0 on the first look at a process
+                except psutil.Error:
+                    continue
+                if percent >= self.min_percent:
+                    name = " ".join(proc.info["cmdline"] or [])[:120] or f"pid {proc.pid}"
+                    entry = self.busy.setdefault(name, {"max_percent": 0.0, "busy_samples": 0})
+                    entry["max_percent"] = max(entry["max_percent"], percent)
+                    entry["busy_samples"] += 1
+            self.samples += 1

@@ -144,3 +144,20 @@ def test_charts_write_one_png_per_table(tmp_path):
         "bench_peers-conversion.png",
     ]
     assert all(p.stat().st_size > 0 and p.read_bytes()[:4] == b"\x89PNG" for p in paths)
+
+
+def test_load_watcher_reports_other_busy_processes_but_not_its_own_children():
+    import subprocess
+
+    spin = "import time\nend = time.time() + {0}\nwhile time.time() < end: pass"
+    child = subprocess.Popen([sys.executable, "-c", spin.format(2.0) + "  # own child"])
+    # `sh` exits at once, so the second spinner is re-parented away from this process: "other".
+    subprocess.run(["sh", "-c", f'"{sys.executable}" -c "{spin.format(2.0)}" &'], check=True)
+    with peers_common.LoadWatcher(interval=0.4, min_percent=20.0) as watcher:
+        time.sleep(1.8)
+    child.wait()
+    summary = watcher.summary()
+    assert summary["samples"] >= 3
+    names = list(summary["other_busy"])
+    assert any("while time.time() < end" in n and "own child" not in n for n in names), names
+    assert not any("own child" in n for n in names), names
