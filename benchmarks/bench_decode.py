@@ -3,6 +3,7 @@
     python benchmarks/bench_decode.py                       # clothing-small train, 224 px RRC
     python benchmarks/bench_decode.py --geometry center     # the evaluation centre crop
     python benchmarks/bench_decode.py --core 1 --images 200 # pinned to one core, quicker
+    python benchmarks/bench_decode.py --loader              # + the loader photo suite (below)
 
 Every decoder gets the same JPEGs and the same random-resized-crop boxes (torchvision semantics,
 `fastdata.augment.rrc_params`) and returns the 224 x 224 RGB crop:
@@ -18,13 +19,20 @@ Every decoder gets the same JPEGs and the same random-resized-crop boxes (torchv
 Per image: wall time and the process's CPU time (all threads: nvImageCodec decodes in threads
 of its own); on a busy machine the CPU figure is the one to compare. Then `decode_batch` over
 batches of 64 with 1, 2, ... threads (its regions in one nvImageCodec call per batch; threads
-only add throughput where a core is free). Writes bench_decode.json / .md (versions, host, git
+only add throughput where a core is free).
+
+--loader adds the photo suite of bench_loader.py (clothing-small train, 224 px RRC + flip +
+normalize, batch 64, 2 workers): its per-sample Pillow DataLoader against fastdata cpu, with region
+decoding, with it off (the decoder before), and with decode threads; img/s and the CPU seconds per
+image of the main process and its workers together (the figure to compare when other processes
+load the machine; 2 cores / that cost is the rate on an otherwise idle 2-core machine). Writes bench_decode.json / .md (versions, host, git
 revision) to --out, else $OUT, else benchmarks/results/.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import io
 import math
 import os
@@ -55,6 +63,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="decode_batch threads")
     p.add_argument("--core", type=int, default=None, help="pin the per-image runs to this core")
+    p.add_argument("--loader", action="store_true", help="also time the loader photo suite")
+    p.add_argument("--loader-batches", type=int, default=36, help="timed batches per loader")
     p.add_argument(
         "--out", default=None, help="results folder (default $OUT or benchmarks/results)"
     )
@@ -198,6 +208,109 @@ def batch_rows(args, jpegs, geometry) -> list[dict]:
     return rows
 
 
+# ------------------------------------------------------------------ --loader
+
+
+def _cpu_by_pid() -> dict[int, float]:
+    """CPU seconds of this process and each of its children (DataLoader workers)."""
+    import psutil
+
+    me = psutil.Process()
+    out = {}
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times = proc.cpu_times()
+            out[proc.pid] = times.user + times.system
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _timed_loader(loader, consume, warmup: int, count: int) -> dict:
+    """img/s and CPU ms per image (all processes) over `count` batches after `warmup`."""
+
+    def endless():
+        while True:
+            yield from loader
+
+    batches = endless()
+    for _ in range(warmup):
+        consume(next(batches))
+    cpu0, wall0, images = _cpu_by_pid(), time.perf_counter(), 0
+    for _ in range(count):
+        images += consume(next(batches))
+    cpu1, wall = _cpu_by_pid(), time.perf_counter() - wall0
+    # Processes present at both readings (idle workers of earlier loaders may exit meanwhile).
+    cpu = sum(cpu1[pid] - cpu0[pid] for pid in cpu0.keys() & cpu1.keys())
+    return {"img_per_s": images / wall, "cpu_ms_per_image": cpu / images * 1e3, "images": images}
+
+
+def loader_rows(args: argparse.Namespace) -> list[dict]:
+    """The photo suite of bench_loader.py, plus fastdata cpu variants (see the docstring)."""
+    import tempfile
+
+    import bench_loader as bl
+    from torch.utils.data import DataLoader
+
+    from fastdata.datamodule import ShardDataModule
+    from fastdata.sources import open_source
+    from fastdata.write import ShardOptions, write_shards
+
+    suite = bl.parse_args(["--data", str(args.data or data_dir())])
+    root = suite.data / "clothing-small"
+    warmup, count, b = bl._warmup(suite), args.loader_batches, 64
+
+    def pillow() -> dict:
+        data = bl.PhotoFolder(root / "train", 224)
+        loader = DataLoader(data, b, shuffle=True, drop_last=True, **bl._loader_kwargs(suite))
+        return _timed_loader(loader, lambda x: x[0].shape[0], warmup, count)
+
+    def fastdata(workers: int = suite.workers, region: bool = True, **kw) -> dict:
+        dm = ShardDataModule(
+            shards,
+            batch_size=b,
+            num_workers=workers,
+            prefetch_factor=suite.prefetch,
+            backend="cpu",
+            image_size=224,
+            **kw,
+        )
+        dm.setup("fit")
+        real = decode.jpeg_stream
+        if not region:  # forked workers inherit the switch: Pillow-SIMD's draft path only
+            decode.jpeg_stream = lambda data: None
+        try:
+            loader = dm.train_dataloader()
+            consume = lambda x: dm.on_after_batch_transfer(x, 0)[0].shape[0]  # noqa: E731
+            return _timed_loader(loader, consume, warmup, count)
+        finally:
+            decode.jpeg_stream = real
+
+    runs = {
+        "Pillow per-sample DataLoader": pillow,
+        "fastdata cpu (region decode)": fastdata,
+        "fastdata cpu, region decoding off (before)": lambda: fastdata(region=False),
+        "fastdata cpu, decode_threads=2": lambda: fastdata(decode_threads=2),
+        "fastdata cpu, 1 worker, decode_threads=2": lambda: fastdata(1, decode_threads=2),
+    }
+    with tempfile.TemporaryDirectory(prefix="bench_decode_") as work:
+        shards = Path(work) / "clothing"
+        write_shards(open_source("folder", root), shards, ShardOptions(progress=False))
+        rows = []
+        for name, run in runs.items():
+            rows.append({"method": name, **run()})
+            # Shut the finished loader's workers down here: collected later, in a forked worker
+            # of the next loader, its iterator fails "can only test a child process".
+            gc.collect()
+            print(f"  {name}: {rows[-1]['img_per_s']:.0f} img/s", flush=True)
+    base = rows[0]
+    for row in rows:
+        row["vs_pillow"] = row["img_per_s"] / base["img_per_s"]
+        row["vs_pillow_cpu"] = base["cpu_ms_per_image"] / row["cpu_ms_per_image"]
+        row["idle_2core_img_per_s"] = 2e3 / row["cpu_ms_per_image"]
+    return rows
+
+
 def main(args: argparse.Namespace) -> dict:
     jpegs = load_jpegs(args)
     geometry = Geometry(args.geometry, size=args.size, flip_p=0.5 if args.geometry == "rrc" else 0)
@@ -217,6 +330,12 @@ def main(args: argparse.Namespace) -> dict:
     ]
     results = {"args": vars(args), "region_decoder": jpeg_region_decoder()}
     results |= {"per_image": single, "decode_batch": batched, "pool": repr(decode._pool)}
+    if args.loader:
+        rows = loader_rows(args)
+        columns = ["method", "img_per_s", "vs_pillow", "cpu_ms_per_image", "vs_pillow_cpu"]
+        title = "loader photo suite: clothing-small train, 224 px RRC + flip + normalize, batch 64"
+        tables.append(print_table(rows, [*columns, "idle_2core_img_per_s"], title))
+        results["loader"] = rows
     save_results("bench_decode", results_dir(args.out), results, tables)
     return results
 
