@@ -28,7 +28,7 @@ from fastdata.augment import Preset
 from fastdata.augment.resolve import TransformSpec, resolve_transforms
 from fastdata.manifest import Manifest, load_manifest
 from fastdata.read import BatchLoader, LoaderSpec, WorkerSettings, get_backend
-from fastdata.read.plan import EpochPlan
+from fastdata.read.plan import EpochPlan, batch_seed
 from fastdata.resume import ResumeState, dataset_fingerprint
 
 __all__ = ["ShardDataModule"]
@@ -309,7 +309,9 @@ class ShardDataModule(pl.LightningDataModule):
         plan = self._plan
         if plan is not None and 0 <= self._batches - plan.steps_before < len(plan.seeds):
             return plan.seeds[self._batches - plan.steps_before]
-        return hash((self.seed, self._epoch, self._batches)) & 0x7FFFFFFFFFFFFFFF
+        # A batch no plan covers (a loader iterated outside `_EpochLoader`): the plan's own seed
+        # derivation, at a position no planned batch starts at.
+        return batch_seed(self.seed, self._epoch, -1 - self._batches)
 
     def _is_training(self) -> bool:
         trainer = self._trainer_or_none()
