@@ -147,7 +147,9 @@ class ShardDataModule(pl.LightningDataModule):
             return
         self.manifest = load_manifest(self.root)
         self.split_names = _resolve_splits(self.manifest, self.split_names)
-        train = self.manifest.split(self.split_names.get("train") or next(iter(self.manifest.splits)))
+        train = self.manifest.split(
+            self.split_names.get("train") or next(iter(self.manifest.splits))
+        )
         small = train.raw_shape is not None and max(train.raw_shape[:2]) <= SMALL_IMAGE_SIDE
         if self.image_size is None and train.raw_shape is None:
             # Images of different sizes must be cropped to one; fixed-size data keeps its size.
@@ -277,13 +279,17 @@ class ShardDataModule(pl.LightningDataModule):
             trainer = self._trainer_or_none()
             # Ranks on one node share its cores; Lightning's launcher does not export that count.
             ranks_per_node = trainer.num_devices if trainer is not None else None
-            auto = auto_loader_settings(spec, backend=self.backend_name, ranks_per_node=ranks_per_node)
+            auto = auto_loader_settings(
+                spec, backend=self.backend_name, ranks_per_node=ranks_per_node
+            )
             workers = auto.num_workers if workers == "auto" else workers
             prefetch = auto.prefetch_factor if prefetch == "auto" else prefetch
             settings = replace(
                 settings, pin_memory=auto.pin_memory, persistent_workers=auto.persistent_workers
             )
-        settings = replace(settings, num_workers=int(workers), prefetch_factor=max(1, int(prefetch)))
+        settings = replace(
+            settings, num_workers=int(workers), prefetch_factor=max(1, int(prefetch))
+        )
         return replace(spec, workers=settings)
 
     # ------------------------------------------------------------------ device augmentation
@@ -365,7 +371,9 @@ class ShardDataModule(pl.LightningDataModule):
         split = self.split_names.get("train", "train")
         if split not in manifest.splits:
             return  # checked again in setup, once the split names are resolved
-        state.check(self.seed, manifest.split(split).num_samples, dataset_fingerprint(manifest, split))
+        state.check(
+            self.seed, manifest.split(split).num_samples, dataset_fingerprint(manifest, split)
+        )
 
     # ------------------------------------------------------------------ helpers
 

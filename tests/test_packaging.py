@@ -24,8 +24,7 @@ def test_packages_list_matches_the_tree_and_pipelines_install_under_our_name():
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     listed = set(config["packages"])
     tree = {
-        ".".join(p.parent.relative_to(ROOT).parts)
-        for p in (ROOT / "fastdata").rglob("__init__.py")
+        ".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "fastdata").rglob("__init__.py")
     }
     assert {p for p in listed if p.startswith("fastdata.") or p == "fastdata"} == tree
     assert config["package-dir"] == {"fastdata_pipelines": "pipelines"}

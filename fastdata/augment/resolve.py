@@ -24,7 +24,9 @@ def _as_preset(spec: TransformSpec, image_size: int | None) -> tuple[Preset, boo
         return get_preset(spec, image_size), False
     if callable(spec):
         op = BatchTransform(spec)
-        return Preset(getattr(spec, "__name__", "custom"), None, (0.0,) * 3, (255.0,) * 3, (op,), (op,)), True
+        return Preset(
+            getattr(spec, "__name__", "custom"), None, (0.0,) * 3, (255.0,) * 3, (op,), (op,)
+        ), True
     raise ValueError(
         f"transforms must be a preset name, a fastdata.augment.Preset or a callable on uint8 "
         f"(N, 3, H, W) batches, got {type(spec).__name__}"
