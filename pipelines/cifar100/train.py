@@ -40,6 +40,7 @@ import torch
 
 from fastdata._env import data_dir
 from fastdata.manifest import MANIFEST_NAME
+
 from .model import ARCHITECTURES, Cifar100Module, ModelConfig, OptimConfig
 
 __all__ = [

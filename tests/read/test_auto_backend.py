@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from fastdata.manifest import Manifest, ShardInfo, SplitInfo
 from fastdata.augment import get_preset
+from fastdata.manifest import Manifest, ShardInfo, SplitInfo
 from fastdata.read.auto import backend_available, choose_backend, free_device_memory
 
 MiB = 1 << 20
