@@ -1,0 +1,209 @@
+"""Elastic resume through Lightning's own checkpoints: 2 ranks x batch 10 <-> 1 rank x batch 20.
+
+The shards hold one sample per label (label == sample id, `tests.conftest.unique_label_source`),
+so the labels a model trains on name the samples. A first run (real DDP on CPU/gloo, processes
+started by Lightning's launcher from this file, or one process) saves a checkpoint after K
+steps with `ModelCheckpoint(every_n_train_steps=K)` and trains on for two more steps, which must
+not count as consumed. A second run with another world size and per-rank batch size resumes
+with ``trainer.fit(..., ckpt_path=<the step-K checkpoint>)``. The first run's steps before K plus
+the resumed steps must be the whole epoch, each sample once, plus the padding of plan rule 3
+(the remainder padded to a multiple of the new world size). A checkpoint taken with another seed
+or on other shards is refused with `fastdata.resume.ResumeError`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[2]
+NUM_SAMPLES = 121  # odd: resuming on 2 ranks pads the remainder with one repeat
+STEPS = 3  # the checkpoint's step (K)
+SEED = 7
+
+pytestmark = pytest.mark.slow
+
+
+# ----------------------------------------------------------------------------- training script
+class _Recording(pl.LightningModule):
+    """Appends `global_step label label ...` of every training batch to out/rank<r>.txt."""
+
+    def __init__(self, out: Path) -> None:
+        super().__init__()
+        self.net = nn.Linear(8 * 8 * 3, NUM_SAMPLES)
+        self.out = out
+
+    def training_step(
+        self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
+    ) -> torch.Tensor:
+        x, y = batch
+        with open(self.out / f"rank{self.global_rank}.txt", "a") as f:
+            f.write(f"{self.global_step} {' '.join(map(str, y.tolist()))}\n")
+        return F.cross_entropy(self.net(x.flatten(1).float()), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def train(
+    shards: Path,
+    out: Path,
+    devices: int,
+    batch_size: int,
+    *,
+    seed: int = SEED,
+    max_steps: int = -1,
+    ckpt_path: Path | None = None,
+) -> None:
+    """One epoch at most; checkpoints every STEPS steps into out/ckpt (resumes from ckpt_path)."""
+    from fastdata import ShardDataModule
+
+    dm = ShardDataModule(
+        shards, batch_size=batch_size, num_workers=0, prefetch_factor=2, backend="cpu",
+        train_transforms="none", seed=seed, drop_last=False,
+    )  # fmt: skip
+    checkpoint = ModelCheckpoint(
+        dirpath=out / "ckpt", filename="{step}", every_n_train_steps=STEPS, save_top_k=-1,
+        save_last=True,
+    )  # fmt: skip
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
+        max_epochs=1, max_steps=max_steps, callbacks=[checkpoint], logger=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+        num_sanity_val_steps=0,
+    )  # fmt: skip
+    trainer.fit(_Recording(out), datamodule=dm, ckpt_path=ckpt_path)
+
+
+# ----------------------------------------------------------------------------- test side
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from fastdata.write import ShardOptions, write_shards
+    from tests.conftest import unique_label_source
+
+    out = tmp_path_factory.mktemp("elastic") / "shards"
+    source = unique_label_source(n_train=NUM_SAMPLES, n_test=8)
+    write_shards(source, out, ShardOptions(max_count=32, workers=1, progress=False))
+    return out
+
+
+def _run(shards: Path, out: Path, devices: int, batch_size: int, **kw: object) -> None:
+    """`train` in this process (1 device) or in DDP processes Lightning starts from this file."""
+    out.mkdir(parents=True, exist_ok=True)
+    if devices == 1:
+        train(shards, out, devices, batch_size, **kw)
+        return
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    cmd = [sys.executable, __file__, str(shards), str(out), str(devices), str(batch_size)]
+    cmd += [f"--{k.replace('_', '-')}={v}" for k, v in kw.items() if v is not None]
+    done = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=240)
+    if done.returncode != 0:
+        pytest.fail(f"{cmd} exited with {done.returncode}:\n{done.stderr[-4000:]}")
+
+
+def _steps(out: Path) -> dict[int, list[list[int]]]:
+    """rank -> [(global step, labels), ...] as recorded by `_Recording`."""
+    records = {}
+    for path in sorted(out.glob("rank*.txt")):
+        rows = [list(map(int, line.split())) for line in path.read_text().splitlines()]
+        records[int(path.stem[4:])] = rows
+    return records
+
+
+def _checkpoint_at_step(out: Path, step: int) -> Path:
+    path = out / "ckpt" / f"step={step}.ckpt"
+    assert path.exists(), f"no checkpoint at step {step}: {sorted((out / 'ckpt').iterdir())}"
+    return path
+
+
+@pytest.mark.parametrize(("before", "after"), [((2, 10), (1, 20)), ((1, 20), (2, 10))])
+def test_lightning_checkpoint_resumes_the_epoch_on_another_world_size(
+    shards: Path, tmp_path: Path, before: tuple[int, int], after: tuple[int, int]
+) -> None:
+    first, second = tmp_path / "first", tmp_path / "second"
+    # Two steps past the checkpoint: trained on, but lost for the resumed run.
+    _run(shards, first, *before, max_steps=STEPS + 2)
+    ckpt = _checkpoint_at_step(first, STEPS)
+    saved = torch.load(ckpt, map_location="cpu", weights_only=False)
+    world, batch = before
+    assert saved["global_step"] == STEPS
+    state = saved["ShardDataModule"]
+    assert (state["consumed"], state["steps"], state["world_size"]) == (
+        STEPS * world * batch, STEPS, world,
+    )  # fmt: skip
+
+    recorded = _steps(first)
+    assert sorted(recorded) == list(range(world))
+    assert all([row[0] for row in rows] == list(range(STEPS + 2)) for rows in recorded.values())
+    consumed = [y for rows in recorded.values() for row in rows if row[0] < STEPS for y in row[1:]]
+    assert len(consumed) == STEPS * world * batch
+
+    _run(shards, second, *after, ckpt_path=ckpt)
+    resumed_by_rank = _steps(second)
+    new_world, new_batch = after
+    assert sorted(resumed_by_rank) == list(range(new_world))
+    remaining = NUM_SAMPLES - len(consumed)
+    padded = -(-remaining // new_world) * new_world  # rule 3: a multiple of the world size
+    steps_left = -(-padded // (new_world * new_batch))
+    for rows in resumed_by_rank.values():  # Lightning's step count continues from K
+        assert [row[0] for row in rows] == list(range(STEPS, STEPS + steps_left))
+    resumed = [y for rows in resumed_by_rank.values() for row in rows for y in row[1:]]
+
+    counts = Counter(consumed + resumed)
+    assert sorted(counts) == list(range(NUM_SAMPLES)), "samples lost across the resume"
+    repeats = sum(counts.values()) - NUM_SAMPLES
+    assert repeats == padded - remaining, (
+        f"{repeats} repeats; the padding rule allows {padded - remaining}"
+    )
+    assert not set(consumed) & set(resumed), "a sample consumed before the checkpoint came again"
+
+
+def test_resuming_with_another_seed_or_other_shards_is_refused(
+    shards: Path, tmp_path: Path
+) -> None:
+    from fastdata.resume import ResumeError
+    from fastdata.write import ShardOptions, write_shards
+    from tests.conftest import unique_label_source
+
+    _run(shards, tmp_path / "first", 1, 20, max_steps=STEPS)
+    ckpt = _checkpoint_at_step(tmp_path / "first", STEPS)
+    with pytest.raises(ResumeError, match=f"seed={SEED}.*pass seed={SEED}"):
+        _run(shards, tmp_path / "seed", 1, 20, seed=SEED + 1, ckpt_path=ckpt)
+    # The same samples cut into other shards: another fingerprint, the same sample count.
+    other = tmp_path / "other"
+    source = unique_label_source(n_train=NUM_SAMPLES, n_test=8)
+    write_shards(source, other, ShardOptions(max_count=40, workers=1, progress=False))
+    with pytest.raises(ResumeError, match="another dataset.*resume with the shard folder"):
+        _run(other, tmp_path / "dataset", 1, 20, ckpt_path=ckpt)
+    assert not (tmp_path / "seed" / "rank0.txt").exists(), "trained before refusing the state"
+    assert not (tmp_path / "dataset" / "rank0.txt").exists(), "trained before refusing the state"
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="One training run of this test (DDP entry).")
+    parser.add_argument("shards", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("devices", type=int)
+    parser.add_argument("batch_size", type=int)
+    parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--max-steps", type=int, default=-1)
+    parser.add_argument("--ckpt-path", type=Path, default=None)
+    args = parser.parse_args()
+    train(
+        args.shards, args.out, args.devices, args.batch_size, seed=args.seed,
+        max_steps=args.max_steps, ckpt_path=args.ckpt_path,
+    )  # fmt: skip
