@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, Dataset
 
-from fastdata.tune.monitor import LoaderMonitor, energy_delta, suggest_num_workers
+from fastdata.tune.monitor import LoaderMonitor, energy_delta
 
 # 40 ms: long enough that sleep overshoot and Lightning's per-step bookkeeping (a few ms on a
 # loaded 2-core machine) stay well inside the 20% tolerance.
@@ -184,16 +184,6 @@ def test_validation_inside_the_epoch_is_not_a_data_wait():
     trainer.fit(_Model(step_delay=DELAY_S), train_dataloaders=train, val_dataloaders=val)
     assert monitor.summary["data_wait_frac"] < 0.2
     assert max(monitor._epoch.waits) < 0.1  # no interval spans the 0.3 s of validation
-
-
-def test_suggest_num_workers():
-    # 0 workers: a 20 ms batch made in the main process against a 5 ms step -> 4 workers.
-    assert suggest_num_workers(0, wait_s=0.020, compute_s=0.005, max_workers=8) == 4
-    # 2 workers, 10 ms wait, 10 ms compute: a batch takes 2 x 20 = 40 ms -> 4 workers.
-    assert suggest_num_workers(2, wait_s=0.010, compute_s=0.010, max_workers=8) == 4
-    assert suggest_num_workers(2, wait_s=0.010, compute_s=0.010, max_workers=3) == 3
-    assert suggest_num_workers(2, wait_s=0.010, compute_s=0.010, max_workers=1) == 2  # never shrink
-    assert suggest_num_workers(1, wait_s=0.0001, compute_s=0.010, max_workers=8) == 2
 
 
 def test_energy_delta_handles_wrap():

@@ -1,0 +1,388 @@
+"""Sizing that follows the load: intra-op threads at start-up, and the re-check at each epoch end.
+
+At start-up `choose_threads("auto", ...)` takes the cores other processes leave idle over 1 s.
+One reading can be unlucky (another process used a core for a few seconds), so `LoaderMonitor`
+re-checks at each training epoch's end with `recheck`: from the core load measured over the whole
+epoch (`LoadMeter`: every CPU's busy time less this process tree's own, workers included) and the
+epoch's data wait it sets the intra-op threads, workers and prefetch of the next epoch, and says
+why in one line per change. `recheck` is a pure function of its inputs; tests give it readings.
+
+Hysteresis: the thread count moves only when the idle cores per rank are more than
+`HYSTERESIS_CORES` past the midpoint between two counts (1 -> 2 threads needs 1.75 idle cores,
+2 -> 1 needs at most 1.25), and workers shrink only when the loader has slack, so noise of a
+few tenths of a core does not flip the settings from epoch to epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import psutil
+
+from fastdata.tune.sizing import HIGH_VARIATION_CV, MAIN_PROCESS_CORES, VARIABLE_PREFETCH
+
+__all__ = [
+    "HYSTERESIS_CORES",
+    "CoreLoad",
+    "EpochFigures",
+    "LoadMeter",
+    "LoadReaders",
+    "Recheck",
+    "Sizing",
+    "choose_threads",
+    "last_thread_choice",
+    "recheck",
+    "threads_for",
+]
+
+log = logging.getLogger("fastdata")
+
+#: How far (in cores per rank) a reading must pass the midpoint between two settings to move them.
+HYSTERESIS_CORES = 0.25
+#: Prefetched batches may use this share of free memory (as at start-up, `sizing`).
+PREFETCH_MEMORY_SHARE = 0.25
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring the load of other processes over a window
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CoreLoad:
+    """The cores' load over a window.
+
+    Args:
+        usable_cores: cores this process may use (affinity, capped by the cgroup quota).
+        others_cores: cores' worth of busy time of every other process over the window.
+        own_cores: cores' worth of busy time of this process and its children (loader workers).
+        window_s: the window's length.
+    """
+
+    usable_cores: int
+    others_cores: float
+    own_cores: float
+    window_s: float
+
+    @property
+    def idle_cores(self) -> float:
+        """Cores other processes left idle (what this process may use)."""
+        return max(0.0, self.usable_cores - self.others_cores)
+
+
+def _busy_cpu_seconds() -> float:
+    """Busy seconds of the affinity CPUs so far (every process), as psutil's cpu_percent counts:
+    all time less idle and iowait; guest time is already inside user time."""
+    times = psutil.cpu_times(percpu=True)
+    cpus = sorted(os.sched_getaffinity(0))
+    ids = cpus if cpus and max(cpus) < len(times) else range(len(times))
+    busy = 0.0
+    for cpu in ids:
+        t = times[cpu]
+        total = sum(t) - getattr(t, "guest", 0.0) - getattr(t, "guest_nice", 0.0)
+        busy += total - t.idle - getattr(t, "iowait", 0.0)
+    return busy
+
+
+def _own_tree_cpu_seconds() -> float:
+    """CPU seconds of this process, its live children (recursive) and its reaped children."""
+    me = psutil.Process()
+    t = me.cpu_times()
+    total = t.user + t.system + t.children_user + t.children_system
+    for child in me.children(recursive=True):
+        try:
+            c = child.cpu_times()
+        except psutil.Error:  # exited between listing and reading: counted once reaped
+            continue
+        total += c.user + c.system
+    return total
+
+
+def _usable_cores() -> int:
+    from fastdata.tune.probe import read_cgroup_cpu_quota
+
+    affinity = len(os.sched_getaffinity(0))
+    quota = read_cgroup_cpu_quota()
+    return affinity if quota is None else min(affinity, max(1, math.ceil(quota)))
+
+
+@dataclass(frozen=True)
+class LoadReaders:
+    """The readings `LoadMeter` takes, one function each (tests replace them).
+
+    Args:
+        busy_seconds: busy CPU seconds of the usable CPUs so far, all processes.
+        own_seconds: CPU seconds of this process and its children so far.
+        usable_cores: cores this process may use.
+        clock: seconds, monotonic.
+    """
+
+    busy_seconds: Callable[[], float] = _busy_cpu_seconds
+    own_seconds: Callable[[], float] = _own_tree_cpu_seconds
+    usable_cores: Callable[[], int] = _usable_cores
+    clock: Callable[[], float] = time.monotonic
+
+
+class LoadMeter:
+    """Measures the load of other processes between `start()` and `read()` (e.g. over an epoch).
+
+    Args:
+        readers: the machine readings (default: psutil and the cgroup files).
+    """
+
+    def __init__(self, readers: LoadReaders | None = None) -> None:
+        self.readers = readers or LoadReaders()
+        self._start: tuple[float, float, float] | None = None
+
+    def start(self) -> None:
+        """Open a window now."""
+        r = self.readers
+        self._start = (r.clock(), r.busy_seconds(), r.own_seconds())
+
+    def read(self) -> CoreLoad | None:
+        """The load since `start()` (None before a start or over an empty window)."""
+        if self._start is None:
+            return None
+        r = self.readers
+        t0, busy0, own0 = self._start
+        elapsed = r.clock() - t0
+        if elapsed <= 0:
+            return None
+        busy = max(0.0, r.busy_seconds() - busy0) / elapsed
+        own = max(0.0, r.own_seconds() - own0) / elapsed
+        return CoreLoad(r.usable_cores(), max(0.0, busy - own), own, elapsed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Intra-op threads
+# ---------------------------------------------------------------------------------------------
+
+
+def threads_for(idle_cores: float, ranks: int, usable_cores: int, current: int | None) -> int:
+    """Intra-op threads per rank for `idle_cores` left by other processes.
+
+    The idle cores per rank, rounded (at least 1, at most the rank's share of usable cores);
+    with a `current` count, it only moves when the share is more than `HYSTERESIS_CORES` past
+    the midpoint between the two counts.
+
+    Why: every parallel op waits for its slowest thread. On 2 cores with one busy elsewhere,
+    2 threads ran the CIFAR ResNet step at 557 img/s and 1 thread at 1013 img/s; on idle cores
+    2 threads are the faster choice.
+    """
+    ranks = max(1, ranks)
+    share = idle_cores / ranks
+    target = int(min(max(1, round(share)), max(1, usable_cores // ranks)))
+    if current is None or target == current:
+        return target
+    if target > current and share < current + 0.5 + HYSTERESIS_CORES:
+        return current
+    if target < current and share > current - 0.5 - HYSTERESIS_CORES:
+        return current
+    return target
+
+
+@dataclass(frozen=True)
+class ThreadChoice:
+    """A start-up choice of `choose_threads("auto")`: threads, and the load it was read from."""
+
+    threads: int
+    processes: int
+    load: CoreLoad
+
+
+_LAST_CHOICE: list[ThreadChoice] = []  # this process's last "auto" choice (at most one)
+
+
+def last_thread_choice() -> ThreadChoice | None:
+    """This process's last `choose_threads("auto", ...)` choice, or None (threads were given).
+
+    `LoaderMonitor(threads=None)` follows the load only after such a choice, so a thread count
+    the user fixed is left alone.
+    """
+    return _LAST_CHOICE[-1] if _LAST_CHOICE else None
+
+
+def choose_threads(
+    requested: int | str, processes: int, meter: LoadMeter | None = None, window_s: float = 1.0
+) -> int:
+    """Intra-op threads per training process on CPU: `requested`, or with "auto" the cores other
+    processes leave idle over `window_s` seconds (`threads_for`), shared by this node's
+    `processes`. An "auto" choice is recorded for `LoaderMonitor`, which re-checks it at every
+    epoch end.
+
+    Args:
+        requested: a thread count, or "auto".
+        processes: training processes on this node.
+        meter: measures the load (default: a `LoadMeter` on this machine).
+        window_s: seconds the start-up reading lasts.
+    """
+    if requested != "auto":
+        _LAST_CHOICE.clear()
+        return max(1, int(requested))
+    meter = meter or LoadMeter()
+    meter.start()
+    time.sleep(window_s)
+    load = meter.read()
+    assert load is not None  # started just above, over a positive window
+    threads = threads_for(load.idle_cores, processes, load.usable_cores, None)
+    _LAST_CHOICE[:] = [ThreadChoice(threads, processes, load)]
+    log.info(
+        "intra-op threads: %d (%.1f of %d cores idle over %.1f s at start-up; re-checked at each "
+        "epoch end when a LoaderMonitor runs)",
+        threads,
+        load.idle_cores,
+        load.usable_cores,
+        load.window_s,
+    )
+    return threads
+
+
+# ---------------------------------------------------------------------------------------------
+# The epoch-boundary re-check
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """The settings `recheck` may change.
+
+    Args:
+        threads: torch intra-op threads; None when not managed (a GPU run, or fixed by the user).
+        num_workers: loader worker processes; None when they cannot be resized.
+        prefetch_factor: batches prefetched per worker.
+    """
+
+    threads: int | None
+    num_workers: int | None
+    prefetch_factor: int = 2
+
+
+@dataclass(frozen=True)
+class EpochFigures:
+    """What `LoaderMonitor` measured over one training epoch.
+
+    Args:
+        epoch: the epoch's number.
+        load: the cores' load over the epoch.
+        data_wait_frac: share of step time spent waiting for the next batch.
+        wait_s: mean data wait per step.
+        compute_s: mean step time less its data wait.
+        wait_cv: coefficient of variation of the per-step waits.
+        batch_bytes: bytes of one batch (for the prefetch memory check; 0: unknown).
+        available_bytes: free memory now (None: unknown, prefetch is not raised).
+        previous_idle: idle cores at the last decision (start-up or last epoch), for the log.
+    """
+
+    epoch: int
+    load: CoreLoad
+    data_wait_frac: float
+    wait_s: float
+    compute_s: float
+    wait_cv: float = 0.0
+    batch_bytes: int = 0
+    available_bytes: int | None = None
+    previous_idle: float | None = None
+
+
+@dataclass(frozen=True)
+class Recheck:
+    """The settings for the next epoch and one line per change (or per change not made).
+
+    Args:
+        sizing: the settings for the next epoch.
+        changes: "epoch N: ... a -> b (why)" for each setting that changed.
+        notes: what was considered and not done, and why (e.g. no free core for a worker).
+    """
+
+    sizing: Sizing
+    changes: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def recheck(
+    current: Sizing,
+    figures: EpochFigures,
+    threshold: float = 0.2,
+    ranks_per_node: int = 1,
+    max_workers: int | None = None,
+) -> Recheck:
+    """Settings for the next epoch from the epoch's core load and data wait.
+
+    1. threads: `threads_for` the idle cores (with hysteresis), when managed.
+    2. workers, data wait above `threshold`: as many as would have hidden the wait
+       (one worker makes a batch in workers x (compute + wait) s; 0 workers: in `wait` s), at
+       most the free cores (idle per rank less `MAIN_PROCESS_CORES`, plus `HYSTERESIS_CORES`) or
+       `max_workers`; never fewer than now.
+    3. workers, data wait below threshold / 2: down to those free cores when they exceed them by
+       more than 0.5 + `HYSTERESIS_CORES` (another process took a core; oversubscribed workers
+       slow the step down).
+    4. prefetch: raised to `VARIABLE_PREFETCH` when the wait stays high, workers cannot grow,
+       the waits vary (CV > `HIGH_VARIATION_CV`) and the deeper queue fits in memory.
+    """
+    out = Recheck(current)
+    load, head = figures.load, f"epoch {figures.epoch}"
+    idle = f"{load.idle_cores:.1f} of {load.usable_cores} cores idle"
+    was = "" if figures.previous_idle is None else f", was {figures.previous_idle:.1f}"
+    if current.threads is not None:
+        threads = threads_for(load.idle_cores, ranks_per_node, load.usable_cores, current.threads)
+        if threads != current.threads:
+            out.changes.append(
+                f"{head}: intra-op threads {current.threads} -> {threads} ({idle}{was})"
+            )
+            out = replace(out, sizing=replace(out.sizing, threads=threads))
+    if current.num_workers is None:
+        return out
+    free = load.idle_cores / max(1, ranks_per_node) - MAIN_PROCESS_CORES
+    cap = max(0, math.floor(free + HYSTERESIS_CORES))
+    if max_workers is not None:
+        cap = max_workers
+    workers = current.num_workers
+    if figures.data_wait_frac > threshold:
+        wait = f"data wait {figures.data_wait_frac:.0%} of step time > {threshold:.0%}"
+        target = max(workers, min(_workers_to_hide(workers, figures), cap))
+        if target > workers:
+            out.changes.append(f"{head}: workers {workers} -> {target} ({wait}; {idle})")
+            return replace(out, sizing=replace(out.sizing, num_workers=target))
+        out.notes.append(
+            f"{head}: {wait}, but no free core is left for another worker ({workers} now; {idle})"
+        )
+        return _deeper_prefetch(out, figures, head)
+    oversubscribed = (
+        workers > free + 0.5 + HYSTERESIS_CORES if max_workers is None else workers > cap
+    )
+    if figures.data_wait_frac < threshold / 2 and oversubscribed:
+        out.changes.append(
+            f"{head}: workers {workers} -> {cap} ({idle} leave {max(free, 0.0):.1f} for workers; "
+            f"data wait {figures.data_wait_frac:.0%})"
+        )
+        return replace(out, sizing=replace(out.sizing, num_workers=cap))
+    return out
+
+
+def _workers_to_hide(current: int, figures: EpochFigures) -> int:
+    """Workers that would have hidden the measured wait: at least one more than now."""
+    compute = max(figures.compute_s, 1e-6)
+    batch_time = figures.wait_s if current == 0 else current * (compute + figures.wait_s)
+    return max(math.ceil(batch_time / compute), current + 1)
+
+
+def _deeper_prefetch(out: Recheck, figures: EpochFigures, head: str) -> Recheck:
+    sizing = out.sizing
+    workers = sizing.num_workers or 0
+    if workers == 0 or sizing.prefetch_factor >= VARIABLE_PREFETCH:
+        return out
+    if figures.wait_cv <= HIGH_VARIATION_CV or figures.available_bytes is None:
+        return out
+    queued = workers * VARIABLE_PREFETCH * figures.batch_bytes
+    if queued > PREFETCH_MEMORY_SHARE * figures.available_bytes:
+        return out
+    out.changes.append(
+        f"{head}: prefetch_factor {sizing.prefetch_factor} -> {VARIABLE_PREFETCH} (waits vary, "
+        f"CV {figures.wait_cv:.2f} > {HIGH_VARIATION_CV}; {queued / 2**20:.0f} MiB queued fits)"
+    )
+    return replace(out, sizing=replace(sizing, prefetch_factor=VARIABLE_PREFETCH))

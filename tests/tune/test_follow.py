@@ -1,0 +1,237 @@
+"""Sizing that follows the load: the epoch-boundary re-check, on injected load readings."""
+
+from __future__ import annotations
+
+import logging
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from fastdata.tune import follow
+from fastdata.tune.follow import (
+    CoreLoad,
+    EpochFigures,
+    LoadMeter,
+    LoadReaders,
+    Sizing,
+    choose_threads,
+    recheck,
+    threads_for,
+)
+from fastdata.tune.monitor import LoaderMonitor
+
+
+def _figures(idle: float, wait_frac: float = 0.0, epoch: int = 0, **kw) -> EpochFigures:
+    load = CoreLoad(usable_cores=2, others_cores=2 - idle, own_cores=1.0, window_s=10.0)
+    step = 0.010
+    defaults = {"wait_s": step * wait_frac, "compute_s": step * (1 - wait_frac)}
+    return EpochFigures(epoch, load, wait_frac, **{**defaults, **kw})
+
+
+@pytest.fixture(autouse=True)
+def _no_recorded_choice():
+    follow._LAST_CHOICE.clear()
+    threads = torch.get_num_threads()
+    yield
+    follow._LAST_CHOICE.clear()
+    torch.set_num_threads(threads)
+
+
+# ---- the rule -------------------------------------------------------------------------------
+
+
+def test_threads_follow_the_idle_cores_with_hysteresis():
+    assert threads_for(0.9, 1, 2, None) == 1  # one core busy elsewhere at start-up
+    assert threads_for(1.9, 1, 2, None) == 2
+    assert threads_for(1.9, 1, 2, current=1) == 2  # the load went away
+    assert threads_for(1.6, 1, 2, current=1) == 1  # noise: not clearly more idle
+    assert threads_for(1.3, 1, 2, current=2) == 2  # noise: not clearly less idle
+    assert threads_for(1.1, 1, 2, current=2) == 1  # another process took a core
+    assert threads_for(3.9, 2, 4, None) == 2  # two ranks share the idle cores
+    assert threads_for(0.0, 1, 2, None) == 1  # never fewer than one
+
+
+def test_recheck_raises_threads_after_the_load_ends_and_says_why():
+    result = recheck(Sizing(threads=1, num_workers=None), _figures(1.9, epoch=2, previous_idle=0.9))
+    assert result.sizing.threads == 2
+    assert result.changes == ["epoch 2: intra-op threads 1 -> 2 (1.9 of 2 cores idle, was 0.9)"]
+    lowered = recheck(Sizing(threads=2, num_workers=None), _figures(0.9, epoch=3))
+    assert lowered.sizing.threads == 1 and "2 -> 1 (0.9 of 2 cores idle)" in lowered.changes[0]
+
+
+def test_recheck_does_not_flap_on_noise():
+    sizing = Sizing(threads=2, num_workers=1)
+    for epoch, idle in enumerate([1.9, 1.4, 1.8, 1.3, 1.7, 1.35, 1.95]):
+        result = recheck(sizing, _figures(idle, wait_frac=0.05, epoch=epoch))
+        assert result.changes == [], (idle, result.changes)
+        sizing = result.sizing
+    assert sizing == Sizing(threads=2, num_workers=1)
+
+
+def test_recheck_grows_workers_on_a_high_wait_up_to_the_free_cores():
+    # 40% wait: a 4 ms wait per 6 ms compute with 0 workers -> 1 worker hides it; 2 cores idle.
+    result = recheck(Sizing(threads=None, num_workers=0), _figures(2.0, wait_frac=0.4))
+    assert result.sizing.num_workers == 1
+    assert "workers 0 -> 1 (data wait 40% of step time > 20%" in result.changes[0]
+    # Heavier wait, but only one core idle: 0 free for workers after the main process.
+    busy = recheck(Sizing(threads=None, num_workers=0), _figures(1.0, wait_frac=0.8))
+    assert busy.sizing.num_workers == 0 and busy.changes == []
+    assert "no free core is left for another worker" in busy.notes[0]
+    capped = recheck(Sizing(None, 0), _figures(2.0, wait_frac=0.9), max_workers=3)
+    assert capped.sizing.num_workers == 3
+
+
+def test_recheck_shrinks_oversubscribed_workers_only_with_slack():
+    shrunk = recheck(Sizing(None, num_workers=2), _figures(1.0, wait_frac=0.02))
+    assert shrunk.sizing.num_workers == 0
+    assert "workers 2 -> 0" in shrunk.changes[0]
+    waiting = recheck(Sizing(None, num_workers=2), _figures(1.0, wait_frac=0.15))
+    assert waiting.sizing.num_workers == 2  # the loader has no slack: keep them
+
+
+def test_recheck_deepens_prefetch_for_bursty_waits_when_workers_cannot_grow():
+    figures = _figures(1.0, wait_frac=0.5, wait_cv=1.2, batch_bytes=2**20, available_bytes=2**30)
+    result = recheck(Sizing(None, num_workers=1, prefetch_factor=2), figures)
+    assert result.sizing.prefetch_factor == 4 and "prefetch_factor 2 -> 4" in result.changes[0]
+    no_memory = _figures(1.0, wait_frac=0.5, wait_cv=1.2, batch_bytes=2**20, available_bytes=2**20)
+    assert recheck(Sizing(None, 1, 2), no_memory).sizing.prefetch_factor == 2
+    steady = _figures(1.0, wait_frac=0.5, wait_cv=0.1, batch_bytes=2**20, available_bytes=2**30)
+    assert recheck(Sizing(None, 1, 2), steady).sizing.prefetch_factor == 2
+
+
+# ---- the meter and the start-up choice -------------------------------------------------------
+
+
+class _Machine:
+    """Cumulative busy/own CPU seconds that a test advances by hand."""
+
+    def __init__(self) -> None:
+        self.t = self.busy = self.own = 0.0
+
+    def run(self, seconds: float, others: float, own: float) -> None:
+        self.t += seconds
+        self.busy += seconds * (others + own)
+        self.own += seconds * own
+
+    def meter(self) -> LoadMeter:
+        return LoadMeter(
+            LoadReaders(lambda: self.busy, lambda: self.own, lambda: 2, lambda: self.t)
+        )
+
+
+def test_load_meter_separates_others_from_this_process_tree():
+    machine = _Machine()
+    meter = machine.meter()
+    assert meter.read() is None  # not started
+    meter.start()
+    machine.run(10.0, others=0.5, own=1.2)
+    load = meter.read()
+    assert load.others_cores == pytest.approx(0.5) and load.own_cores == pytest.approx(1.2)
+    assert load.idle_cores == pytest.approx(1.5) and load.window_s == pytest.approx(10.0)
+
+
+def test_choose_threads_records_auto_choices_only(monkeypatch):
+    machine = _Machine()
+    monkeypatch.setattr(follow.time, "sleep", lambda s: machine.run(s, others=1.0, own=0.0))
+    assert choose_threads("auto", 1, meter=machine.meter()) == 1
+    assert follow.last_thread_choice().load.idle_cores == pytest.approx(1.0)
+    assert choose_threads(2, 1) == 2
+    assert follow.last_thread_choice() is None  # a fixed count is not followed
+
+
+def test_real_load_meter_reads_this_machine():
+    meter = LoadMeter()
+    meter.start()
+    sum(i * i for i in range(200_000))  # some CPU of our own
+    load = meter.read()
+    assert load is not None and 1 <= load.usable_cores
+    assert load.own_cores > 0 and 0 <= load.idle_cores <= load.usable_cores
+
+
+# ---- in a Lightning run: the monitor applies the re-check at each epoch end -------------------
+
+
+class _ScriptedMeter:
+    """A LoadMeter whose epoch readings are given: [others' cores in epoch 0, epoch 1, ...]."""
+
+    def __init__(self, others: list[float]) -> None:
+        self.others, self.epoch = others, -1
+
+    def start(self) -> None:
+        self.epoch += 1
+
+    def read(self) -> CoreLoad:
+        return CoreLoad(2, self.others[self.epoch], 1.0, 5.0)
+
+
+class _Model(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 2)
+        self.threads_seen: list[int] = []
+
+    def on_train_epoch_start(self) -> None:
+        self.threads_seen.append(torch.get_num_threads())
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.layer(x), y)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def test_monitor_sets_threads_each_epoch_from_the_measured_load(caplog):
+    machine = _Machine()
+    machine_meter = machine.meter()
+    machine_meter.start()
+    machine.run(1.0, others=1.0, own=0.0)
+    follow._LAST_CHOICE[:] = [follow.ThreadChoice(1, 1, machine_meter.read())]
+    torch.set_num_threads(1)  # what choose_threads("auto") chose with one core busy
+    # epoch 0: the other process still holds a core; 1: it is gone; 2-3: noise; 4: back again.
+    meter = _ScriptedMeter([1.0, 0.1, 0.5, 0.3, 1.0, 0.0])
+    # threshold 0.99: this test is about threads; a jittery data wait must not add worker notes.
+    monitor = LoaderMonitor(
+        threshold=0.99, gpu_reader=None, energy_reader=lambda: None, load_meter=meter
+    )
+    data = [(torch.randn(8, 4), torch.zeros(8, dtype=torch.int64)) for _ in range(4)]
+    model = _Model()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=6,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[monitor],
+    )
+    with caplog.at_level(logging.WARNING, logger="fastdata"):
+        trainer.fit(model, train_dataloaders=DataLoader(data, batch_size=None))
+    assert model.threads_seen == [1, 1, 2, 2, 2, 1]
+    actions = [h["action"] for h in monitor.history]
+    assert actions[1] == "epoch 1: intra-op threads 1 -> 2 (1.9 of 2 cores idle, was 1.0)"
+    assert actions[2] is None and actions[3] is None  # 1.5 and 1.7 idle: within the band
+    assert actions[4] == "epoch 4: intra-op threads 2 -> 1 (1.0 of 2 cores idle, was 1.7)"
+    assert "epoch 1: intra-op threads 1 -> 2" in caplog.text
+
+
+def test_monitor_leaves_a_fixed_thread_count_alone():
+    torch.set_num_threads(1)
+    meter = _ScriptedMeter([0.0, 0.0])
+    monitor = LoaderMonitor(
+        threshold=0.99, gpu_reader=None, energy_reader=lambda: None, load_meter=meter
+    )
+    data = [(torch.randn(8, 4), torch.zeros(8, dtype=torch.int64)) for _ in range(3)]
+    model = _Model()
+    pl.Trainer(
+        accelerator="cpu",
+        max_epochs=2,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[monitor],
+    ).fit(model, train_dataloaders=DataLoader(data, batch_size=None))
+    assert model.threads_seen == [1, 1]  # no choose_threads("auto") in this process
