@@ -7,9 +7,17 @@ fastdata tune shards/cifar100 --sweep           # + img/s over num_workers x pre
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from collections.abc import Sequence
 
-from fastdata.tune import SweepPoint, measure_settings, sweep, tune_spec, tuning_spec
+from fastdata.tune import (
+    SweepPoint,
+    TuneOptions,
+    choose_loader_settings,
+    measure_settings,
+    sweep,
+    tuning_spec,
+)
 
 __all__ = ["SWEEP_PREFETCH", "SWEEP_WORKERS", "format_sweep", "register", "run"]
 
@@ -43,7 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run `fastdata tune` with parsed arguments; prints the report, returns the exit status."""
     spec = tuning_spec(args.out, args.split, args.batch_size, image_size=args.image_size)
-    result = tune_spec(spec, args.backend, args.consumer_rate)
+    options = TuneOptions(consumer_rate=args.consumer_rate)
+    result = choose_loader_settings(spec, args.backend, options=options)
     print(
         f"fastdata tune {args.out}: split {args.split}, batch {args.batch_size}, backend {args.backend}"
     )
@@ -55,11 +64,22 @@ def run(args: argparse.Namespace) -> int:
     if args.backend == "memory":
         return 0
     if result.probe is not None:
-        from fastdata.tune.confirm import confirm_by_measurement
-
-        alone = confirm_by_measurement(spec, settings, result.probe, n_batches=args.batches)
-        print("loader alone, checked by measurement: " + alone.reasons[-1])
-    measured = measure_settings(spec, settings.num_workers, settings.prefetch_factor, args.batches)
+        # The loader alone (no training step): the rule without a core kept, then timed
+        # candidates (workers, and decode threads for photos), on the same machine reading.
+        alone_options = dataclasses.replace(
+            options, main_cores=0.0, confirm="all", confirm_batches=args.batches
+        )
+        alone = choose_loader_settings(
+            spec, args.backend, options=alone_options, probe=result.probe
+        )
+        print("loader alone, checked by measurement: " + alone.settings.reasons[-1])
+    measured = measure_settings(
+        spec,
+        settings.num_workers,
+        settings.prefetch_factor,
+        args.batches,
+        decode_threads=settings.decode_threads,
+    )
     print(
         f"throughput with it: {measured.samples_per_s:,.0f} img/s over {measured.batches} batches "
         f"(start-up {measured.startup_s:.2f} s){'; ' + '; '.join(measured.notes) if measured.notes else ''}"

@@ -1,4 +1,4 @@
-"""Check a sizing by measurement: time a few load-dependent worker counts and keep the fastest.
+"""Check a sizing by measurement: time a few (workers, decode threads) pairs, keep the fastest.
 
 The sizing rule (`fastdata.tune.sizing`) has no term for the cost of moving a batch from a
 worker process to the main process. When samples are cheap (raw CIFAR: ~15 us each), that cost
@@ -6,6 +6,11 @@ dominates and loading in the main process beats any number of workers; when deco
 expensive (JPEG photos), more workers than cores can win because the main process's receiving
 work overlaps theirs. Both were measured (benchmarks/bench_tune.py), and neither is predicted
 well from the sample cost alone, so the answer is checked on the machine as it is now.
+
+Photos (encoded images, decoded by `fastdata.read.decode`, whose libjpeg-turbo calls release
+the GIL) can also be decoded by threads: inside each worker, or in the main process where
+handing batches over from workers costs more than it saves. For them the candidates include
+decode threads, so the timing chooses processes, threads, or both.
 """
 
 from __future__ import annotations
@@ -16,17 +21,41 @@ from fastdata.read.base import LoaderSpec
 from fastdata.tune.probe import Probe
 from fastdata.tune.sizing import LoaderSettings, free_cores
 
-__all__ = ["candidate_workers", "confirm_by_measurement"]
+__all__ = ["candidates", "confirm_by_measurement", "decodes_photos"]
+
+#: Most decode threads tried per process: two already overlap decoding with the rest of a batch.
+MAX_DECODE_THREADS = 2
 
 
-def candidate_workers(settings: LoaderSettings, probe: Probe, main_cores: float = 0.0) -> list[int]:
-    """Worker counts worth timing: none, the rule's choice, the free cores, and free + usable.
+def decodes_photos(spec: LoaderSpec) -> bool:
+    """Whether the split holds encoded images (JPEG/PNG) rather than raw pixel arrays."""
+    return spec.manifest.split(spec.split).raw_shape is None
 
-    They follow the measured load: with one of two cores busy the candidates are {0, 1, 3}
-    (and the rule's choice), on an idle 2-core machine {0, 2, 4}.
+
+def candidates(
+    settings: LoaderSettings,
+    probe: Probe,
+    photos: bool = False,
+    main_cores: float = 0.0,
+    workers_only_from_rule: bool = False,
+) -> list[tuple[int, int]]:
+    """(num_workers, decode_threads) pairs worth timing, from the measured load.
+
+    Workers, each with one decode thread: none, the rule's choice, the free cores `n`, and
+    n + usable cores (with `workers_only_from_rule`: the rule's choice only). For photos, also
+    (n, 1), (n // 2, 2), (0, 2) and (n, 2), with 2 lowered to the usable cores: on an idle
+    2-core machine {(2, 1), (1, 2), (0, 2), (2, 2)}.
     """
     free = int(free_cores(probe, main_cores=main_cores))
-    return sorted({0, settings.num_workers, max(1, free), free + probe.usable_cores})
+    n = max(1, free)
+    workers = {settings.num_workers}
+    if not workers_only_from_rule:
+        workers |= {0, n, free + probe.usable_cores}
+    pairs = {(w, 1) for w in workers}
+    threads = min(MAX_DECODE_THREADS, probe.usable_cores)
+    if photos and threads > 1:
+        pairs |= {(n, 1), (max(1, n // 2), threads), (0, threads), (n, threads)}
+    return sorted(pairs)
 
 
 def confirm_by_measurement(
@@ -35,17 +64,36 @@ def confirm_by_measurement(
     probe: Probe,
     n_batches: int = 6,
     main_cores: float = 0.0,
+    workers_only_from_rule: bool = False,
 ) -> LoaderSettings:
-    """The fastest of `candidate_workers` (at the rule's prefetch), with the timings as reasons."""
-    from fastdata.tune import measure_settings  # the package imports this module lazily
+    """The fastest of `candidates` (at the rule's prefetch), with the timings as a reason.
 
+    Args:
+        spec: the loader's spec (timed with the CPU backend).
+        settings: the sizing rule's choice.
+        probe: the machine's figures the candidates follow.
+        n_batches: batches timed per candidate (after the workers' warm-up).
+        main_cores: cores kept for the training process (0: the loader alone).
+        workers_only_from_rule: time the rule's worker count only (plus the photo pairs).
+    """
+    from fastdata.tune.measure import measure_settings
+
+    photos = decodes_photos(spec)
     timed = {}
-    for workers in candidate_workers(settings, probe, main_cores):
-        result = measure_settings(spec, workers, settings.prefetch_factor, n_batches)
-        timed[workers] = result.samples_per_s
-    best = max(timed, key=timed.get)
-    figures = ", ".join(f"{w} workers {rate:,.0f}/s" for w, rate in timed.items())
-    reasons = [*settings.reasons, f"measured ({figures}): {best} workers is fastest"]
+    for workers, threads in candidates(settings, probe, photos, main_cores, workers_only_from_rule):
+        result = measure_settings(
+            spec, workers, settings.prefetch_factor, n_batches, decode_threads=threads
+        )
+        timed[(workers, threads)] = result.samples_per_s
+    best = max(timed, key=lambda pair: timed[pair])
+    figures = ", ".join(
+        f"{w} workers x {t} threads {rate:,.0f}/s" for (w, t), rate in timed.items()
+    )
+    why = f"measured ({figures}): {best[0]} workers x {best[1]} decode threads is fastest"
     return dataclasses.replace(
-        settings, num_workers=best, persistent_workers=best > 0, reasons=reasons
+        settings,
+        num_workers=best[0],
+        decode_threads=best[1],
+        persistent_workers=best[0] > 0,
+        reasons=[*settings.reasons, why],
     )

@@ -352,9 +352,8 @@ def recheck(
             f"{head}: {wait}, but no free core is left for another worker ({workers} now; {idle})"
         )
         return _deeper_prefetch(out, figures, head)
-    oversubscribed = (
-        workers > free + 0.5 + HYSTERESIS_CORES if max_workers is None else workers > cap
-    )
+    margin = 0.5 + HYSTERESIS_CORES if max_workers is None else 0.0
+    oversubscribed = workers > cap and workers > free + margin
     if figures.data_wait_frac < threshold / 2 and oversubscribed:
         out.changes.append(
             f"{head}: workers {workers} -> {cap} ({idle} leave {max(free, 0.0):.1f} for workers; "

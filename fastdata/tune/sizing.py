@@ -51,6 +51,8 @@ class LoaderSettings:
         pin_memory: copy batches into page-locked memory (faster, asynchronous H2D copies).
         persistent_workers: keep workers alive between epochs (no start-up cost per epoch).
         reasons: one line per decision, naming the figures.
+        decode_threads: threads decoding a batch's photos in each worker (in the main process
+            with 0 workers); 1 unless chosen by timing (`fastdata.tune.confirm`).
     """
 
     num_workers: int
@@ -58,6 +60,7 @@ class LoaderSettings:
     pin_memory: bool
     persistent_workers: bool
     reasons: list[str] = field(default_factory=list)
+    decode_threads: int = 1
 
     def dataloader_kwargs(self) -> dict[str, Any]:
         """Keyword arguments for `torch.utils.data.DataLoader` (it rejects a prefetch_factor and
@@ -72,7 +75,7 @@ class LoaderSettings:
         """The choice on one line, then its reasons."""
         head = (
             f"num_workers={self.num_workers} prefetch_factor={self.prefetch_factor} "
-            f"pin_memory={self.pin_memory} persistent_workers={self.persistent_workers}"
+            f"decode_threads={self.decode_threads} pin_memory={self.pin_memory} persistent_workers={self.persistent_workers}"
         )
         return "\n".join([head, *(f"  - {r}" for r in self.reasons)])
 

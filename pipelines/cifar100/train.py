@@ -47,7 +47,6 @@ __all__ = [
     "OPTIONS",
     "EpochTable",
     "add_arguments",
-    "choose_threads",
     "main",
     "prepare_shards",
     "run",
@@ -174,25 +173,6 @@ def _wait_for_manifest(shards: Path) -> Path:
     return shards
 
 
-def choose_threads(requested: int | str, processes: int) -> int:
-    """Intra-op threads per training process on CPU: `requested`, or with "auto" the cores other
-    processes leave idle (measured over 1 s at start), shared by this node's `processes`.
-
-    Why: every parallel op waits for its slowest thread. On 2 cores with one busy elsewhere,
-    2 threads ran the ResNet step at 557 img/s and 1 thread at 1013 img/s; on idle cores 2 threads
-    are the faster choice.
-    """
-    if requested != "auto":
-        return max(1, int(requested))
-    from fastdata.tune.probe import probe_system
-
-    probe = probe_system(1.0)
-    idle = sum(1.0 - b for b in probe.busy_others[: probe.usable_cores])
-    threads = max(1, round(idle / max(processes, 1)))
-    log.info("intra-op threads: %d (%.1f of %d cores idle)", threads, idle, probe.usable_cores)
-    return threads
-
-
 # ----------------------------------------------------------------------------- progress table
 class EpochTable(pl.Callback):
     """Prints one row per training epoch and keeps the rows (`rows`) for metrics.json.
@@ -285,6 +265,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     start = time.perf_counter()
     pl.seed_everything(args.seed, workers=True, verbose=False)
     if not torch.cuda.is_available():
+        from fastdata.tune import choose_threads  # re-checked each epoch by the LoaderMonitor
+
         torch.set_num_threads(choose_threads(args.threads, args.devices))
     shards = prepare_shards(args.data, args.download, args.out)
     shard_s = time.perf_counter() - start

@@ -89,6 +89,8 @@ def test_recheck_shrinks_oversubscribed_workers_only_with_slack():
     assert "workers 2 -> 0" in shrunk.changes[0]
     waiting = recheck(Sizing(None, num_workers=2), _figures(1.0, wait_frac=0.15))
     assert waiting.sizing.num_workers == 2  # the loader has no slack: keep them
+    none = recheck(Sizing(None, num_workers=0), _figures(0.0, wait_frac=0.02))
+    assert none.changes == [] and none.notes == []  # nothing to take away
 
 
 def test_recheck_deepens_prefetch_for_bursty_waits_when_workers_cannot_grow():

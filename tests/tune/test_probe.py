@@ -132,7 +132,7 @@ class _FakeClock:
 def clock(monkeypatch) -> _FakeClock:
     import types
 
-    import fastdata.tune as tune_module
+    import fastdata.tune.measure as measure_module
     import fastdata.tune.probe as probe_module
 
     fake = _FakeClock()
@@ -144,7 +144,7 @@ def clock(monkeypatch) -> _FakeClock:
         monotonic=lambda: fake.wall,
     )
     monkeypatch.setattr(probe_module, "time", fake_time)
-    monkeypatch.setattr(tune_module, "time", fake_time)
+    monkeypatch.setattr(measure_module, "time", fake_time)
     monkeypatch.setattr(_SleepyLoader, "clock", fake)
     return fake
 
@@ -207,3 +207,18 @@ def test_measure_throughput(clock):
     assert 20 / 0.2 < result.samples_per_s < 20 / 0.1
     short = measure_throughput(_SleepyLoader([0.0] * 3), n_batches=5, warmup=1)
     assert short.batches == 2 and short.notes
+
+
+def test_measure_throughput_counts_with_the_callers_consumer(clock):
+    # The benchmarks' form: every batch (warm-up included) goes through `count`, which does the
+    # consumer's work and says how many samples it held; None times until the loader ends.
+    seen = []
+
+    def count(batch):
+        seen.append(batch)
+        clock.sleep(0.01)  # the consumer's own work is inside the timed span
+        return 3
+
+    result = measure_throughput(_SleepyLoader([0.0] * 6), None, warmup=2, count=count)
+    assert len(seen) == 6 and result.batches == 4 and result.samples == 12
+    assert result.seconds == pytest.approx(4 * (0.01 + 0.001)) and not result.notes  # + 1 ms a batch

@@ -163,15 +163,26 @@ def shards(tmp_path_factory):
 
 
 def test_tune_on_shards_names_the_measurements(shards):
-    from fastdata.tune import tune
+    from fastdata.tune import TuneOptions, tune
 
-    s = tune(shards.root, batch_size=16, window_s=0.05, n_batches=3)
+    s = tune(shards.root, batch_size=16, options=TuneOptions(window_s=0.05, n_batches=3))
     assert 0 <= s.num_workers < len(os.sched_getaffinity(0))
-    assert s.persistent_workers == (s.num_workers > 0)
+    assert s.persistent_workers == (s.num_workers > 0) and s.decode_threads == 1
     assert s.reasons[0].startswith("sample cost") and "KiB per sample" in s.reasons[0]
     assert any(r.startswith("free cores") for r in s.reasons)
     memory = tune(shards.root, backend="memory")
     assert memory.num_workers == 0 and "memory backend" in memory.reasons[0]
+
+
+def test_choose_loader_settings_follows_the_injected_probe(shards):
+    from fastdata.tune import TuneOptions, choose_loader_settings, tuning_spec
+
+    spec = tuning_spec(shards, batch_size=16)
+    options = TuneOptions(n_batches=2, main_cores=0.0)
+    idle = choose_loader_settings(spec, options=options, probe=_probe(busy=(0.0,) * 4))
+    busy = choose_loader_settings(spec, options=options, probe=_probe(busy=(1.0, 1.0, 1.0, 0.0)))
+    assert idle.settings.num_workers == 4 and busy.settings.num_workers == 1  # unknown consumer
+    assert idle.cost is not None and idle.cost.samples > 0
 
 
 def test_auto_loader_settings_is_cached_per_key(shards, monkeypatch):
@@ -182,18 +193,21 @@ def test_auto_loader_settings_is_cached_per_key(shards, monkeypatch):
     calls = []
     real_probe = tune_mod.probe_system
     monkeypatch.setattr(tune_mod, "probe_system", lambda w: calls.append(w) or real_probe(w))
-    tune_mod.clear_auto_cache()
+    tune_mod._AUTO_CACHE.clear()
     spec = tune_mod.tuning_spec(shards, batch_size=16)
     start = time.perf_counter()
     first = tune_mod.auto_loader_settings(spec, ranks_per_node=1)
     assert time.perf_counter() - start < 5  # ~0.5 s; generous for a loaded test machine
     first.reasons.append("edited by the caller")
     again = tune_mod.auto_loader_settings(spec, ranks_per_node=1)
-    assert calls == [tune_mod.AUTO_WINDOW_S]  # the second call measured nothing
+    assert calls == [tune_mod.QUICK.window_s]  # the second call measured nothing
     assert again.num_workers == first.num_workers and "edited by the caller" not in again.reasons
     tune_mod.auto_loader_settings(tune_mod.tuning_spec(shards, batch_size=8), ranks_per_node=1)
     assert len(calls) == 2  # another batch size is another key
-    tune_mod.clear_auto_cache()
+    # Raw pixels: decode_threads "auto" times nothing and keeps one thread.
+    assert tune_mod.auto_loader_settings(spec, decode_threads="auto").decode_threads == 1
+    assert tune_mod.auto_loader_settings(spec, decode_threads=3).decode_threads == 3
+    tune_mod._AUTO_CACHE.clear()
 
 
 def test_sweep_and_table(shards):
@@ -222,27 +236,63 @@ def test_cli_tune(shards, capsys, monkeypatch):
     assert "num_workers  prefetch" in out
 
 
-def test_confirm_by_measurement_keeps_the_fastest_load_dependent_candidate(monkeypatch):
+class _Split:
+    def __init__(self, raw_shape):
+        self.raw_shape = raw_shape
+
+
+class _Spec:
+    """Just what `confirm` reads of a LoaderSpec: whether its split holds encoded photos."""
+
+    def __init__(self, photos: bool) -> None:
+        self.split = "train"
+        self.manifest = type(
+            "M", (), {"split": lambda _, name: _Split(None if photos else (8, 8, 3))}
+        )()
+
+
+@pytest.mark.parametrize("photos", [False, True])
+def test_confirm_times_load_dependent_workers_and_decode_threads(monkeypatch, photos):
     import types
 
-    import fastdata.tune as tune_module
-    from fastdata.tune.confirm import candidate_workers, confirm_by_measurement
+    import fastdata.tune.measure as measure_module
+    from fastdata.tune.confirm import candidates, confirm_by_measurement
     from fastdata.tune.sizing import LoaderSettings
 
     base = LoaderSettings(2, 2, False, True, ["rule"])
     idle, busy = _probe(busy=(0.0, 0.0)), _probe(busy=(1.0, 0.0))
-    assert candidate_workers(base, idle) == [0, 2, 4]
-    assert candidate_workers(base, busy) == [0, 1, 2, 3]
-    rates = {0: 900.0, 1: 500.0, 2: 700.0, 3: 950.0, 4: 800.0}
+    if photos:  # threads join the candidates: processes, threads, or both
+        assert candidates(base, idle, photos=True) == [
+            (0, 1),
+            (0, 2),
+            (1, 2),
+            (2, 1),
+            (2, 2),
+            (4, 1),
+        ]
+        assert candidates(base, idle, True, workers_only_from_rule=True) == [
+            (0, 2),
+            (1, 2),
+            (2, 1),
+            (2, 2),
+        ]
+    else:
+        assert candidates(base, idle) == [(0, 1), (2, 1), (4, 1)]
+        assert candidates(base, busy) == [(0, 1), (1, 1), (2, 1), (3, 1)]
+    rates = {(0, 1): 900.0, (1, 1): 500.0, (2, 1): 700.0, (3, 1): 950.0, (4, 1): 800.0}
+    rates.update({(0, 2): 990.0, (1, 2): 600.0, (2, 2): 650.0})
     timed = []
 
-    def fake_measure(spec, workers, prefetch, n_batches):
-        timed.append((workers, prefetch))
-        return types.SimpleNamespace(samples_per_s=rates[workers])
+    def fake_measure(spec, workers, prefetch, n_batches, decode_threads=1):
+        timed.append((workers, prefetch, decode_threads))
+        return types.SimpleNamespace(samples_per_s=rates[(workers, decode_threads)])
 
-    monkeypatch.setattr(tune_module, "measure_settings", fake_measure)
-    chosen = confirm_by_measurement(None, base, idle)
-    assert chosen.num_workers == 0 and not chosen.persistent_workers
-    assert "0 workers is fastest" in chosen.reasons[-1] and chosen.reasons[0] == "rule"
-    assert confirm_by_measurement(None, base, busy).num_workers == 3  # the load changed the answer
-    assert all(p == 2 for _, p in timed)
+    monkeypatch.setattr(measure_module, "measure_settings", fake_measure)
+    chosen = confirm_by_measurement(_Spec(photos), base, idle)
+    expected = (0, 2) if photos else (0, 1)  # main-process decoding on two threads wins
+    assert (chosen.num_workers, chosen.decode_threads) == expected
+    assert not chosen.persistent_workers and chosen.reasons[0] == "rule"
+    assert f"{expected[0]} workers x {expected[1]} decode threads is fastest" in chosen.reasons[-1]
+    if not photos:  # the load changed the answer
+        assert confirm_by_measurement(_Spec(False), base, busy).num_workers == 3
+    assert all(p == 2 for _, p, _ in timed)

@@ -1,0 +1,203 @@
+"""Timing loaders: the cost of a sample, a loader's steady-state throughput, a settings sweep.
+
+`measure_throughput` is the one throughput timer of the project (the benchmarks use it too);
+`measure_settings` times the CPU backend at given (workers, prefetch, decode threads).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import time
+import warnings
+from collections.abc import Callable, Generator, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastdata.read.base import LoaderSpec, WorkerSettings
+from fastdata.tune.probe import SampleCost, batch_nbytes, measure_sample_cost
+
+__all__ = [
+    "SweepPoint",
+    "Throughput",
+    "measure_settings",
+    "measure_spec_cost",
+    "measure_throughput",
+    "sweep",
+]
+
+
+def measure_spec_cost(
+    spec: LoaderSpec, n_batches: int = 8, warmup: int = 1, time_budget_s: float | None = None
+) -> SampleCost:
+    """Cost of a sample of `spec` with the CPU backend in this process (num_workers=0).
+
+    Pinning is left out: with workers it happens in the main process's pin thread, not in the
+    workers whose number this cost decides.
+    """
+    from fastdata.read.cpu import CpuLoader  # the read side imports decoders; load on use
+
+    measured = dataclasses.replace(
+        spec,
+        epoch=0,
+        consumed=0,
+        steps_before=0,
+        rank=0,
+        world_size=1,
+        workers=WorkerSettings(num_workers=0, pin_memory=False, persistent_workers=False),
+    )
+    return measure_sample_cost(
+        lambda: CpuLoader(measured),
+        n_batches=n_batches,
+        warmup=warmup,
+        time_budget_s=time_budget_s,
+    )
+
+
+@dataclass(frozen=True)
+class Throughput:
+    """Steady-state speed of a loader.
+
+    Args:
+        samples: samples timed.
+        batches: batches timed.
+        seconds: wall seconds they took.
+        startup_s: seconds from `iter()` to the end of the warm-up batches (worker start-up).
+        notes: what to know about the figure (e.g. the loader ran out early).
+    """
+
+    samples: int
+    batches: int
+    seconds: float
+    startup_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else 0.0
+
+
+def measure_throughput(
+    loader: Iterable[Any],
+    n_batches: int | None,
+    warmup: int = 1,
+    count: Callable[[Any], int] | None = None,
+) -> Throughput:
+    """Samples per second over `n_batches` batches (None: until the loader ends), after `warmup`.
+
+    Choose `warmup` at least num_workers * prefetch_factor: those batches are made while the
+    workers start and arrive in a burst that would flatter the steady state.
+
+    Args:
+        loader: an iterable of batches (a DataLoader starts its workers at `iter()`).
+        n_batches: batches to time after the warm-up; None times every remaining batch.
+        warmup: batches taken first, untimed (each one also goes through `count`).
+        count: consumes a batch (e.g. copies it to the device and augments it) and returns its
+            samples; default: the samples of a batch of tensors, nothing else done.
+    """
+    count = count or (lambda batch: batch_nbytes(batch)[1])
+    start = time.perf_counter()
+    iterator = iter(loader)
+    for _ in range(warmup):
+        batch = next(iterator, None)
+        if batch is None:
+            raise ValueError(f"the loader has fewer than {warmup} warm-up batches; lower warmup")
+        count(batch)
+    timed_start = time.perf_counter()
+    samples = batches = 0
+    for batch in iterator:
+        samples += count(batch)
+        batches += 1
+        if n_batches is not None and batches >= n_batches:
+            break
+    end = time.perf_counter()
+    short = n_batches is not None and batches < n_batches
+    notes = [f"the loader ran out after {batches} timed batches"] if short else []
+    return Throughput(samples, batches, end - timed_start, timed_start - start, notes)
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """Throughput of the CPU backend at one (num_workers, prefetch_factor)."""
+
+    num_workers: int
+    prefetch_factor: int
+    throughput: Throughput
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.throughput.samples_per_s
+
+
+def sweep(
+    spec: LoaderSpec,
+    workers: Sequence[int] = (0, 1, 2, 3, 4),
+    prefetch: Sequence[int] = (1, 2, 4),
+    n_batches: int = 20,
+) -> list[SweepPoint]:
+    """Measure the CPU backend's steady-state throughput at every (num_workers, prefetch_factor).
+
+    With 0 workers prefetch_factor means nothing, so it is measured once (reported with the
+    first prefetch value). See `measure_settings` for how each point is timed.
+    """
+    points = []
+    for w in workers:
+        for p in prefetch if w > 0 else prefetch[:1]:
+            points.append(SweepPoint(w, p, measure_settings(spec, w, p, n_batches)))
+    return points
+
+
+def measure_settings(
+    spec: LoaderSpec,
+    num_workers: int,
+    prefetch_factor: int,
+    n_batches: int,
+    decode_threads: int = 1,
+) -> Throughput:
+    """Steady-state throughput of the CPU backend with these settings (workers shut down after).
+
+    `decode_threads` threads decode each batch's photos in every worker (in this process with
+    0 workers).
+
+    Skips num_workers * prefetch_factor + 1 warm-up batches (those made while the workers
+    start arrive in a burst), then times `n_batches`, running on into further epochs with
+    persistent workers when the split is shorter, as training would.
+    """
+    from fastdata.read.cpu import CpuLoader
+
+    with warnings.catch_warnings():
+        # A sweep goes past the core count on purpose; torch warns about that (twice).
+        warnings.filterwarnings("ignore", message=".*worker processes in total.*")
+        loader = CpuLoader(
+            dataclasses.replace(
+                spec,
+                workers=WorkerSettings(
+                    num_workers=num_workers,
+                    prefetch_factor=prefetch_factor,
+                    decode_threads=decode_threads,
+                    pin_memory=False,
+                    persistent_workers=num_workers > 0,
+                ),
+            )
+        )
+        batches = _epochs(loader)
+        try:
+            return measure_throughput(batches, n_batches, warmup=num_workers * prefetch_factor + 1)
+        finally:
+            batches.close()
+            del batches, loader
+            gc.collect()  # the DataLoader's iterator shuts its workers down when collected
+
+
+def _epochs(loader: Any) -> Generator[object, None, None]:
+    """The batches of epoch 0, 1, 2, ... of a loader with `set_epoch`, until one is empty."""
+    epoch = 0
+    while True:
+        loader.set_epoch(epoch)
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            return
+        epoch += 1
