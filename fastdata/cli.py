@@ -99,6 +99,8 @@ def _size(text: str) -> int:
 
 
 def _shard(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from fastdata.manifest import MANIFEST_NAME
     from fastdata.sources import open_source
     from fastdata.verify import summarize
@@ -131,6 +133,7 @@ def _shard(args: argparse.Namespace) -> int:
 
         with staged_upload(args.out) as local:
             manifest = write_shards(source, local, options)
+        manifest = replace(manifest, root=args.out)  # name the uploaded copy, not the staging
     else:
         manifest = write_shards(source, args.out, options)
     print(summarize(manifest))

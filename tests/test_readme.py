@@ -8,9 +8,11 @@ temporary project folder whose `../shared/data` points at the real data, after t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +59,44 @@ def test_quick_start_runs_as_written(real_data, tmp_path, monkeypatch):
     namespace: dict = {"__name__": "__readme__"}
     for block in _blocks("python", "Quick start"):
         exec(compile(block, str(README), "exec"), namespace)
+
+
+@pytest.mark.realdata
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_data_where_you_keep_it_runs_as_written(real_data, tmp_path):
+    """The section's shell blocks, in order, as one script: formats, HTTP, S3 (moto), parts."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "data").symlink_to(real_data, target_is_directory=True)
+    # The Quick start's photo shards, which the HTTP example serves.
+    subprocess.run(
+        [sys.executable, "-m", "fastdata", "shard", "folder", "../shared/data/clothing-small"]
+        + ["shards/clothing", "--no-progress"],
+        check=True,
+        cwd=project,
+    )
+    script = "\n".join(_blocks("bash", "Data where you keep it"))
+    bin_dir = str(Path(sys.executable).parent)  # fastdata, moto_server, python of this venv
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env["PYTHONPATH"] = str(README.parent)
+    proc = subprocess.Popen(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: a server a failed block left is killed
+    )
+    try:
+        out, _ = proc.communicate(timeout=540)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, out[-4000:]
+    assert "empty.jpg: empty file" in out and "not an image: starts with" in out
+    assert "samples over HTTP through a 30 MB cache" in out
+    assert "s3://demo/photos: folder shards" in out
+    assert "3 parts + merge: byte-identical to one run" in out

@@ -82,7 +82,7 @@ def test_a_missing_dataset_says_so(moto_s3: MotoS3) -> None:
 
 
 def test_cli_shards_straight_to_s3(
-    moto_s3: MotoS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    moto_s3: MotoS3, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     # The command line has no storage options: botocore reads the endpoint from the environment.
     from s3fs import S3FileSystem
@@ -104,6 +104,8 @@ def test_cli_shards_straight_to_s3(
     finally:
         S3FileSystem.clear_instance_cache()
     assert sum(s.num_samples for s in manifest.splits.values()) == 12
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"{url}: folder shards") and "fastdata-upload" not in printed
 
 
 def test_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
