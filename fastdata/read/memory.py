@@ -3,7 +3,9 @@
 airbench-style: the whole split lives on the device (`fastdata.read.decoded_cache` decodes it once
 with the one CPU decoder and caches it on disk), one row per sample in row order; every batch of
 the epoch plan (`fastdata.read.plan`, the same plan as every other backend) is a gather of its
-rows. Nothing is decoded per epoch. Two store layouts:
+rows. Nothing is decoded per epoch. Building the store (decode or copy once, then pad and mirror)
+runs in threads; on large splits local rank 0 shows a progress bar (`decode_split`'s
+`progress`). Two store layouts:
 
 - Fused pad-crop (training with a preset whose train ops are exactly one `PadCrop`:
   `Preset.pad_crop`): the store is `fastdata.read.padded.PaddedImages`, pre-padded and mirrored,
@@ -23,6 +25,7 @@ as corrupt (`on_error="skip"`) keep their row and are left out of the batches th
 
 from __future__ import annotations
 
+import os
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -45,6 +48,7 @@ __all__ = [
     "MemoryLoader",
     "clear_device_cache",
     "fused_pad_crop",
+    "local_rank",
     "make_memory_loader",
     "resident_nbytes",
 ]
@@ -232,6 +236,19 @@ def _place(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return out
 
 
+def local_rank(rank: int) -> int:
+    """This process's rank on its node: $LOCAL_RANK, else $SLURM_LOCALID, else `rank`.
+
+    Only local rank 0 shows the decode progress bar: one bar per node, where each node decodes
+    its own cache (or waits for the shared one).
+    """
+    for name in ("LOCAL_RANK", "SLURM_LOCALID"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return rank
+
+
 def make_memory_loader(spec: LoaderSpec) -> BatchLoader:
     """The device-resident loader of `spec.split` (decoded once per cache, placed once per process)."""
     device = torch.device(spec.device)
@@ -246,7 +263,11 @@ def make_memory_loader(spec: LoaderSpec) -> BatchLoader:
     )
     if key not in _DEVICE_STORE:
         images, labels, _, ok = decode_split(
-            spec.manifest, spec.split, spec.image_size, on_error=spec.on_error
+            spec.manifest,
+            spec.split,
+            spec.image_size,
+            on_error=spec.on_error,
+            progress=None if local_rank(spec.rank) == 0 else False,
         )
         if fused is not None:
             store = PaddedImages.build(images, fused.pad, device, mirrored=fused.flip_p > 0)

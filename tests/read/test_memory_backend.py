@@ -73,8 +73,8 @@ def test_decode_split_returns_the_source_pixels_and_labels(raw_shards):
 def test_second_decode_hits_the_cache(raw_shards, monkeypatch, tmp_path):
     manifest, _ = raw_shards
     calls = []
-    real = decoded_cache._decode_shard
-    monkeypatch.setattr(decoded_cache, "_decode_shard", lambda *a: calls.append(a[2]) or real(*a))
+    real = decoded_cache._decode_rows
+    monkeypatch.setattr(decoded_cache, "_decode_rows", lambda *a: calls.append(a[3][0]) or real(*a))
     first = decode_split(manifest, "train", cache_dir=tmp_path / "cache")
     assert sorted(calls) == list(range(len(manifest.split("train").shards)))
     calls.clear()
@@ -130,7 +130,7 @@ def test_same_order_for_same_seed_and_epoch_new_order_next_epoch(raw_shards):
 def test_resume_skips_exactly_the_consumed_batches(raw_shards, monkeypatch):
     manifest, _ = raw_shards
     full = _labels(make_memory_loader(_spec(manifest, epoch=2, drop_last=True)))
-    monkeypatch.setattr(decoded_cache, "_decode_shard", _must_not_decode)  # resume never decodes
+    monkeypatch.setattr(decoded_cache, "_decode_rows", _must_not_decode)  # resume never decodes
     resumed = make_memory_loader(
         _spec(manifest, epoch=2, drop_last=True, consumed=2 * 8, steps_before=2)
     )
@@ -368,3 +368,96 @@ def test_clothing_photos_decode_to_the_photo_device_store(tmp_path):
     assert images.shape == (800, 3, 256, 256)
     assert np.bincount(labels.numpy()).tolist() == manifest.split("train").class_counts
     assert 40 < images.float().mean() < 220, "decoded photos should not be blank"
+
+
+# ---------------------------------------------------------------- building the store fast
+
+_READ_RAW_SHARD = decoded_cache._read_raw_shard
+
+
+def test_whole_raw_shards_read_equals_the_per_sample_path(raw_shards, monkeypatch, tmp_path):
+    manifest, _ = raw_shards
+    monkeypatch.setattr(decoded_cache, "_read_raw_shard", lambda *a: False)
+    slow = decode_split(manifest, "train", cache_dir=tmp_path / "slow")  # sample by sample
+    used = []
+    real = _READ_RAW_SHARD
+    monkeypatch.setattr(
+        decoded_cache, "_read_raw_shard", lambda *a: used.append(real(*a)) or used[-1]
+    )
+    fast = decode_split(manifest, "train", cache_dir=tmp_path / "fast")
+    assert len(used) == len(manifest.split("train").shards) and all(used), "whole shards read"
+    for a, b in zip(slow, fast, strict=True):
+        assert torch.equal(a, b)
+
+
+def test_irregular_raw_shard_falls_back_and_names_the_sample(raw_shards):
+    manifest, _ = raw_shards
+    shard = manifest.split("train").shards[1]
+    index = Path(manifest.index_url(shard))
+    lines = index.read_text().splitlines()
+    fields = lines[3].split()
+    at = fields.index("rgb")
+    fields[at + 2] = str(int(fields[at + 2]) - 1)  # sample 2's pixels are one byte short
+    lines[3] = " ".join(fields)
+    index.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ShardReadError, match=fields[at + 3].split(".")[0]):
+        decode_split(manifest, "train")
+
+
+class _Terminal:
+    """A stand-in stderr that says it is a terminal (tqdm shows a bar only on one)."""
+
+    def __init__(self) -> None:
+        self.text = ""
+
+    def write(self, text: str) -> None:
+        self.text += text
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize(
+    ("progress", "threshold", "terminal", "shown"),
+    [
+        (None, 1, True, True),  # a large split on a terminal
+        (None, 1, False, False),  # not a terminal (a log file, CI)
+        (None, 10**9, True, False),  # a small split
+        (False, 1, True, False),
+        (True, 10**9, False, True),
+    ],
+)
+def test_decode_progress_bar(
+    raw_shards, monkeypatch, tmp_path, progress, threshold, terminal, shown
+):
+    manifest, _ = raw_shards
+    monkeypatch.setattr(decoded_cache, "PROGRESS_MIN_SAMPLES", {"raw": threshold, "encoded": 0})
+    stderr = _Terminal() if terminal else __import__("io").StringIO()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    decode_split(manifest, "train", cache_dir=tmp_path, progress=progress)
+    text = stderr.text if terminal else stderr.getvalue()
+    assert ("decoding train" in text and f"{N_TRAIN}/{N_TRAIN}" in text) == shown, text
+
+
+@pytest.mark.parametrize(
+    ("env", "rank", "shown"),
+    [
+        ({}, 0, True),
+        ({"LOCAL_RANK": "1"}, 0, False),
+        ({}, 1, False),
+        ({"SLURM_LOCALID": "0"}, 1, True),
+    ],
+)
+def test_memory_loader_bar_on_local_rank_zero_only(raw_shards, monkeypatch, env, rank, shown):
+    manifest, _ = raw_shards
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.delenv("SLURM_LOCALID", raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setattr(decoded_cache, "PROGRESS_MIN_SAMPLES", {"raw": 1, "encoded": 1})
+    monkeypatch.setattr(sys, "stderr", terminal := _Terminal())
+    make_memory_loader(_spec(manifest, rank=rank, world_size=2))
+    assert ("decoding train" in terminal.text) == shown

@@ -97,3 +97,19 @@ def test_building_runs_in_chunks(monkeypatch):
 def test_bad_input_is_refused(images, pad, match):
     with pytest.raises(ValueError, match=match):
         PaddedImages.build(images, pad)
+
+
+@pytest.mark.parametrize(("pad", "mirrored"), [(4, True), (0, True), (2, False)])
+def test_threaded_build_writes_the_sequential_bytes(monkeypatch, pad, mirrored):
+    from fastdata.read import padded
+
+    monkeypatch.setattr(padded, "_BUILD_CHUNK_BYTES", 700)  # a few images per chunk: 20+ chunks
+    images = _images(67, 3, 5, 6, seed=4)
+    sequential = PaddedImages.build(images, pad, mirrored=mirrored, threads=1)
+    threaded = PaddedImages.build(images, pad, mirrored=mirrored, threads=3)
+    assert torch.equal(sequential.data, threaded.data)
+    expected = torch.nn.functional.pad(images, (pad, pad, pad, pad))
+    assert torch.equal(threaded.data[0], expected), "copy 0: the zero-padded images"
+    if mirrored:
+        assert torch.equal(threaded.data[1], expected.flip(-1)), "copy 1: their mirror"
+    assert threaded.data.shape[0] == (2 if mirrored else 1)
