@@ -8,15 +8,15 @@ where it fuses the whole preset, normalized ones); `on_after_batch_transfer` run
 transforms batched on the training device, after the cheap uint8 copy, seeded per batch from the
 plan. The module keeps its position in the epoch as global samples consumed (`state_dict`), so a
 run resumed from a mid-epoch checkpoint, even with another world size or batch size, continues
-with exactly the samples not yet trained on.
+with exactly the samples not yet trained on. A list of roots is a mix of datasets
+(`fastdata.read.mix`): each training epoch draws from each in proportion to its weight.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -26,16 +26,17 @@ from fastdata._pool import TensorPool
 from fastdata._threads import one_thread_on_cpu
 from fastdata.augment import Preset
 from fastdata.augment.resolve import TransformSpec, resolve_transforms
-from fastdata.manifest import Manifest, load_manifest
+from fastdata.epoch_loader import EpochLoader, EpochPosition
+from fastdata.manifest import Manifest, load_manifest, resolve_splits
 from fastdata.read import BatchLoader, LoaderSpec, WorkerSettings, get_backend
-from fastdata.read.plan import EpochPlan, batch_seed
-from fastdata.resume import ResumeState, dataset_fingerprint
+from fastdata.read.mix import epoch_mix, epoch_size, load_mix, mix_roots
+from fastdata.resume import ResumeState, dataset_fingerprint, mix_description
+from fastdata.runtime import pick_backend, rank_and_world, size_workers, training_device
 
 __all__ = ["ShardDataModule"]
 
 log = logging.getLogger("fastdata")
 
-VAL_SPLITS = ("val", "validation")
 DEFAULT_PHOTO_SIZE = 224
 SMALL_IMAGE_SIDE = 64  # raw data at most this size gets the "cifar" preset by default
 
@@ -48,7 +49,9 @@ class ShardDataModule(pl.LightningDataModule):
     keyword arguments.
 
     Args:
-        root: the shard folder (holding manifest.json), or a URL prefix for remote shards.
+        root: the shard folder (holding manifest.json), or a URL prefix for remote shards; or a
+            list of them: a mix (`fastdata.read.mix`: each training epoch draws from each
+            dataset by its weight, classes merged by name, evaluation splits concatenated).
         batch_size: samples per batch on each rank.
         num_workers: loader processes (cpu backend) or "auto" to size them from measured core
             load and sample cost (fastdata.tune).
@@ -76,6 +79,12 @@ class ShardDataModule(pl.LightningDataModule):
             ~/.cache/fastdata/shards).
         cache_limit: most bytes that cache may hold, e.g. "50GB" (None: its default).
         preset: an older name of `train_transforms` (and of the eval ops that go with it).
+        weights: a mix's weights, one > 0 per root (default: equal); needs a list `root`.
+        epoch_samples: a mix's samples per training epoch (default: the sum of its datasets'
+            training sizes); needs a list `root`.
+        loader_timeout: seconds to wait for a worker's batch before raising (0: forever).
+        mp_context: worker start method ("fork", "spawn", "forkserver"); None: "spawn" once
+            CUDA is initialized, else the platform default.
     """
 
     def __init__(
@@ -100,6 +109,10 @@ class ShardDataModule(pl.LightningDataModule):
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
         preset: str | Preset | None = None,
+        weights: Sequence[float] | None = None,
+        epoch_samples: int | None = None,
+        loader_timeout: float = 0.0,
+        mp_context: str | None = None,
     ) -> None:
         super().__init__()
         if batch_size < 1:
@@ -115,7 +128,12 @@ class ShardDataModule(pl.LightningDataModule):
             raise ValueError(f"need 0 <= rank < world_size, got {rank} and {world_size}")
         if backend != "auto":
             get_backend(backend)  # a bad name fails here, with the choices
-        self.root = os.fspath(root)
+        if loader_timeout < 0:
+            raise ValueError(f"loader_timeout must be >= 0 seconds, got {loader_timeout!r}")
+        self.roots, self.mixed = mix_roots(root, weights, epoch_samples)
+        self.root = self.roots[0] if not self.mixed else f"the mix of {', '.join(self.roots)}"
+        self.weights, self.epoch_samples = weights, epoch_samples
+        self.loader_timeout, self.mp_context = loader_timeout, mp_context
         self.batch_size, self.seed, self.on_error = batch_size, seed, on_error
         self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
         self.backend, self.image_size, self.drop_last = backend, image_size, drop_last
@@ -131,12 +149,10 @@ class ShardDataModule(pl.LightningDataModule):
         self.backend_name: str | None = None
         self._train_mode = False
         self._flags: dict[bool, tuple[bool, int]] = {}  # train? -> (normalized, applied_ops)
-        self._epoch, self._batches = 0, 0
-        self._plan: EpochPlan | None = None
-        self._resume: ResumeState | None = None
+        self._position = EpochPosition(seed)
         self._generators: dict[torch.device, torch.Generator] = {}
         self._pool = TensorPool()  # CPU batches: reuse released memory instead of page-faulting
-        self._loaders: list[_EpochLoader] = []
+        self._loaders: list[EpochLoader] = []
         self._cache: Any = None
 
     # ------------------------------------------------------------------ setup
@@ -145,8 +161,8 @@ class ShardDataModule(pl.LightningDataModule):
         """Load the manifest and resolve splits, transforms and backend (idempotent)."""
         if self.manifest is not None:
             return
-        self.manifest = load_manifest(self.root)
-        self.split_names = _resolve_splits(self.manifest, self.split_names)
+        self.manifest = self._load_manifest()
+        self.split_names = resolve_splits(self.manifest, self.split_names)
         train = self.manifest.split(
             self.split_names.get("train") or next(iter(self.manifest.splits))
         )
@@ -164,30 +180,20 @@ class ShardDataModule(pl.LightningDataModule):
             chosen, self.eval_transforms_spec, self.image_size, mean, std
         )
         self.backend_name = self._choose_backend()
-        if self._resume is not None:
-            self._check_resume(self._resume)
+        if self._position.resume is not None:
+            self._check_resume(self._position.resume)
+
+    def _load_manifest(self) -> Manifest:
+        if self.mixed:
+            return load_mix(self.roots, self.weights, self.epoch_samples)
+        return load_manifest(self.root)
 
     def _choose_backend(self) -> str:
-        if self.backend != "auto":
-            ok, why = get_backend(self.backend).check()
-            if not ok:
-                raise ValueError(f"backend {self.backend!r} cannot run here: {why}")
-            return self.backend
-        from fastdata.read.auto import choose_backend
-
+        split = self.split_names.get("train", "train")
         trainer = self._trainer_or_none()
-        name, _reason = choose_backend(  # logs its choice and the figures behind it
-            self.manifest,
-            self.split_names.get("train", "train"),
-            str(self._device()),
-            self.image_size,
-            preset=self.transforms,
-            ranks_per_node=trainer.num_devices if trainer is not None else 1,
+        return pick_backend(
+            self.backend, self.manifest, split, self.image_size, self.transforms, trainer
         )
-        if trainer is not None and trainer.world_size > 1:
-            # Free memory differs between ranks; all ranks must use rank 0's choice.
-            name = trainer.strategy.broadcast(name, src=0)
-        return name
 
     # ------------------------------------------------------------------ loaders
 
@@ -230,7 +236,7 @@ class ShardDataModule(pl.LightningDataModule):
             batch_size=self.batch_size,
             preset=self.transforms,
             seed=self.seed,
-            epoch=self._epoch,
+            epoch=self._position.epoch,
             rank=rank,
             world_size=world,
             image_size=self.image_size,
@@ -238,17 +244,19 @@ class ShardDataModule(pl.LightningDataModule):
             device=str(self._device()),
             drop_last=self.drop_last and train,
             cache=self._shard_cache(),
+            mix=epoch_mix(self.manifest, split) if train else None,
         )
         return self._size_workers(spec)
 
     def _loader(self, role: str, train: bool) -> BatchLoader:
         spec = self.loader_spec(role, train)
-        loader = _EpochLoader(self, spec, get_backend(self.backend_name).load())
+        loader = EpochLoader(self, spec, get_backend(self.backend_name).load())
         self._loaders.append(loader)
         return loader
 
     def _shard_cache(self) -> Any:
-        if "://" not in self.root or (self.cache_dir is None and self.cache_limit is None):
+        remote = any("://" in root for root in self.roots)
+        if not remote or (self.cache_dir is None and self.cache_limit is None):
             return None  # local shards, or the reader's default cache for a remote root
         if self._cache is None:
             from fastdata.remote import DEFAULT_LIMIT, ShardCache, default_cache_dir
@@ -271,26 +279,19 @@ class ShardDataModule(pl.LightningDataModule):
             loader.resize(num_workers, prefetch_factor)
 
     def _size_workers(self, spec: LoaderSpec) -> LoaderSpec:
-        workers, prefetch = self.num_workers, self.prefetch_factor
-        settings = WorkerSettings(decode_threads=self.decode_threads)
-        if "auto" in (workers, prefetch):
-            from fastdata.tune import auto_loader_settings
-
-            trainer = self._trainer_or_none()
-            # Ranks on one node share its cores; Lightning's launcher does not export that count.
-            ranks_per_node = trainer.num_devices if trainer is not None else None
-            auto = auto_loader_settings(
-                spec, backend=self.backend_name, ranks_per_node=ranks_per_node
-            )
-            workers = auto.num_workers if workers == "auto" else workers
-            prefetch = auto.prefetch_factor if prefetch == "auto" else prefetch
-            settings = replace(
-                settings, pin_memory=auto.pin_memory, persistent_workers=auto.persistent_workers
-            )
-        settings = replace(
-            settings, num_workers=int(workers), prefetch_factor=max(1, int(prefetch))
+        settings = WorkerSettings(
+            decode_threads=self.decode_threads,
+            timeout=self.loader_timeout,
+            mp_context=self.mp_context,
         )
-        return replace(spec, workers=settings)
+        return size_workers(
+            spec,
+            self.num_workers,
+            self.prefetch_factor,
+            settings,
+            self.backend_name,
+            self._trainer_or_none(),
+        )
 
     # ------------------------------------------------------------------ device augmentation
 
@@ -300,9 +301,7 @@ class ShardDataModule(pl.LightningDataModule):
         """Run the transforms the loader left (training: seeded from the plan) on the device."""
         x, y = batch
         train = self._is_training()
-        seed = self._batch_seed() if train else self.seed
-        if train:
-            self._batches += 1
+        seed = self._position.next_batch_seed() if train else self.seed
         normalized, applied = self._flags.get(train, (x.is_floating_point(), 0))
         if normalized or x.is_floating_point():
             return x, y
@@ -310,14 +309,6 @@ class ShardDataModule(pl.LightningDataModule):
         with one_thread_on_cpu(x.device):
             generator = self._generator(x.device).manual_seed(seed)
             return self.transforms.apply(x, train, generator, self._pool, skip=applied), y
-
-    def _batch_seed(self) -> int:
-        plan = self._plan
-        if plan is not None and 0 <= self._batches - plan.steps_before < len(plan.seeds):
-            return plan.seeds[self._batches - plan.steps_before]
-        # A batch no plan covers (a loader iterated outside `_EpochLoader`): the plan's own seed
-        # derivation, at a position no planned batch starts at.
-        return batch_seed(self.seed, self._epoch, -1 - self._batches)
 
     def _is_training(self) -> bool:
         trainer = self._trainer_or_none()
@@ -336,21 +327,18 @@ class ShardDataModule(pl.LightningDataModule):
         """The position in the training epoch (`fastdata.resume.ResumeState`; in checkpoints)."""
         self.setup()
         split = self.split_names.get("train", "train")
-        rank, world = self._rank_world()
-        plan = self._plan
-        if plan is not None:
-            consumed = plan.consumed_after(self._batches - plan.steps_before)
-        else:
-            consumed = self._resume.consumed if self._resume is not None else 0
+        _, world = self._rank_world()
+        position = self._position
         state = ResumeState(
-            epoch=self._epoch,
-            consumed=consumed,
-            steps=self._batches,
+            epoch=position.epoch,
+            consumed=position.consumed(),
+            steps=position.batches,
             seed=self.seed,
             world_size=world,
             batch_size=self.batch_size,
-            num_samples=self.manifest.split(split).num_samples,
+            num_samples=epoch_size(self.manifest, split),
             dataset=dataset_fingerprint(self.manifest, split),
+            mix=mix_description(self.manifest, split),
         )
         return state.to_dict()
 
@@ -358,21 +346,23 @@ class ShardDataModule(pl.LightningDataModule):
         """Resume: the training epoch `epoch`, when it runs, starts after the consumed samples.
 
         Raises:
-            fastdata.resume.ResumeError: the state belongs to another dataset or seed, or was
-                saved by an older fastdata.
+            fastdata.resume.ResumeError: the state belongs to another dataset, mix or seed, or
+                was saved by an older fastdata.
         """
         state = ResumeState.from_dict(state_dict)
         self._check_resume(state)
-        self._resume = state
-        self._epoch, self._batches = state.epoch, state.steps
+        self._position.restore(state)
 
     def _check_resume(self, state: ResumeState) -> None:
-        manifest = self.manifest or load_manifest(self.root)
+        manifest = self.manifest or self._load_manifest()
         split = self.split_names.get("train", "train")
         if split not in manifest.splits:
             return  # checked again in setup, once the split names are resolved
         state.check(
-            self.seed, manifest.split(split).num_samples, dataset_fingerprint(manifest, split)
+            self.seed,
+            epoch_size(manifest, split),
+            dataset_fingerprint(manifest, split),
+            mix_description(manifest, split),
         )
 
     # ------------------------------------------------------------------ helpers
@@ -381,26 +371,12 @@ class ShardDataModule(pl.LightningDataModule):
         return getattr(self, "trainer", None)
 
     def _rank_world(self) -> tuple[int, int]:
-        if self.world_size is not None:
-            return self.rank, self.world_size
-        trainer = self._trainer_or_none()
-        if trainer is not None:
-            return trainer.global_rank, trainer.world_size
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            return torch.distributed.get_rank(), torch.distributed.get_world_size()
-        return 0, 1
+        return rank_and_world(self.rank, self.world_size, self._trainer_or_none())
 
     def _device(self) -> torch.device:
-        trainer = self._trainer_or_none()
-        if trainer is not None:
-            return trainer.strategy.root_device
-        return (
-            torch.device("cuda", torch.cuda.current_device())
-            if torch.cuda.is_available()
-            else torch.device("cpu")
-        )
+        return training_device(self._trainer_or_none())
 
-    def _start_epoch(self, loader: _EpochLoader) -> tuple[int, int, int]:
+    def _start_epoch(self, loader: EpochLoader) -> tuple[int, int, int]:
         """Called when a loader is iterated: the (epoch, consumed, steps before) it must produce."""
         train = loader.spec.train
         self._train_mode = train
@@ -408,93 +384,8 @@ class ShardDataModule(pl.LightningDataModule):
         if not train:
             return 0, 0, 0
         trainer = self._trainer_or_none()
-        epoch = trainer.current_epoch if trainer is not None else self._next_epoch()
-        consumed = steps = 0
-        if self._resume is not None and self._resume.epoch == epoch:
-            consumed, steps = self._resume.consumed, self._resume.steps
-        self._resume = None
-        self._epoch, self._batches = epoch, steps
-        self._plan = loader.spec.plan(epoch, consumed, steps)
-        return epoch, consumed, steps
+        epoch = trainer.current_epoch if trainer is not None else None
+        return self._position.start(loader.spec, epoch)
 
     def _pending_len(self, spec: LoaderSpec) -> int | None:
-        """Batches of the resumed epoch when a resume is pending (len() before iteration)."""
-        if not spec.train or self._resume is None:
-            return None
-        state = self._resume
-        return len(spec.plan(state.epoch, state.consumed, state.steps))
-
-    def _next_epoch(self) -> int:
-        epoch = getattr(self, "_manual_epoch", -1) + 1
-        self._manual_epoch = epoch
-        return epoch
-
-
-class _EpochLoader:
-    """The loader Lightning sees: hands the epoch and resume position to the backend.
-
-    The backend loader is reused across epochs (`set_epoch`); it is rebuilt only after
-    `resize_workers` changed its worker settings.
-    """
-
-    def __init__(
-        self, datamodule: ShardDataModule, spec: LoaderSpec, factory: Callable[[LoaderSpec], Any]
-    ) -> None:
-        self.datamodule, self.spec, self.factory = datamodule, spec, factory
-        self.loader: BatchLoader = factory(spec)
-        self._stale = False
-
-    def __len__(self) -> int:
-        pending = self.datamodule._pending_len(self.spec)
-        return pending if pending is not None else len(self.loader)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        # A generator: nothing runs until the first next(). Lightning calls iter() once more than
-        # it iterates (data_connector._check_dataloader_iterable drops that iterator), and on
-        # resume its first next() comes after the loops are restored, when
-        # trainer.current_epoch is the epoch that really runs.
-        return self._batches()
-
-    def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        if self._stale:
-            close = getattr(self.loader, "close", None)
-            if close is not None:
-                close()
-            self.loader, self._stale = self.factory(self.spec), False
-        epoch, consumed, steps = self.datamodule._start_epoch(self)
-        self.loader.set_epoch(epoch, consumed, steps)
-        yield from self.loader
-
-    def resize(self, num_workers: int, prefetch_factor: int | None) -> None:
-        """Use new worker figures from the next iteration on."""
-        workers = replace(self.spec.workers, num_workers=num_workers)
-        if prefetch_factor is not None:
-            workers = replace(workers, prefetch_factor=prefetch_factor)
-        self.spec = replace(self.spec, workers=workers)
-        self._stale = True
-
-    def __getattr__(self, name: str) -> Any:  # the backend's extras (skipped, ...)
-        # Not `dataset`: Lightning would then warn that an IterableDataset's length may be
-        # inexact with workers, which this plan's is not.
-        if name in ("loader", "dataset"):
-            raise AttributeError(name)
-        return getattr(self.loader, name)
-
-
-def _resolve_splits(manifest: Manifest, given: dict[str, str]) -> dict[str, str]:
-    names = dict(given)
-    available = manifest.splits
-    if "train" not in names and "train" in available:
-        names["train"] = "train"
-    if "val" not in names:
-        found = next((s for s in VAL_SPLITS if s in available), None)
-        if found:
-            names["val"] = found
-    if "test" not in names and "test" in available:
-        names["test"] = "test"
-    for role, split in names.items():
-        if split and split not in available:
-            raise ValueError(
-                f"{role} split {split!r} is not in {manifest.root} (splits: {sorted(available)})"
-            )
-    return {role: split for role, split in names.items() if split}
+        return self._position.pending_len(spec)

@@ -24,11 +24,13 @@ __all__ = [
     "SkippedSample",
     "SplitInfo",
     "load_manifest",
+    "resolve_splits",
 ]
 
 FORMAT = "fastdata-shards"
 FORMAT_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+VAL_SPLITS = ("val", "validation")  # the names a validation split is looked up under
 
 
 class ManifestError(ValueError):
@@ -45,6 +47,8 @@ class ShardInfo:
         num_samples: samples in the shard.
         bytes: size of the tar file.
         sha256: hex digest of the tar file.
+        label_map: only in a mix of datasets (`fastdata.read.mix`, never saved): the mix's label
+            of each label stored in this shard (classes merged by name); None: labels as stored.
     """
 
     name: str
@@ -52,6 +56,22 @@ class ShardInfo:
     num_samples: int
     bytes: int
     sha256: str
+    label_map: tuple[int, ...] | None = None
+
+    def map_label(self, label: int) -> int:
+        """The manifest's label of a label stored in this shard (unchanged outside a mix).
+
+        Raises:
+            ValueError: the stored label is not one of the shard's dataset's classes.
+        """
+        if self.label_map is None:
+            return label
+        if not 0 <= label < len(self.label_map):
+            raise ValueError(
+                f"label {label} is outside its dataset's {len(self.label_map)} classes; "
+                "run `fastdata verify` on that shard folder"
+            )
+        return self.label_map[label]
 
 
 @dataclass(frozen=True)
@@ -143,6 +163,10 @@ class Manifest:
         """Serialize (without `root`), with sorted keys so the file is deterministic."""
         data = asdict(self)
         data.pop("root")
+        for split in data["splits"].values():
+            for shard in split["shards"]:
+                if shard["label_map"] is None:  # only a mix has one, and a mix is never saved
+                    del shard["label_map"]
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
     def save(self, folder: str | os.PathLike[str]) -> Path:
@@ -231,11 +255,41 @@ def load_manifest(
     return Manifest.from_dict(data, root=text_root)
 
 
+def resolve_splits(manifest: Manifest, given: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Split role ("train", "val", "test") -> split name in `manifest`.
+
+    Roles not in `given` get the split of their own name ("val": the first of `VAL_SPLITS`)
+    when the manifest has one; a role it lacks is left out (never another role's split).
+
+    Raises:
+        ValueError: a split named in `given` is not in the manifest (names the root and lists
+            the splits there are).
+    """
+    names = dict(given or {})
+    available = manifest.splits
+    if "train" not in names and "train" in available:
+        names["train"] = "train"
+    if "val" not in names:
+        found = next((s for s in VAL_SPLITS if s in available), None)
+        if found:
+            names["val"] = found
+    if "test" not in names and "test" in available:
+        names["test"] = "test"
+    for role, split in names.items():
+        if split and split not in available:
+            raise ValueError(
+                f"{role} split {split!r} is not in {manifest.root} (splits: {sorted(available)})"
+            )
+    return {role: split for role, split in names.items() if split}
+
+
 def _is_remote(root: str) -> bool:
     return "://" in root  # read through fsspec: http(s)://, s3://, gs://, ... where reachable
 
 
 def _join(root: str, name: str) -> str:
+    if _is_remote(name) or os.path.isabs(name):
+        return name  # a mix names each shard by its full path or URL
     if _is_remote(root):
         return root.rstrip("/") + "/" + name
     return os.path.join(root, name)

@@ -16,7 +16,13 @@ from typing import Any
 
 from fastdata.manifest import Manifest
 
-__all__ = ["STATE_VERSION", "ResumeError", "ResumeState", "dataset_fingerprint"]
+__all__ = [
+    "STATE_VERSION",
+    "ResumeError",
+    "ResumeState",
+    "dataset_fingerprint",
+    "mix_description",
+]
 
 STATE_VERSION = 2
 
@@ -26,10 +32,31 @@ class ResumeError(ValueError):
 
 
 def dataset_fingerprint(manifest: Manifest, split: str) -> str:
-    """A short hash of the split's shards (their sha256s and sizes, in manifest order)."""
-    shards = manifest.split(split).shards
-    text = ";".join(f"{s.name}:{s.num_samples}:{s.sha256}" for s in shards)
+    """A short hash of the split's shards (their sha256s and sizes, in manifest order).
+
+    A mix (`fastdata.read.mix`): a hash of each dataset's own fingerprint and weight, in mix
+    order, and the epoch size, so a state from another mix or weighting does not match (and
+    moving a dataset's folder does not matter).
+    """
+    if manifest.source.get("kind") == "mix":
+        parts = [f"{d['fingerprints'][split]}*{d['weight']!r}" for d in manifest.source["datasets"]]
+        text = "mix;" + ";".join(parts) + f";{manifest.source.get('epoch_samples')}"
+    else:
+        shards = manifest.split(split).shards
+        text = ";".join(f"{s.name}:{s.num_samples}:{s.sha256}" for s in shards)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def mix_description(manifest: Manifest, split: str) -> str:
+    """How a training epoch of `split` is drawn, for messages: "" for one dataset, else the
+    datasets' fingerprints, the weights and the epoch size."""
+    if manifest.source.get("kind") != "mix":
+        return ""
+    datasets = manifest.source["datasets"]
+    weights = ":".join(f"{d['weight']:g}" for d in datasets)
+    prints = ", ".join(d["fingerprints"][split] for d in datasets)
+    size = manifest.source.get("epoch_samples") or "their training sizes"
+    return f"weights {weights} over datasets {prints}, epoch size {size}"
 
 
 @dataclass(frozen=True)
@@ -45,6 +72,7 @@ class ResumeState:
         batch_size: per-rank batch size then (informative).
         num_samples: samples in the training split.
         dataset: `dataset_fingerprint` of the training split.
+        mix: `mix_description` of the training split ("" for one dataset).
     """
 
     epoch: int
@@ -55,10 +83,14 @@ class ResumeState:
     batch_size: int
     num_samples: int
     dataset: str
+    mix: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The checkpointable form (plain ints and strings, with a version)."""
-        return {"version": STATE_VERSION, **asdict(self)}
+        state = {"version": STATE_VERSION, **asdict(self)}
+        if not self.mix:
+            del state["mix"]  # one dataset: the same state as before mixes existed
+        return state
 
     @classmethod
     def from_dict(cls, state: dict[str, Any]) -> ResumeState:
@@ -70,15 +102,30 @@ class ResumeState:
                 "exactly; resume from an end-of-epoch checkpoint, or drop the checkpoint's "
                 "'datamodule' entry to restart the epoch"
             )
-        fields = cls.__dataclass_fields__
+        fields = [name for name in cls.__dataclass_fields__ if name != "mix"]
         try:
             values = {name: state[name] for name in fields}
         except KeyError as exc:
             raise ResumeError(f"data position {state} lacks {exc}") from exc
-        return cls(**{k: (str(v) if k == "dataset" else int(v)) for k, v in values.items()})
+        values = {k: (str(v) if k == "dataset" else int(v)) for k, v in values.items()}
+        return cls(**values, mix=str(state.get("mix", "")))  # no "mix": one dataset
 
-    def check(self, seed: int, num_samples: int, dataset: str) -> None:
-        """ResumeError unless this state belongs to the same dataset and seed."""
+    def check(self, seed: int, num_samples: int, dataset: str, mix: str = "") -> None:
+        """ResumeError unless this state belongs to the same dataset (or mix) and seed.
+
+        Args:
+            seed: this DataModule's seed.
+            num_samples: samples in its training epoch.
+            dataset: `dataset_fingerprint` of its training split.
+            mix: `mix_description` of its training split ("" for one dataset).
+        """
+        if self.mix != mix:
+            raise ResumeError(
+                f"the checkpoint's data position was taken on "
+                f"{_mix_words(self.mix)}; this DataModule reads {_mix_words(mix)}: the epoch's "
+                "selection of samples differs, so the consumed ones cannot be skipped; resume "
+                "with the same roots, weights and epoch_samples"
+            )
         if self.dataset != dataset or self.num_samples != num_samples:
             raise ResumeError(
                 f"the checkpoint's data position belongs to another dataset (fingerprint "
@@ -93,3 +140,7 @@ class ResumeState:
             )
         if not 0 <= self.consumed <= self.num_samples:
             raise ResumeError(f"consumed={self.consumed} outside [0, {self.num_samples}]")
+
+
+def _mix_words(mix: str) -> str:
+    return f"a mix ({mix})" if mix else "a single dataset"

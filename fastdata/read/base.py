@@ -14,7 +14,7 @@ import torch
 
 from fastdata.augment import Preset, get_preset
 from fastdata.manifest import Manifest
-from fastdata.read.plan import EpochPlan, plan_epoch
+from fastdata.read.plan import EpochMix, EpochPlan, plan_epoch
 
 __all__ = ["BatchLoader", "LoaderSpec", "WorkerSettings"]
 
@@ -89,6 +89,8 @@ class LoaderSpec:
         workers: processes, threads and prefetching (`WorkerSettings`).
         cache: a remote shard cache passed to the shard readers (None: local shards, or the
             default cache for a remote manifest).
+        mix: for the training split of a mix of datasets (`fastdata.read.mix`), the rows each
+            epoch draws from each dataset (plan rule 0); None: every row once per epoch.
     """
 
     manifest: Manifest
@@ -108,6 +110,7 @@ class LoaderSpec:
     drop_last: bool = False
     workers: WorkerSettings = field(default_factory=WorkerSettings)
     cache: Any = None
+    mix: EpochMix | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.preset, str):
@@ -120,6 +123,13 @@ class LoaderSpec:
             )
         if self.on_error not in ("raise", "skip"):
             raise ValueError(f"on_error must be 'raise' or 'skip', got {self.on_error!r}")
+
+    @property
+    def epoch_samples(self) -> int:
+        """Samples in one epoch of the split (a training mix: its draws; else the split's size)."""
+        if self.mix is not None and self.train:
+            return sum(self.mix.samples)
+        return sum(self.shard_sizes)
 
     @property
     def shard_sizes(self) -> tuple[int, ...]:
@@ -139,4 +149,5 @@ class LoaderSpec:
             drop_last=self.drop_last and self.train,
             consumed=consumed,
             steps_before=steps_before,
+            mix=self.mix if self.train else None,
         )

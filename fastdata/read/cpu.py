@@ -108,6 +108,7 @@ class ShardBatchDataset(IterableDataset):
             try:
                 parts = reader.sample(shard, index)
                 label, _ = schema.label_and_id(reader.key(shard, index), parts)
+                label = reader.shards[shard].map_label(label)  # a mix's merged classes
                 ext, data = schema.image_component(parts)
                 if self.raw_shape is not None:
                     images.append(decode_raw(data, self.raw_shape))

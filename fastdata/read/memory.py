@@ -40,6 +40,7 @@ from fastdata.manifest import SplitInfo
 from fastdata.read.base import BatchLoader, LoaderSpec
 from fastdata.read.decode import stored_hw
 from fastdata.read.decoded_cache import ImageSize, cache_key, decode_split, decoded_nbytes
+from fastdata.read.mix import map_row_labels
 from fastdata.read.padded import PaddedImages, padded_nbytes
 from fastdata.read.plan import PAD_LABEL, EpochPlan
 
@@ -278,4 +279,5 @@ def make_memory_loader(spec: LoaderSpec) -> BatchLoader:
             _DEVICE_STORE.popitem(last=False)
     _DEVICE_STORE.move_to_end(key)
     store, labels, ok = _DEVICE_STORE[key]
+    labels = map_row_labels(spec.manifest.split(spec.split), labels)  # a mix's merged classes
     return MemoryLoader(store, labels, spec, fused, ok)

@@ -122,6 +122,7 @@ def read_batch(reader: ShardReader, spec: LoaderSpec, plan: EpochPlan, number: i
         try:
             parts = reader.sample(shard, index)
             label, _ = schema.label_and_id(reader.key(shard, index), parts)
+            label = reader.shards[shard].map_label(label)  # a mix's merged classes
             ext, data = schema.image_component(parts)
         except (ShardReadError, ValueError) as exc:
             raise _sample_error(reader, shard, index, exc) from exc

@@ -7,11 +7,19 @@ size) continues with exactly the samples not yet consumed. Everything is a pure 
 compute it without talking to each other.
 
 A sample is named by its *row*: its position in the split when the shards are laid end to end in
-manifest order (row = first row of its shard + its index in the shard).
+manifest order (row = first row of its shard + its index in the shard). A mix of datasets
+(`fastdata.read.mix`) is one such split: every dataset's shards end to end, in the order given.
 
 The rules:
 
-1. Epoch order. Training: the shards are put in a random order and the rows inside each shard
+0. Selection (a training mix, `EpochMix`, only). Each epoch takes exactly ``samples[i]`` rows of
+   dataset i: whole copies of the dataset, each in its own rule-1 order, then a uniformly drawn
+   subset of one more copy (kept in that copy's order), all from (seed, epoch, i), so the subset
+   differs every epoch. The datasets' streams are then interleaved by a random permutation of
+   their dataset numbers (also from (seed, epoch)), so every batch holds the shares of the mix
+   up to sampling noise while each stream still reads its shards one or two at a time.
+
+1. Epoch order. Training (without a mix): the shards are put in a random order and the rows inside each shard
    permuted, both drawn from (seed, epoch). Shards were pre-shuffled at write time, so this gives a
    fresh order every epoch while a batch stays within one or two shards (local reads).
    Evaluation: row order.
@@ -45,9 +53,11 @@ import numpy as np
 
 __all__ = [
     "PAD_LABEL",
+    "EpochMix",
     "EpochPlan",
     "batch_seed",
     "epoch_order",
+    "mixed_order",
     "plan_epoch",
     "rows_to_refs",
     "sample_seed",
@@ -73,17 +83,81 @@ def sample_seed(seed: int, epoch: int, position: int) -> int:
     return _mix("fastdata-sample", seed, epoch, position)
 
 
+def _rng(seed: int, epoch: int, *stream: int) -> np.random.Generator:
+    """The generator of one random choice of the epoch; `stream` names the choice."""
+    return np.random.default_rng([seed, epoch, 0x5EED, *stream])
+
+
 def epoch_order(
-    shard_sizes: list[int] | tuple[int, ...], seed: int, epoch: int, shuffle: bool
+    shard_sizes: list[int] | tuple[int, ...],
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+    stream: tuple[int, ...] = (),
 ) -> np.ndarray:
-    """The epoch's order of rows (int64, rule 1)."""
+    """The epoch's order of rows (int64, rule 1); `stream` draws an independent order (rule 0)."""
     sizes = np.asarray(shard_sizes, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if len(sizes) else sizes
     if not shuffle:
         return np.arange(int(sizes.sum()), dtype=np.int64)
-    rng = np.random.default_rng([seed, epoch, 0x5EED])
+    rng = _rng(seed, epoch, *stream)
     parts = [starts[s] + rng.permutation(sizes[s]) for s in rng.permutation(len(sizes))]
     return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+
+
+@dataclass(frozen=True)
+class EpochMix:
+    """How a training epoch draws from datasets laid end to end in one split (rule 0).
+
+    Attributes:
+        shards: shards of each dataset, in split order (they sum to the split's shards).
+        samples: rows each epoch takes from each dataset (more than it holds: up-sampling).
+    """
+
+    shards: tuple[int, ...]
+    samples: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.shards) != len(self.samples) or not self.shards:
+            raise ValueError(
+                f"need one sample count per dataset, got {self.shards}, {self.samples}"
+            )
+        if min(self.samples) < 0:
+            raise ValueError(f"sample counts must be >= 0, got {self.samples}")
+
+
+# Rule 0's draws: streams (_MIX, dataset, copy, _ORDER | _SUBSET) and (_MIX, _OWNER). Each ends
+# in a non-zero tag: numpy's SeedSequence ignores trailing zeros ([s, e, 0] seeds as [s, e]).
+_MIX, _ORDER, _SUBSET, _OWNER = 0x313, 1, 2, 3
+
+
+def mixed_order(
+    shard_sizes: list[int] | tuple[int, ...], mix: EpochMix, seed: int, epoch: int
+) -> np.ndarray:
+    """The epoch's rows of a mix (int64, rule 0): `sum(mix.samples)` rows, repeats allowed."""
+    sizes = np.asarray(shard_sizes, dtype=np.int64)
+    bounds = np.cumsum((0, *mix.shards))
+    if bounds[-1] != len(sizes):
+        raise ValueError(f"the mix names {bounds[-1]} shards, the split has {len(sizes)}")
+    streams = []
+    for i, wanted in enumerate(mix.samples):
+        own = sizes[bounds[i] : bounds[i + 1]]
+        first, held = int(sizes[: bounds[i]].sum()), int(own.sum())
+        if wanted and not held:
+            raise ValueError(f"dataset {i} of the mix has no samples to draw {wanted} from")
+        copies, extra = divmod(wanted, held) if held else (0, 0)
+        parts = [epoch_order(own, seed, epoch, True, (_MIX, i, c, _ORDER)) for c in range(copies)]
+        if extra:
+            order = epoch_order(own, seed, epoch, True, (_MIX, i, copies, _ORDER))
+            chosen = _rng(seed, epoch, _MIX, i, copies, _SUBSET).choice(held, extra, replace=False)
+            parts.append(order[np.sort(chosen)])  # a uniform subset, read in shard order
+        streams.append(first + np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
+    owner = np.repeat(np.arange(len(streams)), mix.samples)
+    owner = _rng(seed, epoch, _MIX, _OWNER).permutation(owner)
+    out = np.empty(len(owner), dtype=np.int64)
+    for i, stream in enumerate(streams):
+        out[owner == i] = stream
+    return out
 
 
 def rows_to_refs(rows: np.ndarray, shard_sizes: list[int] | tuple[int, ...]) -> np.ndarray:
@@ -143,8 +217,9 @@ def plan_epoch(
     drop_last: bool = False,
     consumed: int = 0,
     steps_before: int = 0,
+    mix: EpochMix | None = None,
 ) -> EpochPlan:
-    """This rank's plan of an epoch, starting after `consumed` samples (rules 1-5).
+    """This rank's plan of an epoch, starting after `consumed` samples (rules 0-5).
 
     Args:
         shard_sizes: samples per shard, in manifest order.
@@ -157,6 +232,8 @@ def plan_epoch(
         drop_last: drop a short last step (rule 4).
         consumed: samples of this epoch already consumed (rule 2), for a resume.
         steps_before: batches each rank already took this epoch (only counted by `len`).
+        mix: the datasets of a training mix and the rows each epoch takes from each (rule 0);
+            None: every row once.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -164,7 +241,10 @@ def plan_epoch(
         raise ValueError(
             f"need world_size >= 1 and 0 <= rank < world_size, got {rank}, {world_size}"
         )
-    order = epoch_order(shard_sizes, seed, epoch, shuffle)
+    if mix is not None and shuffle:
+        order = mixed_order(shard_sizes, mix, seed, epoch)
+    else:
+        order = epoch_order(shard_sizes, seed, epoch, shuffle)
     total = len(order)
     if not 0 <= consumed <= total:
         raise ValueError(f"consumed must be in [0, {total}] (samples in the epoch), got {consumed}")

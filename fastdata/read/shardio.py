@@ -177,7 +177,8 @@ class ShardReader:
             self._open.move_to_end(shard)
             return self._open[shard]
         info = self.shards[shard]
-        pin = self._acquire(info) if self._remote else None
+        # Per shard: a mix (`fastdata.read.mix`) may hold local and remote datasets.
+        pin = self._acquire(info) if "://" in self.manifest.shard_url(info) else None
         try:
             tar = str(pin.tar) if pin else self.manifest.shard_url(info)
             data = _open_bytes(tar, info.name)

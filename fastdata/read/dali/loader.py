@@ -149,6 +149,7 @@ class DaliLoader:
                     key = reader.key(shard, index)
                     try:
                         label, _ = schema.label_and_id(key, parts)
+                        label = reader.shards[shard].map_label(label)  # a mix's classes
                         _, image = schema.image_component(parts)
                     except ValueError as exc:
                         raise ShardReadError(reader.shards[shard].name, key, str(exc)) from exc

@@ -1,0 +1,146 @@
+"""The loader Lightning sees (`EpochLoader`) and the training epoch's position (`EpochPosition`).
+
+`ShardDataModule` hands each split's backend loader to an `EpochLoader`, which tells the backend,
+when iteration starts, which epoch to produce and from which position (a pending resume). The
+`EpochPosition` keeps that position as the epoch plan counts it: batches taken, hence the global
+samples consumed (`EpochPlan.consumed_after`) that `ShardDataModule.state_dict` records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any, Protocol
+
+import torch
+
+from fastdata.read import BatchLoader, LoaderSpec
+from fastdata.read.plan import EpochPlan, batch_seed
+from fastdata.resume import ResumeState
+
+__all__ = ["EpochLoader", "EpochPosition"]
+
+
+class _Owner(Protocol):
+    """What an `EpochLoader` asks of its DataModule."""
+
+    def _start_epoch(self, loader: EpochLoader) -> tuple[int, int, int]: ...
+
+    def _pending_len(self, spec: LoaderSpec) -> int | None: ...
+
+
+class EpochPosition:
+    """Where training is: the epoch, the batches each rank took, the plan, a pending resume.
+
+    Args:
+        seed: the DataModule's base seed (batch seeds outside a plan derive from it).
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.epoch, self.batches = 0, 0
+        self.plan: EpochPlan | None = None
+        self.resume: ResumeState | None = None
+        self._manual_epoch = -1
+
+    def start(self, spec: LoaderSpec, trainer_epoch: int | None) -> tuple[int, int, int]:
+        """Begin a training epoch: (epoch, consumed, steps before) the backend must produce.
+
+        Args:
+            spec: the training loader's spec (its plan is kept for the batch seeds).
+            trainer_epoch: the Trainer's current epoch; None without a Trainer (0, 1, 2, ...).
+        """
+        if trainer_epoch is None:
+            self._manual_epoch += 1
+            trainer_epoch = self._manual_epoch
+        consumed = steps = 0
+        if self.resume is not None and self.resume.epoch == trainer_epoch:
+            consumed, steps = self.resume.consumed, self.resume.steps
+        self.resume = None
+        self.epoch, self.batches = trainer_epoch, steps
+        self.plan = spec.plan(trainer_epoch, consumed, steps)
+        return trainer_epoch, consumed, steps
+
+    def restore(self, state: ResumeState) -> None:
+        """Resume from `state` when its epoch next starts."""
+        self.resume = state
+        self.epoch, self.batches = state.epoch, state.steps
+
+    def pending_len(self, spec: LoaderSpec) -> int | None:
+        """Batches of the resumed epoch when a resume is pending (len() before iteration)."""
+        if not spec.train or self.resume is None:
+            return None
+        state = self.resume
+        return len(spec.plan(state.epoch, state.consumed, state.steps))
+
+    def next_batch_seed(self) -> int:
+        """The augmentation seed of the next training batch (plan rule 5); counts the batch."""
+        plan, number = self.plan, self.batches
+        self.batches += 1
+        if plan is not None and 0 <= number - plan.steps_before < len(plan.seeds):
+            return plan.seeds[number - plan.steps_before]
+        # A batch no plan covers (a loader iterated outside `EpochLoader`): the plan's own seed
+        # derivation, at a position no planned batch starts at.
+        return batch_seed(self.seed, self.epoch, -1 - number)
+
+    def consumed(self) -> int:
+        """Global samples of the epoch consumed so far (all ranks together)."""
+        if self.plan is not None:
+            return self.plan.consumed_after(self.batches - self.plan.steps_before)
+        return self.resume.consumed if self.resume is not None else 0
+
+
+class EpochLoader:
+    """The loader Lightning sees: hands the epoch and resume position to the backend.
+
+    The backend loader is reused across epochs (`set_epoch`); it is rebuilt only after
+    `resize` changed its worker settings.
+
+    Args:
+        owner: the DataModule (starts epochs, knows a pending resume).
+        spec: the split's loader spec.
+        factory: the backend's loader factory.
+    """
+
+    def __init__(
+        self, owner: _Owner, spec: LoaderSpec, factory: Callable[[LoaderSpec], Any]
+    ) -> None:
+        self.owner, self.spec, self.factory = owner, spec, factory
+        self.loader: BatchLoader = factory(spec)
+        self._stale = False
+
+    def __len__(self) -> int:
+        pending = self.owner._pending_len(self.spec)
+        return pending if pending is not None else len(self.loader)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        # A generator: nothing runs until the first next(). Lightning calls iter() once more than
+        # it iterates (data_connector._check_dataloader_iterable drops that iterator), and on
+        # resume its first next() comes after the loops are restored, when
+        # trainer.current_epoch is the epoch that really runs.
+        return self._batches()
+
+    def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        if self._stale:
+            close = getattr(self.loader, "close", None)
+            if close is not None:
+                close()
+            self.loader, self._stale = self.factory(self.spec), False
+        epoch, consumed, steps = self.owner._start_epoch(self)
+        self.loader.set_epoch(epoch, consumed, steps)
+        yield from self.loader
+
+    def resize(self, num_workers: int, prefetch_factor: int | None) -> None:
+        """Use new worker figures from the next iteration on."""
+        workers = replace(self.spec.workers, num_workers=num_workers)
+        if prefetch_factor is not None:
+            workers = replace(workers, prefetch_factor=prefetch_factor)
+        self.spec = replace(self.spec, workers=workers)
+        self._stale = True
+
+    def __getattr__(self, name: str) -> Any:  # the backend's extras (skipped, ...)
+        # Not `dataset`: Lightning would then warn that an IterableDataset's length may be
+        # inexact with workers, which this plan's is not.
+        if name in ("loader", "dataset"):
+            raise AttributeError(name)
+        return getattr(self.loader, name)

@@ -1,0 +1,332 @@
+"""Mixing datasets: several shard folders read as one split, each epoch drawing by weight.
+
+    dm = ShardDataModule(["shards/photos", "shards/extra"], weights=[3, 1])
+
+A mix is one *virtual* manifest (`mix_manifests`): each split holds every dataset's shards of
+that split end to end, in the order the roots are given, each shard named by its full path or
+URL, so every backend reads it as it reads one folder (`rows_to_refs`, `ShardReader`). What
+makes it a mix:
+
+- Epochs (training split only): `epoch_mix` gives the epoch plan the rows each epoch draws from
+  each dataset (plan rule 0). Epoch size: `epoch_samples`, else the sum of the datasets'
+  training sizes; dataset i gets ``n_i`` of it, shares rounded by largest remainder (ties to the
+  earlier dataset) so that ``sum(n_i)`` is the epoch size and each ``n_i / size`` is within
+  ``1 / size`` of ``w_i / sum(w)``. ``n_i`` below the dataset's size draws a fresh seeded
+  subset each epoch (down-sampling); above it, whole copies plus a seeded subset (up-sampling).
+- Evaluation splits (val / test): the concatenation, every sample once, no weights.
+- Classes merged by name, in first-seen order: the first dataset's classes keep their labels,
+  each later dataset's new classes follow in its own order. Every shard carries its dataset's
+  label lookup (`ShardInfo.label_map`), which the backends apply wherever they read a label.
+  A dataset without class names cannot be mixed (refused).
+- A split is in the mix when every dataset has it (same name); pass ``splits=`` to name others.
+- Images: all raw with one shape, or all encoded (JPEG/PNG: "mixed" when they differ); raw and
+  encoded datasets are refused. Pixel statistics are combined weighted by each dataset's samples
+  in the split.
+- Resume: the training fingerprint covers each dataset's fingerprint, the weights and the epoch
+  size (`fastdata.resume.dataset_fingerprint`), so a state from another mix is refused.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from fractions import Fraction
+
+import torch
+
+from fastdata.manifest import Manifest, ShardInfo, SplitInfo, load_manifest
+from fastdata.read.plan import EpochMix
+
+__all__ = [
+    "MIX_KIND",
+    "epoch_mix",
+    "epoch_size",
+    "load_mix",
+    "map_row_labels",
+    "merge_classes",
+    "mix_manifests",
+    "mix_roots",
+    "share_counts",
+    "validate_weights",
+]
+
+#: `Manifest.source["kind"]` of a virtual manifest made by `mix_manifests`.
+MIX_KIND = "mix"
+
+
+def validate_weights(
+    roots: Sequence[str], weights: Sequence[float] | None, epoch_samples: int | None = None
+) -> tuple[float, ...]:
+    """The mix's weights (default: all 1), checked against the roots.
+
+    Raises:
+        ValueError: wrong count, a weight that is not a finite number > 0 (names its root), or
+            `epoch_samples` < 1.
+    """
+    if not roots:
+        raise ValueError("a mix needs at least one root")
+    if weights is None:
+        weights = [1.0] * len(roots)
+    if len(weights) != len(roots):
+        raise ValueError(
+            f"got {len(weights)} weights for {len(roots)} roots ({list(roots)}): pass one weight "
+            "per root"
+        )
+    for root, weight in zip(roots, weights, strict=True):
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            raise ValueError(f"the weight of {root} must be a number, got {weight!r}")
+        if not math.isfinite(weight) or weight <= 0:
+            raise ValueError(f"the weight of {root} must be finite and > 0, got {weight!r}")
+    if epoch_samples is not None and (isinstance(epoch_samples, bool) or epoch_samples < 1):
+        raise ValueError(f"epoch_samples must be an int >= 1, got {epoch_samples!r}")
+    return tuple(float(w) for w in weights)
+
+
+def share_counts(total: int, weights: Sequence[float]) -> tuple[int, ...]:
+    """`total` split in proportion to `weights` by largest remainder (exact sum; ties: first).
+
+    Each count is the floor of its exact quota ``total * w_i / sum(w)`` or one more, so every
+    share is within ``1 / total`` of its weight's share.
+    """
+    exact = [Fraction(w) for w in weights]
+    whole = sum(exact)
+    quotas = [total * w / whole for w in exact]
+    counts = [math.floor(q) for q in quotas]
+    by_remainder = sorted(range(len(quotas)), key=lambda i: (-(quotas[i] - counts[i]), i))
+    for i in by_remainder[: total - sum(counts)]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+def merge_classes(manifests: Sequence[Manifest]) -> tuple[list[str], list[tuple[int, ...]]]:
+    """(the union of class names in first-seen order, each dataset's label -> merged label).
+
+    Raises:
+        ValueError: a dataset has no class names, or one name twice (names its root).
+    """
+    merged: dict[str, int] = {}
+    maps = []
+    for manifest in manifests:
+        if not manifest.classes:
+            raise ValueError(
+                f"{manifest.root} has no class names: a mix merges classes by name, so every "
+                "dataset needs them (re-shard it from a source with named classes)"
+            )
+        if len(set(manifest.classes)) != len(manifest.classes):
+            twice = sorted({c for c in manifest.classes if manifest.classes.count(c) > 1})
+            raise ValueError(f"{manifest.root} names classes more than once: {twice[:5]}")
+        maps.append(tuple(merged.setdefault(name, len(merged)) for name in manifest.classes))
+    return list(merged), maps
+
+
+def mix_manifests(
+    manifests: Sequence[Manifest],
+    weights: Sequence[float] | None = None,
+    epoch_samples: int | None = None,
+) -> Manifest:
+    """The virtual manifest of a mix (see the module docstring); never saved.
+
+    Args:
+        manifests: the datasets, in mix order (each loaded with `load_manifest`).
+        weights: one weight > 0 per dataset (default: equal).
+        epoch_samples: samples per training epoch (default: the datasets' training sizes).
+
+    Raises:
+        ValueError: bad weights, datasets without class names, raw and encoded datasets mixed,
+            or raw datasets of different shapes.
+    """
+    roots = [m.root for m in manifests]
+    weights = validate_weights(roots, weights, epoch_samples)
+    classes, maps = merge_classes(manifests)
+    common = [name for name in manifests[0].splits if all(name in m.splits for m in manifests)]
+    splits = {
+        name: _merge_split([m.split(name) for m in manifests], manifests, maps, len(classes))
+        for name in common
+    }
+    from fastdata.resume import dataset_fingerprint  # resume imports the manifest only
+
+    datasets = [
+        {
+            "root": m.root,
+            "weight": w,
+            "fingerprints": {name: dataset_fingerprint(m, name) for name in common},
+            "shards": {name: len(m.split(name).shards) for name in common},
+            "samples": {name: m.split(name).num_samples for name in common},
+        }
+        for m, w in zip(manifests, weights, strict=True)
+    ]
+    return Manifest(
+        root=manifests[0].root,  # the decoded cache of the mix goes with the first dataset
+        classes=classes,
+        splits=splits,
+        source={"kind": MIX_KIND, "datasets": datasets, "epoch_samples": epoch_samples},
+        seed=manifests[0].seed,
+        fastdata_version=manifests[0].fastdata_version,
+    )
+
+
+def load_mix(
+    roots: Sequence[str | os.PathLike[str]],
+    weights: Sequence[float] | None = None,
+    epoch_samples: int | None = None,
+) -> Manifest:
+    """Load every root's manifest and mix them (`mix_manifests`); weights are checked first."""
+    names = [os.fspath(r) for r in roots]
+    validate_weights(names, weights, epoch_samples)
+    return mix_manifests([load_manifest(r) for r in names], weights, epoch_samples)
+
+
+def epoch_mix(manifest: Manifest, split: str) -> EpochMix | None:
+    """The rows each training epoch of `split` draws from each dataset; None outside a mix."""
+    if manifest.source.get("kind") != MIX_KIND:
+        return None
+    datasets = manifest.source["datasets"]
+    held = [d["samples"][split] for d in datasets]
+    total = manifest.source.get("epoch_samples") or sum(held)
+    counts = share_counts(int(total), [float(d["weight"]) for d in datasets])
+    for n, wanted, dataset in zip(held, counts, datasets, strict=True):
+        if wanted and not n:
+            raise ValueError(f"split {split!r} of {dataset['root']} is empty: it cannot be mixed")
+    return EpochMix(tuple(d["shards"][split] for d in datasets), counts)
+
+
+def epoch_size(manifest: Manifest, split: str) -> int:
+    """Samples in a training epoch of `split`: a mix's draws, else the split's size."""
+    mix = epoch_mix(manifest, split)
+    return sum(mix.samples) if mix is not None else manifest.split(split).num_samples
+
+
+def mix_roots(
+    root: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    weights: Sequence[float] | None = None,
+    epoch_samples: int | None = None,
+) -> tuple[list[str], bool]:
+    """(the roots, whether they are a mix): a list of roots is a mix, even of one dataset.
+
+    Raises:
+        ValueError: `weights` or `epoch_samples` with a single (non-list) root, or bad weights.
+    """
+    if isinstance(root, (str, os.PathLike)):
+        if weights is not None or epoch_samples is not None:
+            raise ValueError(
+                f"weights= and epoch_samples= describe a mix: pass root as a list, e.g. [{root!r}]"
+            )
+        return [os.fspath(root)], False
+    roots = [os.fspath(r) for r in root]
+    validate_weights(roots, weights, epoch_samples)
+    return roots, True
+
+
+def map_row_labels(info: SplitInfo, labels: torch.Tensor) -> torch.Tensor:
+    """A split's labels in row order, with each shard's `label_map` applied (unchanged outside a
+    mix). Rows of a skipped (corrupt) sample may hold any label: they are never read.
+
+    Raises:
+        ValueError: a stored label outside its dataset's classes (names the shard).
+    """
+    if all(shard.label_map is None for shard in info.shards):
+        return labels
+    out, start = labels.clone(), 0
+    for shard in info.shards:
+        rows = slice(start, start + shard.num_samples)
+        start += shard.num_samples
+        if shard.label_map is None:
+            continue
+        lookup = torch.tensor(shard.label_map, dtype=labels.dtype, device=labels.device)
+        stored = labels[rows]
+        if len(stored) and (int(stored.min()) < 0 or int(stored.max()) >= len(lookup)):
+            raise ValueError(
+                f"{shard.name} holds labels outside its dataset's {len(lookup)} classes; run "
+                "`fastdata verify` on its shard folder"
+            )
+        out[rows] = lookup[stored]
+    return out
+
+
+# ---------------------------------------------------------------- internals
+
+
+def _merge_split(
+    infos: list[SplitInfo],
+    manifests: Sequence[Manifest],
+    maps: list[tuple[int, ...]],
+    num_classes: int,
+) -> SplitInfo:
+    shards, counts = [], [0] * num_classes
+    for info, manifest, label_map in zip(infos, manifests, maps, strict=True):
+        for shard in info.shards:
+            name = _absolute(manifest.shard_url(shard))
+            index = _absolute(manifest.index_url(shard))
+            shards.append(
+                ShardInfo(name, index, shard.num_samples, shard.bytes, shard.sha256, label_map)
+            )
+        for label, count in enumerate(info.class_counts):
+            counts[label_map[label]] += count
+    encoding, raw_shape = _merge_encoding(infos, manifests)
+    mean, std = _merge_pixels(infos)
+    return SplitInfo(
+        shards=shards,
+        class_counts=counts,
+        encoding=encoding,
+        raw_shape=raw_shape,
+        image_stats=_merge_stats(infos),
+        skipped=[s for info in infos for s in info.skipped],
+        pixel_mean=mean,
+        pixel_std=std,
+    )
+
+
+def _absolute(path: str) -> str:
+    return path if "://" in path else os.path.abspath(path)
+
+
+def _merge_encoding(
+    infos: list[SplitInfo], manifests: Sequence[Manifest]
+) -> tuple[str, list[int] | None]:
+    raw = [info.encoding == "raw" for info in infos]
+    if any(raw) and not all(raw):
+        kinds = ", ".join(f"{m.root}: {i.encoding}" for m, i in zip(manifests, infos, strict=True))
+        raise ValueError(
+            f"cannot mix raw-pixel and encoded datasets ({kinds}): re-shard one of them with "
+            "`fastdata shard --encoding` to match the other"
+        )
+    shapes = {tuple(i.raw_shape) if i.raw_shape else None for i in infos}
+    if all(raw) and len(shapes) > 1:
+        kinds = ", ".join(f"{m.root}: {i.raw_shape}" for m, i in zip(manifests, infos, strict=True))
+        raise ValueError(f"cannot mix raw datasets of different image shapes ({kinds})")
+    encodings = {info.encoding for info in infos}
+    encoding = encodings.pop() if len(encodings) == 1 else "mixed"
+    shape = shapes.pop() if len(shapes) == 1 else None
+    return encoding, list(shape) if shape is not None else None
+
+
+def _merge_stats(infos: list[SplitInfo]) -> dict[str, float]:
+    if not all(info.image_stats for info in infos):
+        return {}
+    n = [info.num_samples for info in infos]
+    out: dict[str, float] = {}
+    for side in ("height", "width"):
+        out[f"min_{side}"] = min(i.image_stats[f"min_{side}"] for i in infos)
+        out[f"max_{side}"] = max(i.image_stats[f"max_{side}"] for i in infos)
+        mean = sum(i.image_stats[f"mean_{side}"] * k for i, k in zip(infos, n, strict=True))
+        out[f"mean_{side}"] = round(mean / max(1, sum(n)), 2)
+    return out
+
+
+def _merge_pixels(infos: list[SplitInfo]) -> tuple[list[float] | None, list[float] | None]:
+    """Per-channel mean and std of the concatenated splits (weighted by samples)."""
+    if any(i.pixel_mean is None or i.pixel_std is None for i in infos):
+        return None, None
+    n = [i.num_samples for i in infos]
+    total = max(1, sum(n))
+    mean = [
+        sum(i.pixel_mean[c] * k for i, k in zip(infos, n, strict=True)) / total for c in range(3)
+    ]
+    square = [
+        sum((i.pixel_std[c] ** 2 + i.pixel_mean[c] ** 2) * k for i, k in zip(infos, n, strict=True))
+        / total
+        for c in range(3)
+    ]
+    std = [math.sqrt(max(0.0, s - m * m)) for s, m in zip(square, mean, strict=True)]
+    return mean, std

@@ -1,0 +1,98 @@
+"""Where and how `ShardDataModule`'s loaders run: rank and world size, the training device, the
+backend (named or chosen by `auto`) and the loader's workers (given or sized by `fastdata.tune`).
+
+Each reads the Trainer when there is one (None without: Fabric, custom loops, benchmarks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Literal
+
+import lightning.pytorch as pl
+import torch
+
+from fastdata.augment import Preset
+from fastdata.manifest import Manifest
+from fastdata.read import LoaderSpec, WorkerSettings, get_backend
+
+__all__ = ["pick_backend", "rank_and_world", "size_workers", "training_device"]
+
+
+def rank_and_world(
+    rank: int | None, world_size: int | None, trainer: pl.Trainer | None
+) -> tuple[int, int]:
+    """(rank, world size): the explicit ones, else the Trainer's, else torch.distributed's, else
+    (0, 1)."""
+    if world_size is not None and rank is not None:
+        return rank, world_size
+    if trainer is not None:
+        return trainer.global_rank, trainer.world_size
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def training_device(trainer: pl.Trainer | None) -> torch.device:
+    """The Trainer's root device, else the current CUDA device when there is one, else the CPU."""
+    if trainer is not None:
+        return trainer.strategy.root_device
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def pick_backend(
+    backend: str,
+    manifest: Manifest,
+    train_split: str,
+    image_size: int | None,
+    preset: Preset,
+    trainer: pl.Trainer | None,
+) -> str:
+    """The backend's name: `backend` when it can run here (else ValueError with the reason), or
+    for "auto" `fastdata.read.auto.choose_backend`'s choice (rank 0's on every rank)."""
+    if backend != "auto":
+        ok, why = get_backend(backend).check()
+        if not ok:
+            raise ValueError(f"backend {backend!r} cannot run here: {why}")
+        return backend
+    from fastdata.read.auto import choose_backend
+
+    name, _reason = choose_backend(  # logs its choice and the figures behind it
+        manifest,
+        train_split,
+        str(training_device(trainer)),
+        image_size,
+        preset=preset,
+        ranks_per_node=trainer.num_devices if trainer is not None else 1,
+    )
+    if trainer is not None and trainer.world_size > 1:
+        # Free memory differs between ranks; all ranks must use rank 0's choice.
+        name = trainer.strategy.broadcast(name, src=0)
+    return name
+
+
+def size_workers(
+    spec: LoaderSpec,
+    workers: int | Literal["auto"],
+    prefetch: int | Literal["auto"],
+    settings: WorkerSettings,
+    backend: str,
+    trainer: pl.Trainer | None,
+) -> LoaderSpec:
+    """`spec` with its workers: `settings` with the given counts, "auto" ones measured
+    (`fastdata.tune.auto_loader_settings`, which then also sets pinning and persistence)."""
+    if "auto" in (workers, prefetch):
+        from fastdata.tune import auto_loader_settings
+
+        # Ranks on one node share its cores; Lightning's launcher does not export that count.
+        ranks_per_node = trainer.num_devices if trainer is not None else None
+        auto = auto_loader_settings(spec, backend=backend, ranks_per_node=ranks_per_node)
+        workers = auto.num_workers if workers == "auto" else workers
+        prefetch = auto.prefetch_factor if prefetch == "auto" else prefetch
+        settings = replace(
+            settings, pin_memory=auto.pin_memory, persistent_workers=auto.persistent_workers
+        )
+    settings = replace(settings, num_workers=int(workers), prefetch_factor=max(1, int(prefetch)))
+    return replace(spec, workers=settings)
