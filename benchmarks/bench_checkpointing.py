@@ -15,9 +15,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import platform
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -30,6 +27,8 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from common import environment  # noqa: E402  (run as a script: benchmarks/ is on sys.path)
 
 from fastdata.train.checkpointing import SavedTensorMeter, apply_activation_checkpointing  # noqa: E402
 from pipelines.cifar100.model import ModelConfig, build_model  # noqa: E402
@@ -160,31 +159,6 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def environment() -> dict[str, Any]:
-    try:
-        rev = (
-            subprocess.run(
-                ["git", "rev-parse", "--short", "HEAD"],
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-                timeout=10,
-            ).stdout.strip()
-            or None
-        )
-    except (OSError, subprocess.SubprocessError):
-        rev = None
-    return {
-        "host": socket.gethostname(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "git": rev,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-    }
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", nargs="+", choices=sorted(MODELS), default=sorted(MODELS))
@@ -206,7 +180,7 @@ def main(args: argparse.Namespace) -> list[dict[str, Any]]:
             json.dumps(
                 {
                     "args": {k: str(v) for k, v in vars(args).items()},
-                    "env": environment(),
+                    "env": environment({"threads": torch.get_num_threads()}),
                     "results": rows,
                 },
                 indent=1,

@@ -9,8 +9,11 @@ idle machine and while a busy-loop process keeps core 0 busy, this measures:
 
 The sweep times the loader alone: the main process only receives batches, it runs no training
 step. So the "tuned" setting compared with the sweep is sized for that consumer
-(`settings_for(..., main_cores=0)`); the setting a training run gets (one core kept for the
-training loop, what `ShardDataModule(num_workers="auto")` uses) is reported beside it. "idle"
+(`TuneOptions(main_cores=0, confirm="all")`: the rule, then the fastest of a few
+load-dependent (workers, decode threads) candidates); the setting a training run gets (one core
+kept for the training loop, decode threads timed for photos: what
+`ShardDataModule(num_workers="auto", decode_threads="auto")` asks `auto_loader_settings` for) is
+reported beside it. Settings print as (workers, prefetch, decode threads). "idle"
 means no load added by the benchmark; the load other processes put on the machine is measured
 and printed (column "others").
 
@@ -27,15 +30,15 @@ import argparse
 import json
 import multiprocessing as mp
 import os
-import platform
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from common import environment  # noqa: I001  (run as a script: benchmarks/ is on sys.path)
 
 from fastdata._env import data_dir
 from fastdata.read.base import LoaderSpec
@@ -44,13 +47,12 @@ from fastdata.sources.base import Source, SourceItem
 from fastdata.tune import (
     LoaderSettings,
     SweepPoint,
+    TuneOptions,
+    choose_loader_settings,
     measure_settings,
-    settings_for,
     sweep,
-    tune_spec,
     tuning_spec,
 )
-from fastdata.tune.confirm import confirm_by_measurement
 from fastdata.write import ShardOptions, write_shards
 
 
@@ -164,11 +166,17 @@ def idle() -> Iterator[None]:
 def run_scenario(spec: LoaderSpec, args: argparse.Namespace) -> dict[str, Any]:
     """Tune, sweep, compare. The sweep times the loader alone, with no training step in the main
     process, so the tuned setting it is compared with is sized with main_cores=0; the setting a
-    training run would get (one core kept for the training loop) is reported beside it."""
-    result = tune_spec(spec, window_s=args.window, n_batches=8)
-    assert result.probe is not None and result.cost is not None
-    rule_only = settings_for(result.probe, result.cost, None, spec.batch_size, main_cores=0)
-    loader_only = confirm_by_measurement(spec, rule_only, result.probe, n_batches=args.batches)
+    training run would get (one core kept for the training loop) is reported beside it. All
+    three choices read the same probe of the machine."""
+    options = TuneOptions(window_s=args.window, n_batches=8, confirm_batches=args.batches)
+    training = choose_loader_settings(spec, options=replace(options, confirm="threads"))
+    probe = training.probe
+    assert probe is not None and training.cost is not None
+    alone = replace(options, main_cores=0.0)
+    rule_only = choose_loader_settings(spec, options=alone, probe=probe).settings
+    loader_only = choose_loader_settings(
+        spec, options=replace(alone, confirm="all"), probe=probe
+    ).settings
     points = sweep(spec, args.workers, args.prefetch, args.batches)
     best = max(points, key=lambda p: p.samples_per_s)
     tuned_rate = _rate(spec, points, loader_only, args.batches)
@@ -177,9 +185,10 @@ def run_scenario(spec: LoaderSpec, args: argparse.Namespace) -> dict[str, Any]:
         "rule_only": _setting(rule_only),
         "rule_only_img_s": _rate(spec, points, rule_only, args.batches),
         "reasons": loader_only.reasons,
-        "tuned_for_training": _setting(result.settings),
-        "tuned_for_training_img_s": _rate(spec, points, result.settings, args.batches),
-        "busy_others": list(result.probe.busy_others),
+        "tuned_for_training": _setting(training.settings),
+        "tuned_for_training_img_s": _rate(spec, points, training.settings, args.batches),
+        "training_reasons": training.settings.reasons,
+        "busy_others": list(probe.busy_others),
         "tuned_img_s": tuned_rate,
         "best": {"num_workers": best.num_workers, "prefetch_factor": best.prefetch_factor},
         "best_img_s": best.samples_per_s,
@@ -196,18 +205,24 @@ def run_scenario(spec: LoaderSpec, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _setting(settings: LoaderSettings) -> dict[str, int]:
-    return {"num_workers": settings.num_workers, "prefetch_factor": settings.prefetch_factor}
+    return {
+        "num_workers": settings.num_workers,
+        "prefetch_factor": settings.prefetch_factor,
+        "decode_threads": settings.decode_threads,
+    }
 
 
 def _rate(
     spec: LoaderSpec, points: list[SweepPoint], settings: LoaderSettings, n_batches: int
 ) -> float:
-    """Throughput of a setting: its sweep point, else measured now (outside the grid)."""
+    """Throughput of a setting: its sweep point (one decode thread), else measured now."""
     chosen = (settings.num_workers, settings.prefetch_factor)
     point = next((p for p in points if _matches(p, chosen)), None)
-    if point is not None:
+    if point is not None and settings.decode_threads == 1:
         return point.samples_per_s
-    return measure_settings(spec, *chosen, n_batches).samples_per_s
+    return measure_settings(
+        spec, *chosen, n_batches, decode_threads=settings.decode_threads
+    ).samples_per_s
 
 
 def _matches(point: SweepPoint, chosen: tuple[int, int]) -> bool:
@@ -240,17 +255,18 @@ def bench_dataset(ds: Dataset, args: argparse.Namespace, tmp: Path) -> dict[str,
 
 def print_table(results: dict[str, Any]) -> None:
     head = (
-        f"{'dataset':<10} {'scenario':<12} {'others':>6} {'tuned (w,p)':>11} {'img/s':>9} "
-        f"{'best (w,p)':>10} {'img/s':>9} {'ratio':>6}  {'training (w,p)':>14} {'img/s':>9}"
+        f"{'dataset':<10} {'scenario':<12} {'others':>6} {'tuned (w,p,t)':>13} {'img/s':>9} "
+        f"{'best (w,p)':>10} {'img/s':>9} {'ratio':>6}  {'training (w,p,t)':>16} {'img/s':>9}"
     )
     print(head)
     print("-" * len(head))
     for name, res in results.items():
         for scenario, s in res["scenarios"].items():
             print(
-                f"{name:<10} {scenario:<12} {sum(s['busy_others']):>6.2f} {_wp(s['tuned']):>11} {s['tuned_img_s']:>9,.0f} "
-                f"{_wp(s['best']):>10} {s['best_img_s']:>9,.0f} {s['ratio']:>6.2f}  "
-                f"{_wp(s['tuned_for_training']):>14} {s['tuned_for_training_img_s']:>9,.0f}"
+                f"{name:<10} {scenario:<12} {sum(s['busy_others']):>6.2f} "
+                f"{_wpt(s['tuned']):>13} {s['tuned_img_s']:>9,.0f} "
+                f"{_wpt(s['best']):>10} {s['best_img_s']:>9,.0f} {s['ratio']:>6.2f}  "
+                f"{_wpt(s['tuned_for_training']):>16} {s['tuned_for_training_img_s']:>9,.0f}"
             )
         print(
             f"{name:<10} choice changed under load: loader alone "
@@ -258,49 +274,15 @@ def print_table(results: dict[str, Any]) -> None:
         )
     print("others: cores busy with other processes during tune's probe window")
     print("tuned: sized for the loader alone (as timed here); training: with a core kept for the")
-    print("training loop (what ShardDataModule gets). target: ratio >= 0.9")
+    print("training loop (what ShardDataModule gets). (w,p,t): workers, prefetch, decode threads.")
+    print("target: ratio >= 0.9")
 
 
-def _wp(setting: dict[str, int]) -> str:
-    return f"({setting['num_workers']},{setting['prefetch_factor']})"
-
-
-def environment() -> dict[str, Any]:
-    import lightning
-    import numpy
-    import psutil
-    import torch
-
-    import fastdata
-
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=Path(__file__).resolve().parent,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        rev = "unknown"
-    return {
-        "versions": {
-            "python": platform.python_version(),
-            "fastdata": fastdata.__version__,
-            "torch": torch.__version__,
-            "lightning": lightning.__version__,
-            "numpy": numpy.__version__,
-            "psutil": psutil.__version__,
-        },
-        "host": {
-            "node": platform.node(),
-            "platform": platform.platform(),
-            "cpu_count": os.cpu_count(),
-            "affinity": sorted(os.sched_getaffinity(0)),
-            "memory_gib": psutil.virtual_memory().total / 2**30,
-        },
-        "git_rev": rev,
-    }
+def _wpt(setting: dict[str, int]) -> str:
+    parts = [setting["num_workers"], setting["prefetch_factor"]]
+    if "decode_threads" in setting:
+        parts.append(setting["decode_threads"])
+    return "(" + ",".join(str(p) for p in parts) + ")"
 
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
@@ -316,7 +298,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     report = {
         "benchmark": "bench_tune",
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-        **environment(),
+        "environment": environment({"affinity": sorted(os.sched_getaffinity(0))}),
         "seconds": time.perf_counter() - start,
         "results": results,
     }

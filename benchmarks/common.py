@@ -31,32 +31,31 @@ __all__ = [
 ]
 
 
-def environment() -> dict[str, Any]:
-    """Versions, host and git revision for a results file."""
+#: Distributions whose versions every results file records ("-" when not installed).
+VERSIONED = (
+    "fastdata",
+    "torch",
+    "lightning",
+    "numpy",
+    "psutil",
+    "webdataset",
+    "pillow-simd",
+    "nvidia-dali-cuda120",
+    "nvidia-dali-cuda130",
+)
+
+
+def environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Versions, host, cores, memory and git revision for a results file; `extra` merged in.
+
+    The one environment record of every benchmark. It creates no CUDA context (the GPU's name
+    comes from NVML or nvidia-smi until CUDA is initialized): a benchmark may still fork workers
+    after calling it.
+    """
     import psutil
-    import torch
 
-    def version(name: str) -> str:
-        try:
-            from importlib.metadata import version as v
-
-            return v(name)
-        except Exception:
-            return "-"
-
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = bool(
-            subprocess.run(
-                ["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True
-            ).stdout.strip()
-        )
-    except OSError:
-        rev, dirty = "-", False
     return {
-        "git_revision": rev + ("-dirty" if dirty else ""),
+        "git_revision": _git_revision(),
         "host": platform.node(),
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -66,21 +65,61 @@ def environment() -> dict[str, Any]:
         else os.cpu_count(),
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "load_avg_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "versions": {
-            n: version(n)
-            for n in (
-                "fastdata",
-                "torch",
-                "lightning",
-                "webdataset",
-                "pillow-simd",
-                "numpy",
-                "nvidia-dali-cuda120",
-            )
-        },
+        "gpu": _gpu_name(),
+        "versions": {name: _version(name) for name in VERSIONED},
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **(extra or {}),
     }
+
+
+def _version(name: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "-"
+
+
+def _git_revision() -> str:
+    """Short revision, "-dirty" when the work tree has changes; "-" outside a checkout."""
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip()
+    except OSError:
+        return "-"
+    return (rev or "-") + ("-dirty" if rev and dirty else "")
+
+
+def _gpu_name() -> str | None:
+    """The first GPU's name without creating a CUDA context, or None without a GPU."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        return torch.cuda.get_device_name(0)
+    try:
+        import pynvml  # optional: nvidia-ml-py
+
+        pynvml.nvmlInit()
+        name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0))
+        return name.decode() if isinstance(name, bytes) else str(name)
+    except Exception:  # noqa: BLE001 - no pynvml or no driver: ask nvidia-smi
+        pass
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = done.stdout.strip().splitlines()
+    return names[0].strip() if done.returncode == 0 and names else None
 
 
 def measure_throughput(
@@ -89,23 +128,18 @@ def measure_throughput(
     warmup: int = 2,
     max_batches: int | None = None,
 ) -> dict[str, float]:
-    """Images/s over `batches` after `warmup` untimed batches; `consume` returns the batch's images."""
-    it = iter(batches)
-    for _ in range(warmup):
-        consume(next(it))
-    images = count = 0
-    start = time.perf_counter()
-    for batch in it:
-        images += consume(batch)
-        count += 1
-        if max_batches is not None and count >= max_batches:
-            break
-    elapsed = time.perf_counter() - start
+    """`fastdata.tune.measure_throughput` as a results row (images, batches, seconds, img_per_s).
+
+    Kept for bench_loader.py's calls; the timing itself is fastdata's (one timer for the project).
+    """
+    from fastdata.tune import measure_throughput as measure
+
+    result = measure(batches, max_batches, warmup=warmup, count=consume)
     return {
-        "images": images,
-        "batches": count,
-        "seconds": round(elapsed, 3),
-        "img_per_s": round(images / elapsed, 1),
+        "images": result.samples,
+        "batches": result.batches,
+        "seconds": round(result.seconds, 3),
+        "img_per_s": round(result.samples_per_s, 1),
     }
 
 

@@ -40,7 +40,6 @@ import argparse
 import faulthandler
 import importlib.util
 import os
-import platform
 import shlex
 import subprocess
 import sys
@@ -57,6 +56,7 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # a checkout without `pip install -e`
 
+import common  # noqa: E402
 from gpu_report import Report, evaluate_targets  # noqa: E402
 from gpu_steps import (  # noqa: E402
     Dataset,
@@ -183,23 +183,20 @@ class Check:
 
 
 def environment() -> dict[str, Any]:
-    """Versions and host, read without creating a CUDA context."""
-    info: dict[str, Any] = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "torch_cuda": torch.version.cuda,
-        "host": platform.node(),
+    """benchmarks/common.py's record plus CUDA figures and imported module versions, read
+    without creating a CUDA context."""
+    extra: dict[str, Any] = {
+        "torch": torch.__version__,  # gpu_report's header reads these two keys
         "cpus": os.cpu_count(),
+        "torch_cuda": torch.version.cuda,
         "cuda_devices": torch.cuda.device_count(),
     }
     for name in ("lightning", "numpy", "torchvision", "nvidia.dali", "PIL"):
         try:
-            info[name] = __import__(name, fromlist=["__version__"]).__version__
+            extra[name] = __import__(name, fromlist=["__version__"]).__version__
         except Exception as exc:  # noqa: BLE001 - a missing optional package is a fact to report
-            info[name] = f"unavailable ({type(exc).__name__})"
-    rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    info["git_revision"] = rev.stdout.strip() or "unknown"
-    return info
+            extra[name] = f"unavailable ({type(exc).__name__})"
+    return common.environment(extra)
 
 
 # ---------------------------------------------------------------------------- steps
