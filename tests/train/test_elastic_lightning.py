@@ -52,6 +52,11 @@ class _Recording(pl.LightningModule):
             f.write(f"{self.global_step} {' '.join(map(str, y.tolist()))}\n")
         return F.cross_entropy(self.net(x.flatten(1).float()), y)
 
+    def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
+        x, y = batch
+        real = y >= 0  # evaluation padding is labelled -100
+        self.log("val_seen", real.sum().float(), reduce_fx="sum", sync_dist=True)
+
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.01)
 
@@ -65,23 +70,28 @@ def train(
     seed: int = SEED,
     max_steps: int = -1,
     ckpt_path: Path | None = None,
+    validate: bool = False,
 ) -> None:
-    """One epoch at most; checkpoints every STEPS steps into out/ckpt (resumes from ckpt_path)."""
+    """One epoch at most, checkpointed into out/ckpt every STEPS steps (resumes from ckpt_path).
+
+    validate: validate every STEPS steps instead, and checkpoint when validation ends (Lightning
+    then saves from `on_validation_end`, in the middle of the training epoch).
+    """
     from fastdata import ShardDataModule
 
     dm = ShardDataModule(
         shards, batch_size=batch_size, num_workers=0, prefetch_factor=2, backend="cpu",
-        train_transforms="none", seed=seed, drop_last=False,
+        train_transforms="none", seed=seed, drop_last=False, splits={"val": "test"},
     )  # fmt: skip
     checkpoint = ModelCheckpoint(
-        dirpath=out / "ckpt", filename="{step}", every_n_train_steps=STEPS, save_top_k=-1,
-        save_last=True,
+        dirpath=out / "ckpt", filename="{step}", every_n_train_steps=None if validate else STEPS,
+        save_top_k=-1, save_last=True,
     )  # fmt: skip
     trainer = pl.Trainer(
         accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
         max_epochs=1, max_steps=max_steps, callbacks=[checkpoint], logger=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
-        num_sanity_val_steps=0,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+        limit_val_batches=None if validate else 0, val_check_interval=STEPS if validate else None,
     )  # fmt: skip
     trainer.fit(_Recording(out), datamodule=dm, ckpt_path=ckpt_path)
 
@@ -109,7 +119,12 @@ def _run(shards: Path, out: Path, devices: int, batch_size: int, **kw: object) -
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     }
     cmd = [sys.executable, __file__, str(shards), str(out), str(devices), str(batch_size)]
-    cmd += [f"--{k.replace('_', '-')}={v}" for k, v in kw.items() if v is not None]
+    for key, value in kw.items():
+        flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            cmd += [flag] if value else []
+        elif value is not None:
+            cmd.append(f"{flag}={value}")
     done = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=240)
     if done.returncode != 0:
         pytest.fail(f"{cmd} exited with {done.returncode}:\n{done.stderr[-4000:]}")
@@ -130,13 +145,45 @@ def _checkpoint_at_step(out: Path, step: int) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("before", "after"), [((2, 10), (1, 20)), ((1, 20), (2, 10))])
+def _in_step_order(out: Path) -> list[tuple[int, list[int]]]:
+    """(global step, labels of every rank in rank order) per step: the epoch order, rule 2."""
+    by_rank = _steps(out)
+    steps = sorted({row[0] for rows in by_rank.values() for row in rows})
+    for rank, rows in by_rank.items():
+        assert [row[0] for row in rows] == steps, f"rank {rank} ran other steps: {rows}"
+    return [
+        (step, [y for r in sorted(by_rank) for y in by_rank[r][i][1:]])
+        for i, step in enumerate(steps)
+    ]
+
+
+@pytest.fixture(scope="module")
+def reference(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> list[int]:
+    """The labels of an uninterrupted 1 x 20 epoch, in training order."""
+    out = tmp_path_factory.mktemp("reference")
+    _run(shards, out, 1, 20)
+    return [y for _, labels in _in_step_order(out) for y in labels]
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "validate"),
+    [
+        ((2, 10), (1, 20), False),
+        ((1, 20), (2, 10), False),
+        ((2, 10), (1, 20), True),  # saved when a mid-epoch validation ends
+    ],
+)
 def test_lightning_checkpoint_resumes_the_epoch_on_another_world_size(
-    shards: Path, tmp_path: Path, before: tuple[int, int], after: tuple[int, int]
+    shards: Path,
+    reference: list[int],
+    tmp_path: Path,
+    before: tuple[int, int],
+    after: tuple[int, int],
+    validate: bool,
 ) -> None:
     first, second = tmp_path / "first", tmp_path / "second"
     # Two steps past the checkpoint: trained on, but lost for the resumed run.
-    _run(shards, first, *before, max_steps=STEPS + 2)
+    _run(shards, first, *before, max_steps=STEPS + 2, validate=validate)
     ckpt = _checkpoint_at_step(first, STEPS)
     saved = torch.load(ckpt, map_location="cpu", weights_only=False)
     world, batch = before
@@ -145,31 +192,28 @@ def test_lightning_checkpoint_resumes_the_epoch_on_another_world_size(
     assert (state["consumed"], state["steps"], state["world_size"]) == (
         STEPS * world * batch, STEPS, world,
     )  # fmt: skip
+    steps = _in_step_order(first)
+    assert [step for step, _ in steps] == list(range(STEPS + 2))
+    consumed = [y for step, labels in steps if step < STEPS for y in labels]
 
-    recorded = _steps(first)
-    assert sorted(recorded) == list(range(world))
-    assert all([row[0] for row in rows] == list(range(STEPS + 2)) for rows in recorded.values())
-    consumed = [y for rows in recorded.values() for row in rows if row[0] < STEPS for y in row[1:]]
-    assert len(consumed) == STEPS * world * batch
-
-    _run(shards, second, *after, ckpt_path=ckpt)
-    resumed_by_rank = _steps(second)
+    _run(shards, second, *after, ckpt_path=ckpt, validate=validate)
     new_world, new_batch = after
-    assert sorted(resumed_by_rank) == list(range(new_world))
+    assert sorted(_steps(second)) == list(range(new_world))
     remaining = NUM_SAMPLES - len(consumed)
     padded = -(-remaining // new_world) * new_world  # rule 3: a multiple of the world size
     steps_left = -(-padded // (new_world * new_batch))
-    for rows in resumed_by_rank.values():  # Lightning's step count continues from K
-        assert [row[0] for row in rows] == list(range(STEPS, STEPS + steps_left))
-    resumed = [y for rows in resumed_by_rank.values() for row in rows for y in row[1:]]
+    resumed_steps = _in_step_order(second)
+    assert [step for step, _ in resumed_steps] == list(range(STEPS, STEPS + steps_left))
+    resumed = [y for _, labels in resumed_steps for y in labels]
 
     counts = Counter(consumed + resumed)
     assert sorted(counts) == list(range(NUM_SAMPLES)), "samples lost across the resume"
     repeats = sum(counts.values()) - NUM_SAMPLES
-    assert repeats == padded - remaining, (
-        f"{repeats} repeats; the padding rule allows {padded - remaining}"
-    )
+    assert repeats == padded - remaining, f"{repeats} repeats; rule 3 pads {padded - remaining}"
     assert not set(consumed) & set(resumed), "a sample consumed before the checkpoint came again"
+    # The same epoch order as a run never interrupted; padding repeats the remainder's first.
+    pad = reference[len(consumed) : len(consumed) + padded - remaining]
+    assert consumed + resumed == reference + pad
 
 
 def test_resuming_with_another_seed_or_other_shards_is_refused(
@@ -202,8 +246,9 @@ if __name__ == "__main__":
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument("--max-steps", type=int, default=-1)
     parser.add_argument("--ckpt-path", type=Path, default=None)
+    parser.add_argument("--validate", action="store_true")
     args = parser.parse_args()
     train(
         args.shards, args.out, args.devices, args.batch_size, seed=args.seed,
-        max_steps=args.max_steps, ckpt_path=args.ckpt_path,
+        max_steps=args.max_steps, ckpt_path=args.ckpt_path, validate=args.validate,
     )  # fmt: skip
