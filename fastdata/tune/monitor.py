@@ -15,8 +15,9 @@ data (the GPU utilization reading shows the rest).
 Following the load
 ------------------
 At each training epoch's end the monitor calls `fastdata.tune.follow.recheck` with the core load
-of other processes measured over the whole epoch (`LoadMeter`: every CPU's busy time less this
-process tree's own, loader workers included) and the epoch's data wait, and applies what it
+of other processes measured over the epoch's second half (the recent load; the whole epoch when
+shorter than 2 x `MIN_HALF_STEPS` steps; `LoadMeter`: every CPU's busy time less this process
+tree's own, loader workers included) and the epoch's data wait, and applies what it
 returns for the next epoch: torch's intra-op threads (`torch.set_num_threads`, CPU training only),
 and workers / prefetch through `trainer.datamodule.resize_workers(n, prefetch)`
 (`ShardDataModule` starts the next epoch's loader with them). Every change is logged with its
@@ -54,6 +55,9 @@ from fastdata.tune.follow import (
 __all__ = ["GpuReader", "LoaderMonitor", "energy_delta"]
 
 log = logging.getLogger(__name__)
+
+#: Epochs of at least twice this many steps have their core load read over the second half.
+MIN_HALF_STEPS = 10
 
 
 class LoaderMonitor(pl.Callback):
@@ -159,6 +163,10 @@ class LoaderMonitor(pl.Callback):
         now, ep = self._clock(), self._epoch
         if ep is None:
             return
+        steps = trainer.num_training_batches
+        if isinstance(steps, int) and steps >= 2 * MIN_HALF_STEPS and batch_idx == steps // 2:
+            # The next epoch's settings follow the recent load: read it over the second half.
+            self._meter.start()
         wait, self._fetch_s = self._fetch_s, None
         if ep.first_batch_s is None:
             # From the epoch start: includes starting the workers, so kept out of the mean.
