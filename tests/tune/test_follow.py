@@ -237,3 +237,33 @@ def test_monitor_leaves_a_fixed_thread_count_alone():
         callbacks=[monitor],
     ).fit(model, train_dataloaders=DataLoader(data, batch_size=None))
     assert model.threads_seen == [1, 1]  # no choose_threads("auto") in this process
+
+
+class _CountingMeter(_ScriptedMeter):
+    def __init__(self) -> None:
+        super().__init__([0.0] * 10)
+        self.starts: list[int] = []
+
+    def start(self) -> None:
+        self.starts.append(self.model_steps())
+        super().start()
+
+
+def test_long_epochs_read_the_load_over_their_second_half():
+    meter = _CountingMeter()
+    monitor = LoaderMonitor(
+        threshold=0.99, gpu_reader=None, energy_reader=lambda: None, load_meter=meter
+    )
+    data = [(torch.randn(8, 4), torch.zeros(8, dtype=torch.int64)) for _ in range(24)]
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[monitor],
+    )
+    meter.model_steps = lambda: trainer.global_step
+    trainer.fit(_Model(), train_dataloaders=DataLoader(data, batch_size=None))
+    assert meter.starts == [0, 12]  # at the epoch's start, then again half-way
