@@ -90,8 +90,14 @@ class ShardBatchDataset(IterableDataset):
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
         reader = ShardReader(self.spec.manifest, self.spec.split, cache=self.spec.cache)
+        numbers = worker_batch_numbers(len(plan.rows), 0, worker, workers)
         try:
-            for number in worker_batch_numbers(len(plan.rows), 0, worker, workers):
+            if numbers:  # remote shards: downloaded ahead, in this worker's order of reading
+                rows = np.concatenate([plan.rows[n] for n in numbers])
+                shards = rows_to_refs(rows, self.spec.shard_sizes)[:, 0]
+                first = np.sort(np.unique(shards, return_index=True)[1])
+                reader.prefetch(shards[first].tolist())
+            for number in numbers:
                 yield self._load_batch(reader, plan, number)
         finally:
             reader.close()

@@ -12,6 +12,7 @@ import mmap
 import os
 import tarfile
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -166,6 +167,24 @@ class ShardReader:
                 )
             out[ext] = view[offset : offset + size]
         return out
+
+    def prefetch(self, shards: Sequence[int], ahead: int = 2) -> None:
+        """Have the remote cache download shards ahead of the reads (`ShardCache.prefetch`).
+
+        Args:
+            shards: shard numbers in the order this process will first read them (repeats
+                are dropped); local shards are left out, so a local dataset does nothing.
+            ahead: shards downloaded ahead of the one being read.
+        """
+        infos = [self.shards[n] for n in dict.fromkeys(shards)]
+        remote = [info for info in infos if "://" in self.manifest.shard_url(info)]
+        if not remote:
+            return
+        if self.cache is None:
+            from fastdata.remote import ShardCache
+
+            self.cache = ShardCache.default()
+        self.cache.prefetch(self.manifest, remote, ahead)
 
     def close(self) -> None:
         for _, data, pin in self._open.values():

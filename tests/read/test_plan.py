@@ -9,8 +9,10 @@ import pytest
 
 from fastdata.read.plan import (
     PAD_LABEL,
+    EpochMix,
     batch_seed,
     epoch_order,
+    mixed_order,
     plan_epoch,
     rows_to_refs,
     worker_batch_numbers,
@@ -119,3 +121,53 @@ def test_bad_arguments_are_rejected():
 def test_worker_batches_interleave():
     assert list(worker_batch_numbers(7, 0, 1, 3)) == [1, 4]
     assert list(worker_batch_numbers(7, 2, 0, 2)) == [2, 4, 6]
+
+
+# ---- rule 0: a mix of datasets (SIZES = dataset 0: shards 0-1, 12 rows; dataset 1: shards 2-3, 12)
+
+MIX = EpochMix(shards=(2, 2), samples=(30, 5))  # dataset 0 up-sampled 2.5x, dataset 1 down
+
+
+def test_mixed_order_draws_exact_counts_copies_and_fresh_subsets():
+    order = mixed_order(SIZES, MIX, seed=3, epoch=1)
+    counts = Counter(order.tolist())
+    assert len(order) == 35 and sum(counts[r] for r in range(12)) == 30
+    assert sorted(Counter(counts[r] for r in range(12)).items()) == [(2, 6), (3, 6)]
+    ones = sorted(r for r in counts if r >= 12)
+    assert len(ones) == 5 and all(counts[r] == 1 for r in ones)  # a subset, each once
+    assert np.array_equal(order, mixed_order(SIZES, MIX, seed=3, epoch=1))
+    other = mixed_order(SIZES, MIX, seed=3, epoch=2)
+    assert sorted(r for r in set(other.tolist()) if r >= 12) != ones  # another subset
+    dataset0 = [r for r in order.tolist() if r < 12][:12]  # its first copy: rule 1's order
+    shards = rows_to_refs(np.array(dataset0), SIZES)[:, 0]
+    assert sorted(dataset0) == list(range(12)) and np.count_nonzero(np.diff(shards)) == 1
+
+
+def test_mixed_order_interleaves_the_datasets():
+    mix = EpochMix(shards=(2, 2), samples=(120, 120))
+    owner = mixed_order(SIZES, mix, seed=0, epoch=0) >= 12
+    halves = owner[:120].sum(), owner[120:].sum()
+    assert 40 < halves[0] < 80 and 40 < halves[1] < 80  # not one dataset after the other
+
+
+@pytest.mark.parametrize("k", [0, 2, 3])
+def test_a_mixed_epoch_resumes_elastically_on_the_plan(k):
+    args = dict(seed=3, epoch=1, shuffle=True, mix=MIX)
+    order = mixed_order(SIZES, MIX, seed=3, epoch=1).tolist()
+    first = [plan_epoch(SIZES, rank=r, world_size=2, batch_size=3, **args) for r in range(2)]
+    done = [int(x) for p in first for b in p.rows[:k] for x in b]
+    consumed = first[0].consumed_after(k)
+    assert sorted(done) == sorted(order[:consumed])
+    rest = plan_epoch(SIZES, rank=0, world_size=1, batch_size=6, consumed=consumed, **args)
+    assert Counter(done + _rows(rest)) == Counter(order)
+    assert rest.total == 35
+
+
+def test_a_mix_applies_to_training_only_and_must_name_every_shard():
+    evaluation = plan_epoch(SIZES, seed=3, epoch=1, rank=0, world_size=1, batch_size=50,
+                            shuffle=False, mix=MIX)  # fmt: skip
+    assert _rows(evaluation) == list(range(24))
+    with pytest.raises(ValueError, match="the mix names 3 shards"):
+        mixed_order(SIZES, EpochMix((1, 2), (3, 3)), seed=0, epoch=0)
+    with pytest.raises(ValueError, match="one sample count per dataset"):
+        EpochMix((2, 2), (3,))
