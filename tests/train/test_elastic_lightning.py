@@ -237,6 +237,25 @@ def test_resuming_with_another_seed_or_other_shards_is_refused(
     assert not (tmp_path / "dataset" / "rank0.txt").exists(), "trained before refusing the state"
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="fastdata bug: the loader Lightning sees lacks state_dict/load_state_dict, so Lightning "
+    "warns that a mid-epoch resume is unreliable although the DataModule resumes exactly (fix: "
+    "state_dict/load_state_dict on fastdata.epoch_loader.EpochLoader; then drop this marker)",
+)
+def test_lightning_does_not_warn_that_the_loader_cannot_resume(
+    shards: Path, tmp_path: Path, recwarn: pytest.WarningsRecorder
+) -> None:
+    _run(shards, tmp_path / "first", 1, 20, max_steps=STEPS)
+    recwarn.clear()
+    _run(
+        shards, tmp_path / "second", 1, 20, ckpt_path=_checkpoint_at_step(tmp_path / "first", STEPS)
+    )
+    assert len(_in_step_order(tmp_path / "second")) > 0
+    messages = [str(w.message) for w in recwarn]
+    assert not [m for m in messages if "not resumable" in m], messages
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="One training run of this test (DDP entry).")
     parser.add_argument("shards", type=Path)
