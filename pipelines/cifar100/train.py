@@ -86,6 +86,16 @@ OPTIONS: dict[str, dict[str, Any]] = {
         "default": True,
         "help": "resnet9: pool after the stem (fast on CPU); --no-stem-pool: classic",
     },
+    "--stem": {
+        "choices": ["whiten", "conv"],
+        "default": "whiten",
+        "help": "resnet9 first layer: frozen 2x2 patch whitening (default) or a learned 3x3 conv",
+    },
+    "--tta": {
+        "action": argparse.BooleanOptionalAction,
+        "default": True,
+        "help": "test top-1 on the mean logits of each image and its mirror (--no-tta: plain)",
+    },
     "--batch-size": {"type": int, "default": 128, "help": "samples per step on each device"},
     "--lr": {"type": float, "default": 0.3, "help": "peak learning rate of the one-cycle schedule"},
     "--devices": {"type": int, "default": 1, "help": "devices (processes) per node"},
@@ -282,7 +292,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         splits={"train": "train", "val": "test", "test": "test"},
     )
     model = Cifar100Module(
-        ModelConfig(args.model, args.width, stem_pool=args.stem_pool), OptimConfig(lr=args.lr)
+        ModelConfig(args.model, args.width, stem_pool=args.stem_pool, stem=args.stem),
+        OptimConfig(lr=args.lr),
+        tta=args.tta,
     )
     monitor = _loader_monitor()
     table = EpochTable(monitor)

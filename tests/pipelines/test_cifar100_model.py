@@ -1,0 +1,108 @@
+"""The CIFAR-100 recipe pieces: test-time flip averaging, label smoothing, the whitening stem."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from pipelines.cifar100.model import Cifar100Module, ModelConfig, OptimConfig
+from pipelines.cifar100.whitening import WhiteningConv, whitening_layers
+
+
+def _module(stem: str = "conv", **kwargs: object) -> Cifar100Module:
+    # The learned conv stem by default: an unfitted whitening stem outputs zeros.
+    torch.manual_seed(0)
+    module = Cifar100Module(ModelConfig(width=4, stem=stem), **kwargs)  # type: ignore[arg-type]
+    return module.eval()
+
+
+def _batch(n: int = 6) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, 3, 32, 32, generator=g), torch.randint(0, 100, (n,), generator=g)
+
+
+@torch.no_grad()
+def test_tta_logits_are_the_mean_of_the_image_and_its_mirror() -> None:
+    module = _module(tta=True)
+    x, _ = _batch()
+
+    expected = (module(x) + module(x.flip(3))) / 2
+
+    got = module.predict_logits(x)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    # An asymmetric input makes the two views differ, so this is not the plain forward.
+    assert not torch.allclose(got, module(x), atol=1e-4)
+
+
+@torch.no_grad()
+def test_without_tta_the_logits_are_the_plain_forward() -> None:
+    module = _module(tta=False)
+    x, _ = _batch()
+
+    torch.testing.assert_close(module.predict_logits(x), module(x))
+
+
+def test_training_loss_uses_the_configured_label_smoothing() -> None:
+    smoothing = 0.3
+    module = _module(optim=OptimConfig(label_smoothing=smoothing))
+    x, y = _batch()
+    module.log = lambda *args, **kwargs: None  # type: ignore[method-assign]  # no Trainer here
+
+    loss = module.training_step((x, y), 0)
+
+    with torch.no_grad():
+        logits = module(x)
+    torch.testing.assert_close(loss, F.cross_entropy(logits, y, label_smoothing=smoothing))
+    assert abs(float(loss.detach()) - float(F.cross_entropy(logits, y))) > 1e-4
+
+
+def _correlated_images(n: int = 16) -> torch.Tensor:
+    """Smooth, channel-correlated images: their raw 2x2 patches are far from white."""
+    g = torch.Generator().manual_seed(2)
+    base = torch.randn(n, 1, 8, 8, generator=g)
+    img = F.interpolate(base, size=(32, 32), mode="bilinear", align_corners=False)
+    return torch.cat((img, 0.8 * img, -0.5 * img), 1) + 0.05 * torch.randn(
+        n, 3, 32, 32, generator=g
+    )
+
+
+def test_whitening_conv_decorrelates_the_patches_it_was_fitted_on() -> None:
+    x = _correlated_images()
+    layer = WhiteningConv(3, kernel_size=2, eps=0.0)
+    assert not bool(layer.fitted)
+
+    layer.fit(x)
+
+    assert bool(layer.fitted) and layer.out_channels == 24
+    out = F.conv2d(x, layer.weight)  # valid positions only: exactly the fitted patches
+    flat = out.permute(0, 2, 3, 1).reshape(-1, 24).double()
+    covariance = flat[:, :12].T @ flat[:, :12] / len(flat)
+    torch.testing.assert_close(covariance, torch.eye(12, dtype=torch.float64), atol=1e-3, rtol=0)
+    torch.testing.assert_close(out[:, 12:], -out[:, :12])
+    assert layer(x).shape == (16, 24, 32, 32)  # "same" size with the padding
+
+
+def test_module_fits_the_whitening_stem_on_the_first_training_batch_only() -> None:
+    module = _module(stem="whiten")
+    module.log = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    (layer,) = whitening_layers(module.net)
+    x, y = _batch(16)
+
+    module.training_step((_correlated_images(), y), 0)
+    fitted = layer.weight.clone()
+    module.training_step((x, y), 1)
+
+    assert bool(layer.fitted) and fitted.abs().sum() > 0
+    torch.testing.assert_close(layer.weight, fitted)  # frozen after the first batch
+    restored = Cifar100Module(ModelConfig(width=4))
+    restored.load_state_dict(module.state_dict())  # checkpoints carry the fitted filters
+    (copy,) = whitening_layers(restored.net)
+    assert bool(copy.fitted)
+    torch.testing.assert_close(copy.weight, fitted)
+
+
+def test_conv_stem_has_no_whitening_layer() -> None:
+    module = Cifar100Module(ModelConfig(width=4, stem="conv"))
+
+    assert whitening_layers(module.net) == []
+    assert module(torch.randn(2, 3, 32, 32)).shape == (2, 100)
