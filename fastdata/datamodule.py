@@ -31,7 +31,13 @@ from fastdata.manifest import Manifest, load_manifest, resolve_splits
 from fastdata.read import BatchLoader, LoaderSpec, WorkerSettings, get_backend
 from fastdata.read.mix import epoch_mix, epoch_size, load_mix, mix_roots
 from fastdata.resume import ResumeState, dataset_fingerprint, mix_description
-from fastdata.runtime import pick_backend, rank_and_world, size_workers, training_device
+from fastdata.runtime import (
+    check_options,
+    pick_backend,
+    rank_and_world,
+    size_workers,
+    training_device,
+)
 
 __all__ = ["ShardDataModule"]
 
@@ -89,7 +95,7 @@ class ShardDataModule(pl.LightningDataModule):
 
     def __init__(
         self,
-        root: str | os.PathLike[str],
+        root: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         batch_size: int = 256,
         num_workers: int | Literal["auto"] = "auto",
         prefetch_factor: int | Literal["auto"] = "auto",
@@ -115,21 +121,10 @@ class ShardDataModule(pl.LightningDataModule):
         mp_context: str | None = None,
     ) -> None:
         super().__init__()
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if on_error not in ("raise", "skip"):
-            raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        for name, value in (("num_workers", num_workers), ("prefetch_factor", prefetch_factor)):
-            if value != "auto" and (not isinstance(value, int) or value < 0):
-                raise ValueError(f"{name} must be a non-negative int or 'auto', got {value!r}")
-        if (rank is None) != (world_size is None):
-            raise ValueError(f"pass rank and world_size together, got {rank} and {world_size}")
-        if world_size is not None and not 0 <= rank < world_size:
-            raise ValueError(f"need 0 <= rank < world_size, got {rank} and {world_size}")
-        if backend != "auto":
-            get_backend(backend)  # a bad name fails here, with the choices
-        if loader_timeout < 0:
-            raise ValueError(f"loader_timeout must be >= 0 seconds, got {loader_timeout!r}")
+        check_options(
+            batch_size, on_error, num_workers, prefetch_factor, rank, world_size, backend,
+            loader_timeout,
+        )  # fmt: skip
         self.roots, self.mixed = mix_roots(root, weights, epoch_samples)
         self.root = self.roots[0] if not self.mixed else f"the mix of {', '.join(self.roots)}"
         self.weights, self.epoch_samples = weights, epoch_samples

@@ -40,7 +40,7 @@ def dataset_fingerprint(manifest: Manifest, split: str) -> str:
     """
     if manifest.source.get("kind") == "mix":
         parts = [f"{d['fingerprints'][split]}*{d['weight']!r}" for d in manifest.source["datasets"]]
-        text = "mix;" + ";".join(parts) + f";{manifest.source.get('epoch_samples')}"
+        text = "mix;" + ";".join(parts) + f";{_mix_epoch_size(manifest, split)}"
     else:
         shards = manifest.split(split).shards
         text = ";".join(f"{s.name}:{s.num_samples}:{s.sha256}" for s in shards)
@@ -55,8 +55,14 @@ def mix_description(manifest: Manifest, split: str) -> str:
     datasets = manifest.source["datasets"]
     weights = ":".join(f"{d['weight']:g}" for d in datasets)
     prints = ", ".join(d["fingerprints"][split] for d in datasets)
-    size = manifest.source.get("epoch_samples") or "their training sizes"
+    size = _mix_epoch_size(manifest, split)
     return f"weights {weights} over datasets {prints}, epoch size {size}"
+
+
+def _mix_epoch_size(manifest: Manifest, split: str) -> int:
+    """`epoch_samples`, else the sum of the datasets' sizes (`fastdata.read.mix.epoch_mix`)."""
+    given = manifest.source.get("epoch_samples")
+    return int(given or sum(d["samples"][split] for d in manifest.source["datasets"]))
 
 
 @dataclass(frozen=True)

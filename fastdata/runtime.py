@@ -16,7 +16,35 @@ from fastdata.augment import Preset
 from fastdata.manifest import Manifest
 from fastdata.read import LoaderSpec, WorkerSettings, get_backend
 
-__all__ = ["pick_backend", "rank_and_world", "size_workers", "training_device"]
+__all__ = ["check_options", "pick_backend", "rank_and_world", "size_workers", "training_device"]
+
+
+def check_options(
+    batch_size: int,
+    on_error: str,
+    num_workers: int | Literal["auto"],
+    prefetch_factor: int | Literal["auto"],
+    rank: int | None,
+    world_size: int | None,
+    backend: str,
+    loader_timeout: float,
+) -> None:
+    """ValueError naming the first `ShardDataModule` option that is out of range."""
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    for name, value in (("num_workers", num_workers), ("prefetch_factor", prefetch_factor)):
+        if value != "auto" and (not isinstance(value, int) or value < 0):
+            raise ValueError(f"{name} must be a non-negative int or 'auto', got {value!r}")
+    if (rank is None) != (world_size is None):
+        raise ValueError(f"pass rank and world_size together, got {rank} and {world_size}")
+    if world_size is not None and not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got {rank} and {world_size}")
+    if backend != "auto":
+        get_backend(backend)  # a bad name fails here, with the choices
+    if loader_timeout < 0:
+        raise ValueError(f"loader_timeout must be >= 0 seconds, got {loader_timeout!r}")
 
 
 def rank_and_world(

@@ -146,6 +146,7 @@ def test_state_from_another_weighting_or_dataset_is_refused(two_roots):
     with pytest.raises(ResumeError, match="reads a single dataset"):
         ShardDataModule(two_roots[0], seed=5, num_workers=0).load_state_dict(state)
     ShardDataModule(two_roots, weights=[3.0, 1.0], seed=5).load_state_dict(state)  # the same mix
+    ShardDataModule(two_roots, weights=[3, 1], epoch_samples=160, seed=5).load_state_dict(state)
 
 
 def _test_labels(dm: ShardDataModule) -> list[int]:

@@ -3,8 +3,8 @@
 Every backend (cpu, memory, dali, nvjpeg) consumes this one plan, so for the same arguments they
 yield the same samples in the same order, and a resumed run (even with another world size or batch
 size) continues with exactly the samples not yet consumed. Everything is a pure function of
-(shard sizes, seed, epoch, rank, world size, batch size, samples consumed), so ranks and workers
-compute it without talking to each other.
+(shard sizes, seed, epoch, rank, world size, batch size, samples consumed, and for a mix the
+datasets' shard counts and draws), so ranks and workers compute it without talking to each other.
 
 A sample is named by its *row*: its position in the split when the shards are laid end to end in
 manifest order (row = first row of its shard + its index in the shard). A mix of datasets
@@ -17,12 +17,12 @@ The rules:
    subset of one more copy (kept in that copy's order), all from (seed, epoch, i), so the subset
    differs every epoch. The datasets' streams are then interleaved by a random permutation of
    their dataset numbers (also from (seed, epoch)), so every batch holds the shares of the mix
-   up to sampling noise while each stream still reads its shards one or two at a time.
-
-1. Epoch order. Training (without a mix): the shards are put in a random order and the rows inside each shard
-   permuted, both drawn from (seed, epoch). Shards were pre-shuffled at write time, so this gives a
-   fresh order every epoch while a batch stays within one or two shards (local reads).
-   Evaluation: row order.
+   up to sampling noise while each stream still reads its shards one or two at a time. The
+   result is the epoch order; rules 2-6 apply to it unchanged.
+1. Epoch order. Training (no mix): the shards are put in a random order and the rows inside each
+   shard permuted, both drawn from (seed, epoch). Shards were pre-shuffled at write time, so this
+   gives a fresh order every epoch while a batch stays within one or two shards (local reads).
+   Evaluation: row order (a mix's evaluation too: every row once).
 2. Consumption. The epoch is consumed from the front of its order, one *step* at a time: a step
    takes the next ``world_size * batch_size`` samples, rank r the r-th block of ``batch_size``.
    After k steps the first ``k * world_size * batch_size`` samples are consumed, whatever ranks
