@@ -31,6 +31,7 @@ from fastdata.read.base import LoaderSpec
 from fastdata.tune.confirm import confirm_by_measurement, decodes_photos
 from fastdata.tune.follow import choose_threads, recheck
 from fastdata.tune.measure import (
+    SampleCost,
     SweepPoint,
     Throughput,
     measure_settings,
@@ -38,7 +39,7 @@ from fastdata.tune.measure import (
     measure_throughput,
     sweep,
 )
-from fastdata.tune.probe import Probe, SampleCost, probe_system
+from fastdata.tune.probe import Probe, probe_system
 from fastdata.tune.sizing import MAIN_PROCESS_CORES, LoaderSettings, size_loader
 
 __all__ = [

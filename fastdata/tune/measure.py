@@ -1,4 +1,4 @@
-"""Timing loaders: the cost of a sample, a loader's steady-state throughput, a settings sweep.
+"""Timing loaders: the cost of a sample (`SampleCost`), a loader's steady-state throughput, a settings sweep.
 
 `measure_throughput` is the one throughput timer of the project (the benchmarks use it too);
 `measure_settings` times the CPU backend at given (workers, prefetch, decode threads).
@@ -8,23 +8,151 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import statistics
 import time
 import warnings
 from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from fastdata.read.base import LoaderSpec, WorkerSettings
-from fastdata.tune.probe import SampleCost, batch_nbytes, measure_sample_cost
 
 __all__ = [
+    "SampleCost",
     "SweepPoint",
     "Throughput",
+    "batch_nbytes",
+    "measure_sample_cost",
     "measure_settings",
     "measure_spec_cost",
     "measure_throughput",
     "sweep",
 ]
+
+
+# ---------------------------------------------------------------------------------------------
+# Cost of a sample
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SampleCost:
+    """Cost of producing batches in the main process (num_workers=0).
+
+    Args:
+        batches: batches timed (after the warm-up).
+        samples: samples in them.
+        cpu_s: process CPU seconds (`time.process_time`) spent producing them.
+        wall_s: wall seconds spent producing them.
+        batch_wall_s: wall seconds of each timed batch.
+        bytes_per_sample: bytes of a batch (images + labels) divided by its samples.
+        warmup_s: wall seconds of the warm-up batches (first open of shards, caches).
+        includes_warmup: True when the split was too short to leave any batch after the warm-up,
+            so the warm-up batches were timed (the cost is then an overestimate).
+    """
+
+    batches: int
+    samples: int
+    cpu_s: float
+    wall_s: float
+    batch_wall_s: tuple[float, ...]
+    bytes_per_sample: float
+    warmup_s: float = 0.0
+    includes_warmup: bool = False
+
+    @property
+    def cpu_s_per_sample(self) -> float:
+        return self.cpu_s / self.samples
+
+    @property
+    def wall_s_per_sample(self) -> float:
+        return self.wall_s / self.samples
+
+    @property
+    def batch_cv(self) -> float:
+        """Spread of the per-batch wall time: a robust coefficient of variation,
+        IQR / (1.349 * median) (equal to stdev / mean for normally distributed times), so that one
+        batch stalled by another process does not count as "batches vary". 0 below 3 batches."""
+        if len(self.batch_wall_s) < 3:
+            return 0.0
+        q1, median, q3 = statistics.quantiles(self.batch_wall_s, n=4, method="inclusive")
+        return (q3 - q1) / (1.349 * median) if median > 0 else 0.0
+
+    def describe(self) -> str:
+        note = " (warm-up included: the split is short)" if self.includes_warmup else ""
+        return (
+            f"sample cost       {self.cpu_s_per_sample * 1e6:.1f} us CPU, "
+            f"{self.wall_s_per_sample * 1e6:.1f} us wall per sample over {self.samples} samples "
+            f"in {self.batches} batches{note}; batch-time CV {self.batch_cv:.2f}; "
+            f"{self.bytes_per_sample / 1024:.1f} KiB per sample"
+        )
+
+
+def batch_nbytes(batch: object) -> tuple[int, int]:
+    """(bytes, samples) of a batch: the tensors of a tuple/list, samples from the first one."""
+    tensors = (
+        [t for t in batch if isinstance(t, torch.Tensor)] if isinstance(batch, tuple | list) else []
+    )
+    if isinstance(batch, torch.Tensor):
+        tensors = [batch]
+    if not tensors:
+        raise TypeError(f"expected a batch of tensors (images, labels), got {type(batch).__name__}")
+    nbytes = sum(t.element_size() * t.numel() for t in tensors)
+    return nbytes, int(tensors[0].shape[0]) if tensors[0].dim() else 1
+
+
+def measure_sample_cost(
+    loader_factory: Callable[[], Iterable[object]],
+    n_batches: int = 8,
+    warmup: int = 1,
+    time_budget_s: float | None = None,
+) -> SampleCost:
+    """Time batches produced in this process (build the loader with num_workers=0).
+
+    The first `warmup` batches pay one-time costs (opening shards, reading indexes) and are
+    left out, unless the split has no batch after them. Timing stops after `n_batches` timed
+    batches or once `time_budget_s` seconds of timed batches have passed.
+
+    Args:
+        loader_factory: builds the loader (an iterable of (images, labels)) to time.
+        n_batches: most batches to time.
+        warmup: batches to skip first.
+        time_budget_s: stop early after this many seconds of timed batches.
+    """
+    if n_batches < 1 or warmup < 0:
+        raise ValueError(f"need n_batches >= 1 and warmup >= 0, got {n_batches!r}, {warmup!r}")
+    walls: list[float] = []
+    cpus: list[float] = []
+    sizes: list[tuple[int, int]] = []
+    iterator = iter(loader_factory())
+    while len(walls) < warmup + n_batches:
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            break
+        walls.append(time.perf_counter() - wall0)
+        cpus.append(time.process_time() - cpu0)
+        sizes.append(batch_nbytes(batch))
+        if time_budget_s is not None and sum(walls[warmup:]) >= time_budget_s:
+            break
+    if not walls:
+        raise ValueError("the loader yielded no batch: is the split empty or the batch too large?")
+    skip = warmup if len(walls) > warmup else 0
+    timed = slice(skip, None)
+    nbytes, samples = (sum(col) for col in zip(*sizes[timed], strict=True))
+    return SampleCost(
+        batches=len(walls[timed]),
+        samples=samples,
+        cpu_s=sum(cpus[timed]),
+        wall_s=sum(walls[timed]),
+        batch_wall_s=tuple(walls[timed]),
+        bytes_per_sample=nbytes / samples,
+        warmup_s=sum(walls[:skip]),
+        includes_warmup=skip == 0 and warmup > 0,
+    )
 
 
 def measure_spec_cost(

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from fastdata.tune import measure_throughput
+from fastdata.tune.measure import measure_sample_cost
 from fastdata.tune.probe import (
     DEFAULT_READERS,
     WORKER_RSS_FALLBACK_BYTES,
-    measure_sample_cost,
     parse_cfs_quota,
     parse_cpu_max,
     probe_system,
