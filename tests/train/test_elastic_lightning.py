@@ -37,7 +37,7 @@ pytestmark = pytest.mark.slow
 
 # ----------------------------------------------------------------------------- training script
 class _Recording(pl.LightningModule):
-    """Appends `global_step label label ...` of every training batch to out/rank<r>.txt."""
+    """Appends `global_step epoch label label ...` of every training batch to out/rank<r>.txt."""
 
     def __init__(self, out: Path) -> None:
         super().__init__()
@@ -49,7 +49,8 @@ class _Recording(pl.LightningModule):
     ) -> torch.Tensor:
         x, y = batch
         with open(self.out / f"rank{self.global_rank}.txt", "a") as f:
-            f.write(f"{self.global_step} {' '.join(map(str, y.tolist()))}\n")
+            labels = " ".join(map(str, y.tolist()))
+            f.write(f"{self.global_step} {self.current_epoch} {labels}\n")
         return F.cross_entropy(self.net(x.flatten(1).float()), y)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
@@ -71,8 +72,9 @@ def train(
     max_steps: int = -1,
     ckpt_path: Path | None = None,
     validate: bool = False,
+    epochs: int = 1,
 ) -> None:
-    """One epoch at most, checkpointed into out/ckpt every STEPS steps (resumes from ckpt_path).
+    """`epochs` epochs, checkpointed into out/ckpt every STEPS steps (resumes from ckpt_path).
 
     validate: validate every STEPS steps instead, and checkpoint when validation ends (Lightning
     then saves from `on_validation_end`, in the middle of the training epoch).
@@ -89,7 +91,7 @@ def train(
     )  # fmt: skip
     trainer = pl.Trainer(
         accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
-        max_epochs=1, max_steps=max_steps, callbacks=[checkpoint], logger=False,
+        max_epochs=epochs, max_steps=max_steps, callbacks=[checkpoint], logger=False,
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         limit_val_batches=None if validate else 0, val_check_interval=STEPS if validate else None,
     )  # fmt: skip
@@ -130,12 +132,12 @@ def _run(shards: Path, out: Path, devices: int, batch_size: int, **kw: object) -
         pytest.fail(f"{cmd} exited with {done.returncode}:\n{done.stderr[-4000:]}")
 
 
-def _steps(out: Path) -> dict[int, list[list[int]]]:
-    """rank -> [(global step, labels), ...] as recorded by `_Recording`."""
+def _steps(out: Path, epoch: int = 0) -> dict[int, list[tuple[int, list[int]]]]:
+    """rank -> [(global step, labels), ...] of `epoch`, as recorded by `_Recording`."""
     records = {}
     for path in sorted(out.glob("rank*.txt")):
         rows = [list(map(int, line.split())) for line in path.read_text().splitlines()]
-        records[int(path.stem[4:])] = rows
+        records[int(path.stem[4:])] = [(row[0], row[2:]) for row in rows if row[1] == epoch]
     return records
 
 
@@ -145,14 +147,14 @@ def _checkpoint_at_step(out: Path, step: int) -> Path:
     return path
 
 
-def _in_step_order(out: Path) -> list[tuple[int, list[int]]]:
+def _in_step_order(out: Path, epoch: int = 0) -> list[tuple[int, list[int]]]:
     """(global step, labels of every rank in rank order) per step: the epoch order, rule 2."""
-    by_rank = _steps(out)
+    by_rank = _steps(out, epoch)
     steps = sorted({row[0] for rows in by_rank.values() for row in rows})
     for rank, rows in by_rank.items():
         assert [row[0] for row in rows] == steps, f"rank {rank} ran other steps: {rows}"
     return [
-        (step, [y for r in sorted(by_rank) for y in by_rank[r][i][1:]])
+        (step, [y for r in sorted(by_rank) for y in by_rank[r][i][1]])
         for i, step in enumerate(steps)
     ]
 
@@ -256,6 +258,27 @@ def test_lightning_does_not_warn_that_the_loader_cannot_resume(
     assert not [m for m in messages if "not resumable" in m], messages
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="fastdata bug: Lightning reads len(train loader) once per fit; after a resume with "
+    "another global batch (world x batch) that len is the resumed epoch's, so every later epoch "
+    "is cut to it (fix: EpochPosition.pending_len at least a whole epoch; then drop this marker)",
+)
+def test_epochs_after_a_resume_with_another_global_batch_are_whole(
+    shards: Path, tmp_path: Path
+) -> None:
+    # 1 x 20 -> 1 x 10: the resumed epoch 0 has 3 + 7 batches, a whole epoch 13.
+    _run(shards, tmp_path / "first", 1, 20, max_steps=STEPS)
+    ckpt = _checkpoint_at_step(tmp_path / "first", STEPS)
+    _run(shards, tmp_path / "second", 1, 10, ckpt_path=ckpt, epochs=2)
+    epoch0 = [y for _, labels in _in_step_order(tmp_path / "second", 0) for y in labels]
+    assert len(epoch0) == NUM_SAMPLES - STEPS * 20
+    epoch1 = [y for _, labels in _in_step_order(tmp_path / "second", 1) for y in labels]
+    assert sorted(epoch1) == list(range(NUM_SAMPLES)), (
+        f"the epoch after the resume trained on {len(epoch1)} of {NUM_SAMPLES} samples"
+    )
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="One training run of this test (DDP entry).")
     parser.add_argument("shards", type=Path)
@@ -266,8 +289,10 @@ if __name__ == "__main__":
     parser.add_argument("--max-steps", type=int, default=-1)
     parser.add_argument("--ckpt-path", type=Path, default=None)
     parser.add_argument("--validate", action="store_true")
+    parser.add_argument("--epochs", type=int, default=1)
     args = parser.parse_args()
     train(
         args.shards, args.out, args.devices, args.batch_size, seed=args.seed,
         max_steps=args.max_steps, ckpt_path=args.ckpt_path, validate=args.validate,
+        epochs=args.epochs,
     )  # fmt: skip
