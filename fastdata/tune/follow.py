@@ -318,9 +318,11 @@ def recheck(
        (one worker makes a batch in workers x (compute + wait) s; 0 workers: in `wait` s), at
        most the free cores (idle per rank less `MAIN_PROCESS_CORES`, plus `HYSTERESIS_CORES`) or
        `max_workers`; never fewer than now.
-    3. workers, data wait below threshold / 2: down to those free cores when they exceed them by
-       more than 0.5 + `HYSTERESIS_CORES` (another process took a core; oversubscribed workers
-       slow the step down).
+    3. workers, data wait below threshold / 2, and other processes took more than
+       0.5 + `HYSTERESIS_CORES` cores since the last decision (`previous_idle`): down to those
+       free cores when the workers exceed them by more than 0.5 + `HYSTERESIS_CORES`
+       (oversubscribed workers slow the step down). Without such a change the count the loader
+       kept up with stays: more workers than cores can be the faster choice for photos.
     4. prefetch: raised to `VARIABLE_PREFETCH` when the wait stays high, workers cannot grow,
        the waits vary (CV > `HIGH_VARIATION_CV`) and the deeper queue fits in memory.
     """
@@ -354,7 +356,9 @@ def recheck(
         return _deeper_prefetch(out, figures, head)
     margin = 0.5 + HYSTERESIS_CORES if max_workers is None else 0.0
     oversubscribed = workers > cap and workers > free + margin
-    if figures.data_wait_frac < threshold / 2 and oversubscribed:
+    before = figures.previous_idle
+    took = before is not None and before - load.idle_cores > 0.5 + HYSTERESIS_CORES
+    if figures.data_wait_frac < threshold / 2 and oversubscribed and took:
         out.changes.append(
             f"{head}: workers {workers} -> {cap} ({idle} leave {max(free, 0.0):.1f} for workers; "
             f"data wait {figures.data_wait_frac:.0%})"

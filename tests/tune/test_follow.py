@@ -62,11 +62,12 @@ def test_recheck_raises_threads_after_the_load_ends_and_says_why():
 
 
 def test_recheck_does_not_flap_on_noise():
-    sizing = Sizing(threads=2, num_workers=1)
+    sizing, previous = Sizing(threads=2, num_workers=1), None
     for epoch, idle in enumerate([1.9, 1.4, 1.8, 1.3, 1.7, 1.35, 1.95]):
-        result = recheck(sizing, _figures(idle, wait_frac=0.05, epoch=epoch))
+        figures = _figures(idle, wait_frac=0.05, epoch=epoch, previous_idle=previous)
+        result = recheck(sizing, figures)
         assert result.changes == [], (idle, result.changes)
-        sizing = result.sizing
+        sizing, previous = result.sizing, idle
     assert sizing == Sizing(threads=2, num_workers=1)
 
 
@@ -84,12 +85,15 @@ def test_recheck_grows_workers_on_a_high_wait_up_to_the_free_cores():
 
 
 def test_recheck_shrinks_oversubscribed_workers_only_with_slack():
-    shrunk = recheck(Sizing(None, num_workers=2), _figures(1.0, wait_frac=0.02))
+    # Another process took a core since the last epoch (2.0 -> 1.0 idle).
+    shrunk = recheck(Sizing(None, num_workers=2), _figures(1.0, 0.02, previous_idle=2.0))
     assert shrunk.sizing.num_workers == 0
     assert "workers 2 -> 0" in shrunk.changes[0]
-    waiting = recheck(Sizing(None, num_workers=2), _figures(1.0, wait_frac=0.15))
+    waiting = recheck(Sizing(None, num_workers=2), _figures(1.0, 0.15, previous_idle=2.0))
     assert waiting.sizing.num_workers == 2  # the loader has no slack: keep them
-    none = recheck(Sizing(None, num_workers=0), _figures(0.0, wait_frac=0.02))
+    steady = recheck(Sizing(None, num_workers=2), _figures(1.0, 0.02, previous_idle=1.2))
+    assert steady.changes == []  # the load did not change: the count it kept up with stays
+    none = recheck(Sizing(None, num_workers=0), _figures(0.0, 0.02, previous_idle=2.0))
     assert none.changes == [] and none.notes == []  # nothing to take away
 
 
@@ -267,3 +271,42 @@ def test_long_epochs_read_the_load_over_their_second_half():
     meter.model_steps = lambda: trainer.global_step
     trainer.fit(_Model(), train_dataloaders=DataLoader(data, batch_size=None))
     assert meter.starts == [0, 12]  # at the epoch's start, then again half-way
+
+
+class _ResizableModule(pl.LightningDataModule):
+    """Reports 2 workers (the loader itself runs in-process) and records resizes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_workers, self.prefetch_factor, self.resized = 2, 2, []
+
+    def train_dataloader(self):
+        data = [(torch.randn(8, 4), torch.zeros(8, dtype=torch.int64)) for _ in range(4)]
+        return DataLoader(data, batch_size=None)
+
+    def resize_workers(self, n: int, prefetch_factor: int | None = None) -> None:
+        self.resized.append((n, prefetch_factor))
+        self.num_workers = n
+
+
+def test_monitor_takes_workers_away_when_another_process_takes_the_cores():
+    dm = _ResizableModule()
+    # epoch 0: quiet; 1: another process takes a core (idle 1.0: no core left for workers).
+    meter = _ScriptedMeter([0.0, 1.0, 1.0])
+    monitor = LoaderMonitor(
+        threshold=0.99, gpu_reader=None, energy_reader=lambda: None, load_meter=meter
+    )
+    pl.Trainer(
+        accelerator="cpu",
+        max_epochs=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[monitor],
+    ).fit(_Model(), datamodule=dm)
+    assert dm.resized == [(0, None)]  # once: epoch 2 measures the same and changes nothing
+    actions = [h["action"] for h in monitor.history]
+    assert actions[0] is None and actions[2] is None
+    assert actions[1].startswith("epoch 1: workers 2 -> 0 (1.0 of 2 cores idle")
+    assert actions[1].endswith(", from the next epoch")
