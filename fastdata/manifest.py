@@ -160,13 +160,21 @@ class Manifest:
         return _join(self.root, shard.index)
 
     def to_json(self) -> str:
-        """Serialize (without `root`), with sorted keys so the file is deterministic."""
+        """Serialize (without `root`), with sorted keys so the file is deterministic.
+
+        Raises:
+            ValueError: for a mix (`fastdata.read.mix`): it is built from its roots, never saved.
+        """
+        if self.source.get("kind") == "mix":
+            raise ValueError(
+                "a mix of datasets is a virtual manifest built from its roots and weights "
+                "(`fastdata.read.mix.load_mix`); it cannot be saved: save each dataset on its own"
+            )
         data = asdict(self)
         data.pop("root")
         for split in data["splits"].values():
             for shard in split["shards"]:
-                if shard["label_map"] is None:  # only a mix has one, and a mix is never saved
-                    del shard["label_map"]
+                del shard["label_map"]  # only a mix has one, and a mix is never saved
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
     def save(self, folder: str | os.PathLike[str]) -> Path:

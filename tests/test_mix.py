@@ -213,6 +213,8 @@ def test_share_counts_round_by_largest_remainder():
 
 def test_row_labels_map_through_each_shards_dataset(two_roots):
     mixed = mix_manifests([load_manifest(r) for r in two_roots])
+    with pytest.raises(ValueError, match="cannot be saved"):
+        mixed.to_json()
     info = mixed.split("test")
     labels = torch.tensor(list(range(10)) * 2)
     assert map_row_labels(info, labels).tolist() == list(range(10)) + list(range(N_A, N_A + 10))
