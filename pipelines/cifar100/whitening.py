@@ -4,7 +4,10 @@ Each filter is one eigenvector of the covariance of the k x k input patches, sca
 square root of its eigenvalue, and the layer keeps each filter and its negative (so the ReLU after
 it keeps both signs). The network then starts from decorrelated, equal-variance features instead
 of learning its first layer from noise: on CIFAR-100 (ResNet-9, width 24, 2 epochs, one-cycle SGD)
-test top-1 rose from 37.0% to 40.1%, and the frozen layer has no weight gradient to compute.
+test top-1 rose from 37.0% (learned 3x3 conv) to 40.1% with 2x2 patches (all 12 components, as
+airbench) and 42.6% with 3x3 patches (the 12 leading of 27), and the frozen layer has no weight
+gradient to compute. Dropping the trailing components drops the directions of least variance,
+mostly pixel noise, which whitening would amplify the most.
 
 The filters are fitted on the first training batch the model sees (`fit`), as the network sees it
 (augmented and normalized on the device), so no extra pass over the data is needed; they are
