@@ -260,9 +260,11 @@ def test_lightning_does_not_warn_that_the_loader_cannot_resume(
 
 @pytest.mark.xfail(
     strict=True,
-    reason="fastdata bug: Lightning reads len(train loader) once per fit; after a resume with "
-    "another global batch (world x batch) that len is the resumed epoch's, so every later epoch "
-    "is cut to it (fix: EpochPosition.pending_len at least a whole epoch; then drop this marker)",
+    reason="fastdata bug: after a resume with another global batch (world x batch), len(train "
+    "loader) stays the resumed epoch's (Lightning caps every epoch at the len it read at fit "
+    "start, and the backend's len still counts from the resume point when the next epoch's "
+    "fetcher reads it), so later epochs are cut short (fix: EpochPosition.pending_len and "
+    "EpochLoader.__len__ count a whole epoch; then drop this marker)",
 )
 def test_epochs_after_a_resume_with_another_global_batch_are_whole(
     shards: Path, tmp_path: Path
