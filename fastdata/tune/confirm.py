@@ -28,8 +28,10 @@ MAX_DECODE_THREADS = 2
 
 
 def decodes_photos(spec: LoaderSpec) -> bool:
-    """Whether the split holds encoded images (JPEG/PNG) rather than raw pixel arrays."""
-    return spec.manifest.split(spec.split).raw_shape is None
+    """Whether the split holds encoded images (JPEG/PNG) rather than raw pixel arrays.
+
+    By the manifest's encoding, not by `raw_shape`: photos of one size have a shape too."""
+    return spec.manifest.split(spec.split).encoding != "raw"
 
 
 def candidates(

@@ -237,8 +237,16 @@ def test_cli_tune(shards, capsys, monkeypatch):
 
 
 class _Split:
-    def __init__(self, raw_shape):
-        self.raw_shape = raw_shape
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+
+
+class _Manifest:
+    def __init__(self, encoding: str) -> None:
+        self.encoding = encoding
+
+    def split(self, name: str) -> _Split:
+        return _Split(self.encoding)
 
 
 class _Spec:
@@ -246,9 +254,7 @@ class _Spec:
 
     def __init__(self, photos: bool) -> None:
         self.split = "train"
-        self.manifest = type(
-            "M", (), {"split": lambda _, name: _Split(None if photos else (8, 8, 3))}
-        )()
+        self.manifest = _Manifest("jpeg" if photos else "raw")
 
 
 @pytest.mark.parametrize("photos", [False, True])
@@ -296,3 +302,37 @@ def test_confirm_times_load_dependent_workers_and_decode_threads(monkeypatch, ph
     if not photos:  # the load changed the answer
         assert confirm_by_measurement(_Spec(False), base, busy).num_workers == 3
     assert all(p == 2 for _, p, _ in timed)
+
+
+@pytest.fixture(scope="module")
+def photo_shards(tmp_path_factory):
+    import numpy as np
+    from PIL import Image
+
+    from fastdata.sources import open_source
+    from fastdata.write import ShardOptions, write_shards
+
+    folder = tmp_path_factory.mktemp("photos") / "train"
+    rng = np.random.default_rng(0)
+    for i in range(48):
+        path = folder / f"c{i % 2}" / f"{i}.jpg"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(rng.integers(0, 256, (60, 80, 3), dtype=np.uint8)).save(path)
+    out = folder.parent / "shards"
+    return write_shards(open_source("folder", folder), out, ShardOptions(workers=1, progress=False))
+
+
+@pytest.mark.timeout(120)
+def test_photo_splits_time_decode_threads_on_real_jpegs(photo_shards):
+    # The real path, end to end: decode threads in the main process and in workers, timed.
+    import fastdata.tune as tune_mod
+
+    tune_mod._AUTO_CACHE.clear()
+    spec = tune_mod.tuning_spec(photo_shards, batch_size=8, image_size=32)
+    chosen = tune_mod.auto_loader_settings(spec, ranks_per_node=1, decode_threads="auto")
+    timed = chosen.reasons[-1]
+    assert timed.startswith("measured (") and "decode threads is fastest" in timed
+    assert "x 2 threads" in timed  # thread candidates were timed beside processes
+    assert chosen.decode_threads in (1, 2) and chosen.num_workers >= 0
+    assert f"{chosen.num_workers} workers x {chosen.decode_threads} decode threads" in timed
+    tune_mod._AUTO_CACHE.clear()
