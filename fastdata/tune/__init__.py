@@ -8,7 +8,7 @@
 |---|---|
 | workers, prefetch (and, timed, decode threads) at start-up | `choose_loader_settings(spec, ...)` |
 | the same for `ShardDataModule(num_workers="auto")`: quick, cached | `auto_loader_settings(spec, ...)` |
-| the same for a shard folder (`fastdata tune OUT`) | `tune(root, ...)` |
+| the same for a shard folder (`fastdata.tune(...)`) | `tune(root, ...)` |
 | torch intra-op threads at start-up | `choose_threads(requested, processes)` |
 | threads, workers and prefetch again at each epoch end | `recheck(...)`, run by `LoaderMonitor` |
 | time a loader / the CPU backend at settings / a grid | `measure_throughput`, `measure_settings`, `sweep` |
@@ -244,8 +244,8 @@ def tune(
     image_size: int | None = None,
     options: TuneOptions | None = None,
 ) -> LoaderSettings:
-    """`choose_loader_settings` on a shard folder's split (`tuning_spec`): what `fastdata tune`
-    and `fastdata.tune(...)` report.
+    """`choose_loader_settings` on a shard folder's split (`tuning_spec`), for callers that have
+    a folder rather than a spec (`fastdata.tune(...)`).
 
     Args:
         manifest_or_root: a Manifest or the shard folder.
