@@ -19,6 +19,13 @@ different size never hits a stale entry. Cache dir: the `cache_dir` argument, el
 $FASTDATA_CACHE_DIR, else `<manifest root>/.fastdata-decoded/` (falling back to
 `~/.cache/fastdata` when that is not writable). Ranks that decode the same split at once each write
 their own temporary files; the renames are atomic and the contents identical.
+
+Decoding runs in threads that write their rows straight into the memory-mapped cache file. A raw
+shard is read whole: its index parsed in one pass, every sample's pixels and label gathered by
+offset (CIFAR-100 train, one thread: 0.4 s of CPU instead of 1.3 s sample by sample); a shard that
+does not fit that layout is read sample by sample, which names any bad sample. Encoded samples are
+decoded 64 at a time per job, so a one-shard split still uses every thread. Large splits show a
+progress bar (`decode_split`'s `progress`).
 """
 
 from __future__ import annotations
