@@ -39,9 +39,9 @@ pytestmark = pytest.mark.slow
 
 
 # ----------------------------------------------------------------------------- evaluation script
-def _datamodule(shards: Path) -> ShardDataModule:
+def _datamodule(shards: Path, backend: str = "cpu") -> ShardDataModule:
     return ShardDataModule(
-        shards, batch_size=BATCH, num_workers=0, prefetch_factor=2, backend="cpu",
+        shards, batch_size=BATCH, num_workers=0, prefetch_factor=2, backend=backend,
         train_transforms="none",
     )  # fmt: skip
 
@@ -98,7 +98,7 @@ class _NearestTemplate(pl.LightningModule):
         self._evaluate(batch, "test")
 
 
-def evaluate(shards: Path, out: Path, devices: int) -> None:
+def evaluate(shards: Path, out: Path, devices: int, backend: str) -> None:
     """`trainer.validate` then `trainer.test` on `devices` CPU processes; rank results to out/."""
     templates = torch.load(out.parent / "templates.pt")
     model = _NearestTemplate(templates, out)
@@ -108,7 +108,7 @@ def evaluate(shards: Path, out: Path, devices: int) -> None:
     )  # fmt: skip
     results = {}
     for run in (trainer.validate, trainer.test):
-        (metrics,) = run(model, datamodule=_datamodule(shards))
+        (metrics,) = run(model, datamodule=_datamodule(shards, backend))
         results.update({k: float(v) for k, v in metrics.items()})
     (out / f"metrics-rank{trainer.global_rank}.json").write_text(json.dumps(results))
 
@@ -145,16 +145,16 @@ def _templates(shards: Path) -> dict[str, torch.Tensor]:
     return templates
 
 
-def _run(shards: Path, out: Path, devices: int) -> dict[str, float]:
+def _run(shards: Path, out: Path, devices: int, backend: str) -> dict[str, float]:
     out.mkdir()
     if devices == 1:
-        evaluate(shards, out, 1)
+        evaluate(shards, out, 1, backend)
     else:  # Lightning's DDP launcher re-runs this file once per extra rank
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         }
-        cmd = [sys.executable, __file__, str(shards), str(out), str(devices)]
+        cmd = [sys.executable, __file__, str(shards), str(out), str(devices), backend]
         done = subprocess.run(cmd, cwd=out, env=env, capture_output=True, text=True, timeout=240)
         assert done.returncode == 0, done.stderr[-4000:]
         assert "sync_dist" not in done.stderr, "epoch metrics must be reduced across ranks"
@@ -168,12 +168,13 @@ def _labels(out: Path, split: str, rank: int) -> list[list[int]]:
     return [list(map(int, line.split())) for line in lines]
 
 
+@pytest.mark.parametrize("backend", ["cpu", "memory"])
 def test_two_process_accuracy_equals_one_process_and_each_sample_counts_once(
-    shards: Path, tmp_path: Path
+    shards: Path, tmp_path: Path, backend: str
 ) -> None:
     torch.save(_templates(shards), tmp_path / "templates.pt")
-    one = _run(shards, tmp_path / "one", 1)
-    two = _run(shards, tmp_path / "two", 2)
+    one = _run(shards, tmp_path / "one", 1, backend)
+    two = _run(shards, tmp_path / "two", 2, backend)
     for split, n in (("val", SIZES["val"]), ("test", SIZES["test"])):
         expected = Fraction((n + 1) // 2, n)  # the even ids have templates
         for metrics in (one, two):
@@ -200,5 +201,6 @@ if __name__ == "__main__":
     parser.add_argument("shards", type=Path)
     parser.add_argument("out", type=Path)
     parser.add_argument("devices", type=int)
+    parser.add_argument("backend")
     args = parser.parse_args()
-    evaluate(args.shards, args.out, args.devices)
+    evaluate(args.shards, args.out, args.devices, args.backend)
