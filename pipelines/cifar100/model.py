@@ -234,6 +234,10 @@ class Cifar100Module(pl.LightningModule):
         model: model configuration.
         optim: optimizer and schedule configuration.
         tta: evaluate on the mean logits of the image and its horizontal mirror.
+        train_sizes: progressive resizing: epoch i (from 0) trains on batches resized to
+            ``train_sizes[i]`` squared (antialiased bilinear); later epochs, and evaluation, keep
+            the input size. Small early epochs cost less (the net is all convs and max pools, so it
+            takes any size) and the last ones adapt it to the test resolution.
     """
 
     def __init__(
@@ -241,12 +245,16 @@ class Cifar100Module(pl.LightningModule):
         model: ModelConfig = ModelConfig(),
         optim: OptimConfig = OptimConfig(),
         tta: bool = True,
+        train_sizes: tuple[int, ...] = (),
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.model_config = model
         self.optim_config = optim
         self.tta = tta
+        if any(size < 8 for size in train_sizes):
+            raise ValueError(f"train_sizes must be >= 8 pixels each, got {train_sizes}")
+        self.train_sizes = tuple(train_sizes)
         self.net = build_model(model)
         self._whitening_checked = False
 
@@ -263,7 +271,8 @@ class Cifar100Module(pl.LightningModule):
 
     def training_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> Tensor:
         x, y = batch
-        self._fit_whitening(x)
+        self._fit_whitening(x)  # on the full-size batch: the size the later epochs and tests see
+        x = self._resize_for_epoch(x)
         loss = F.cross_entropy(self(x), y, label_smoothing=self.optim_config.label_smoothing)
         value, n = loss.detach(), len(y)
         # Per step: this rank's value, no collective. Per epoch: the mean over ranks, one all-reduce.
@@ -272,6 +281,13 @@ class Cifar100Module(pl.LightningModule):
         )
         self.log("train/loss", value, on_step=False, on_epoch=True, sync_dist=True, batch_size=n)
         return loss
+
+    def _resize_for_epoch(self, x: Tensor) -> Tensor:
+        epoch = self.current_epoch
+        if epoch >= len(self.train_sizes) or self.train_sizes[epoch] == x.shape[-1]:
+            return x
+        size = self.train_sizes[epoch]
+        return F.interpolate(x, size=(size, size), mode="bilinear", antialias=True)
 
     def _fit_whitening(self, x: Tensor) -> None:
         """Fit the whitening stem on the first training batch (once: a resumed run restores the

@@ -63,6 +63,10 @@ def _workers(text: str) -> int | str:
     return text if text == "auto" else int(text)
 
 
+def _sizes(text: str) -> tuple[int, ...]:
+    return tuple(int(size) for size in text.split(",") if size.strip())
+
+
 def _limit(text: str) -> int | float:
     return float(text) if "." in text else int(text)
 
@@ -95,6 +99,12 @@ OPTIONS: dict[str, dict[str, Any]] = {
         "action": argparse.BooleanOptionalAction,
         "default": True,
         "help": "test top-1 on the mean logits of each image and its mirror (--no-tta: plain)",
+    },
+    "--train-sizes": {
+        "type": _sizes,
+        "default": (),
+        "help": "progressive resizing: comma-separated image sizes of the first epochs "
+        "(e.g. 24,24,28); later epochs and the tests use the full size",
     },
     "--batch-size": {"type": int, "default": 128, "help": "samples per step on each device"},
     "--lr": {"type": float, "default": 0.3, "help": "peak learning rate of the one-cycle schedule"},
@@ -295,6 +305,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         ModelConfig(args.model, args.width, stem_pool=args.stem_pool, stem=args.stem),
         OptimConfig(lr=args.lr),
         tta=args.tta,
+        train_sizes=args.train_sizes,
     )
     monitor = _loader_monitor()
     table = EpochTable(monitor)

@@ -117,3 +117,21 @@ def test_conv_stem_has_no_whitening_layer() -> None:
 
     assert whitening_layers(module.net) == []
     assert module(torch.randn(2, 3, 32, 32)).shape == (2, 100)
+
+
+def test_progressive_resizing_trains_the_first_epochs_at_their_size_and_evaluates_full_size() -> (
+    None
+):
+    module = _module(train_sizes=(16,))
+    module.log = lambda *args, **kwargs: None  # type: ignore[method-assign]
+    seen: list[tuple[int, ...]] = []
+    module.net.blocks.register_forward_pre_hook(lambda _, args: seen.append(tuple(args[0].shape)))
+    x, y = _batch()
+
+    module.training_step((x, y), 0)  # epoch 0 (no Trainer): the first size
+    with torch.no_grad():
+        module.predict_logits(x)
+
+    assert seen == [(6, 3, 16, 16), (12, 3, 32, 32)]  # evaluation: both flip views at once
+    with pytest.raises(ValueError, match="train_sizes"):
+        Cifar100Module(ModelConfig(width=4), train_sizes=(4,))
