@@ -30,6 +30,7 @@ from fastdata._threads import one_thread_on_cpu
 __all__ = ["PaddedImages", "padded_nbytes"]
 
 _BUILD_CHUNK_BYTES = 1 << 20  # store bytes written per chunk while building (fits the L2 cache)
+_DEVICE_CHUNK_BYTES = 64 << 20  # on a GPU: fewer, larger host -> device copies
 
 
 def padded_nbytes(
@@ -87,7 +88,8 @@ class PaddedImages:
             (2 if mirrored else 1, n, c, h + 2 * pad, w + 2 * pad), dtype=torch.uint8, device=device
         )
         store = cls(data, h, w, pad)
-        rows = max(1, _BUILD_CHUNK_BYTES // padded_nbytes(1, c, h, w, pad, mirrored))
+        chunk = _BUILD_CHUNK_BYTES if device.type == "cpu" else _DEVICE_CHUNK_BYTES
+        rows = max(1, chunk // padded_nbytes(1, c, h, w, pad, mirrored))
         starts = range(0, n, rows)
         threads = (threads or torch.get_num_threads()) if device.type == "cpu" else 1
         # One intra-op thread in each (new) thread: the chunks are the parallelism (torch releases
