@@ -7,7 +7,8 @@ the data module hands them over; its accuracy is exactly (even samples) / (sampl
 sample counted as real (it repeats sample 0, which the model gets right) would change it. Accuracy
 is computed as the README tells users to: correct and total counts over ``y != -100``, logged with
 ``sync_dist=True, reduce_fx="sum"``; torchmetrics' accuracy with ``ignore_index=-100`` must agree.
-Labels equal sample ids, so the labels each rank evaluated name the samples.
+Labels equal sample ids, so the labels each rank evaluated name the samples. Run on the cpu and
+memory backends (`trainer.validate` and `trainer.test`, 1 process, then 2 DDP processes on gloo).
 """
 
 from __future__ import annotations
