@@ -137,7 +137,25 @@ class LoaderSpec:
         return tuple(s.num_samples for s in self.manifest.split(self.split).shards)
 
     def plan(self, epoch: int, consumed: int = 0, steps_before: int = 0) -> EpochPlan:
-        """This rank's plan of `epoch` from `consumed` samples on (`fastdata.read.plan`)."""
+        """This rank's plan of `epoch` from `consumed` samples on (`fastdata.read.plan`).
+
+        The last plan is kept: the DataModule, the backend and `len()` ask for the same one
+        several times an epoch, and a large split's plan costs ~0.1 s (a mix's ~0.4 s).
+        """
+        key = (epoch, consumed, steps_before)
+        last = self.__dict__.get("_last_plan")
+        if last is not None and last[0] == key:
+            return last[1]
+        plan = self._plan(epoch, consumed, steps_before)
+        object.__setattr__(self, "_last_plan", (key, plan))  # a cache, not a field
+        return plan
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_last_plan", None)  # workers started by spawn compute their own
+        return state
+
+    def _plan(self, epoch: int, consumed: int, steps_before: int) -> EpochPlan:
         return plan_epoch(
             self.shard_sizes,
             seed=self.seed,

@@ -171,3 +171,17 @@ def test_a_mix_applies_to_training_only_and_must_name_every_shard():
         mixed_order(SIZES, EpochMix((1, 2), (3, 3)), seed=0, epoch=0)
     with pytest.raises(ValueError, match="one sample count per dataset"):
         EpochMix((2, 2), (3,))
+
+
+def test_a_loader_spec_keeps_its_last_plan_but_never_pickles_it(tiny_shards):
+    import pickle
+
+    from fastdata.manifest import load_manifest
+    from fastdata.read.base import LoaderSpec
+
+    spec = LoaderSpec(load_manifest(tiny_shards), "train", train=True, batch_size=8, seed=2)
+    plan = spec.plan(1, 16, 2)
+    assert spec.plan(1, 16, 2) is plan and spec.plan(1, 24, 3) is not plan
+    copy = pickle.loads(pickle.dumps(spec))
+    assert "_last_plan" not in copy.__dict__ and copy == spec
+    assert _rows(copy.plan(1, 24, 3)) == _rows(spec.plan(1, 24, 3))
