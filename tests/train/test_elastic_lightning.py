@@ -7,8 +7,11 @@ steps with `ModelCheckpoint(every_n_train_steps=K)` and trains on for two more s
 not count as consumed. A second run with another world size and per-rank batch size resumes
 with ``trainer.fit(..., ckpt_path=<the step-K checkpoint>)``. The first run's steps before K plus
 the resumed steps must be the whole epoch, each sample once, plus the padding of plan rule 3
-(the remainder padded to a multiple of the new world size). A checkpoint taken with another seed
-or on other shards is refused with `fastdata.resume.ResumeError`.
+(the remainder padded to a multiple of the new world size), in the order of a run never
+interrupted; also for a checkpoint Lightning saves when a mid-epoch validation ends. A checkpoint
+taken with another seed or on other shards is refused with `fastdata.resume.ResumeError`. Two
+strict xfails record fastdata bugs this file found (Lightning's "not resumable" warning; epochs
+after a resume with another world size x batch size cut short), with the fix in their reason.
 """
 
 from __future__ import annotations
