@@ -269,7 +269,7 @@ def _decode_all(
     def run(job: tuple[int, int, int, int]) -> list[str]:
         reader = getattr(local, "reader", None)
         if reader is None:  # one per thread: readers are not shared
-            reader = local.reader = ShardReader(manifest, split, max_open=1)
+            reader = local.reader = ShardReader(manifest, split, max_open=2)
             with lock:
                 readers.append(reader)
         skipped = _decode_rows(manifest, reader, info, job, images, meta, options.on_error)
