@@ -67,11 +67,19 @@ class EpochPosition:
         self.epoch, self.batches = state.epoch, state.steps
 
     def pending_len(self, spec: LoaderSpec) -> int | None:
-        """Batches of the resumed epoch when a resume is pending (len() before iteration)."""
+        """len() of the training loader while a resume is pending (before the epoch starts).
+
+        Lightning reads len() once per `fit` and keeps it for every later epoch, so this is the
+        larger of the resumed epoch's batches (steps taken + remaining) and a whole epoch's:
+        after a resume with another world size x batch size the resumed epoch's count may be
+        smaller and would cut every later epoch short. A loader that ends before len() batches
+        just ends Lightning's epoch there.
+        """
         if not spec.train or self.resume is None:
             return None
         state = self.resume
-        return len(spec.plan(state.epoch, state.consumed, state.steps))
+        resumed = len(spec.plan(state.epoch, state.consumed, state.steps))
+        return max(resumed, len(spec.plan(state.epoch)))
 
     def next_batch_seed(self) -> int:
         """The augmentation seed of the next training batch (plan rule 5); counts the batch."""
@@ -111,7 +119,13 @@ class EpochLoader:
 
     def __len__(self) -> int:
         pending = self.owner._pending_len(self.spec)
-        return pending if pending is not None else len(self.loader)
+        if pending is not None:
+            return pending
+        if self.spec.train:
+            # A whole epoch: until the next epoch starts, the backend's len() still counts from
+            # the position its last epoch started at (a resume), and Lightning reads len() then.
+            return len(self.spec.plan(self.spec.epoch))
+        return len(self.loader)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         # A generator: nothing runs until the first next(). Lightning calls iter() once more than
@@ -129,6 +143,17 @@ class EpochLoader:
         epoch, consumed, steps = self.owner._start_epoch(self)
         self.loader.set_epoch(epoch, consumed, steps)
         yield from self.loader
+
+    def state_dict(self) -> dict[str, Any]:
+        """Empty: the position is `ShardDataModule.state_dict`, which every checkpoint holds.
+
+        Defined so that Lightning counts this loader as resumable and does not warn, at a
+        mid-epoch resume, that the dataloader cannot resume.
+        """
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Nothing to restore here: `ShardDataModule.load_state_dict` restores the position."""
 
     def resize(self, num_workers: int, prefetch_factor: int | None) -> None:
         """Use new worker figures from the next iteration on."""

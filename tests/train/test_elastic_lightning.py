@@ -9,9 +9,9 @@ with ``trainer.fit(..., ckpt_path=<the step-K checkpoint>)``. The first run's st
 the resumed steps must be the whole epoch, each sample once, plus the padding of plan rule 3
 (the remainder padded to a multiple of the new world size), in the order of a run never
 interrupted; also for a checkpoint Lightning saves when a mid-epoch validation ends. A checkpoint
-taken with another seed or on other shards is refused with `fastdata.resume.ResumeError`. Two
-strict xfails record fastdata bugs this file found (Lightning's "not resumable" warning; epochs
-after a resume with another world size x batch size cut short), with the fix in their reason.
+taken with another seed or on other shards is refused with `fastdata.resume.ResumeError`.
+Lightning does not warn that the loader cannot resume, and the epochs after a resume with another
+world size x batch size are whole (both were bugs this file found).
 """
 
 from __future__ import annotations
@@ -242,13 +242,6 @@ def test_resuming_with_another_seed_or_other_shards_is_refused(
     assert not (tmp_path / "dataset" / "rank0.txt").exists(), "trained before refusing the state"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,  # any other error is a real failure
-    reason="fastdata bug: the loader Lightning sees lacks state_dict/load_state_dict, so Lightning "
-    "warns that a mid-epoch resume is unreliable although the DataModule resumes exactly (fix: "
-    "state_dict/load_state_dict on fastdata.epoch_loader.EpochLoader; then drop this marker)",
-)
 def test_lightning_does_not_warn_that_the_loader_cannot_resume(
     shards: Path, tmp_path: Path, recwarn: pytest.WarningsRecorder
 ) -> None:
@@ -262,15 +255,6 @@ def test_lightning_does_not_warn_that_the_loader_cannot_resume(
     assert not [m for m in messages if "not resumable" in m], messages
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,  # any other error is a real failure
-    reason="fastdata bug: after a resume with another global batch (world x batch), len(train "
-    "loader) stays the resumed epoch's (Lightning caps every epoch at the len it read at fit "
-    "start, and the backend's len still counts from the resume point when the next epoch's "
-    "fetcher reads it), so later epochs are cut short (fix: EpochPosition.pending_len and "
-    "EpochLoader.__len__ count a whole epoch; then drop this marker)",
-)
 def test_epochs_after_a_resume_with_another_global_batch_are_whole(
     shards: Path, tmp_path: Path
 ) -> None:
