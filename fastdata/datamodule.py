@@ -80,7 +80,8 @@ class ShardDataModule(pl.LightningDataModule):
         splits: override split names, e.g. {"train": "train", "val": "validation", "test": "test"}.
         rank: this process's global rank; None: the Trainer's, else torch.distributed's, else 0.
         world_size: ranks; None: the Trainer's, else torch.distributed's, else 1.
-        decode_threads: threads decoding a batch's photos in each worker (cpu backend).
+        decode_threads: threads decoding a batch's photos in each worker (cpu backend), or
+            "auto" to time a few (workers, threads) pairs on photo splits and keep the fastest.
         cache_dir: local cache of a remote dataset's shards (None: $FASTDATA_CACHE_DIR or
             ~/.cache/fastdata/shards).
         cache_limit: most bytes that cache may hold, e.g. "50GB" (None: its default).
@@ -111,7 +112,7 @@ class ShardDataModule(pl.LightningDataModule):
         splits: dict[str, str] | None = None,
         rank: int | None = None,
         world_size: int | None = None,
-        decode_threads: int = 1,
+        decode_threads: int | Literal["auto"] = 1,
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | str | None = None,
         preset: str | Preset | None = None,
@@ -123,7 +124,7 @@ class ShardDataModule(pl.LightningDataModule):
         super().__init__()
         check_options(
             batch_size, on_error, num_workers, prefetch_factor, rank, world_size, backend,
-            loader_timeout,
+            loader_timeout, decode_threads,
         )  # fmt: skip
         self.roots, self.mixed = mix_roots(root, weights, epoch_samples)
         self.root = self.roots[0] if not self.mixed else f"the mix of {', '.join(self.roots)}"
@@ -275,7 +276,7 @@ class ShardDataModule(pl.LightningDataModule):
 
     def _size_workers(self, spec: LoaderSpec) -> LoaderSpec:
         settings = WorkerSettings(
-            decode_threads=self.decode_threads,
+            decode_threads=1 if self.decode_threads == "auto" else self.decode_threads,
             timeout=self.loader_timeout,
             mp_context=self.mp_context,
         )
@@ -286,6 +287,7 @@ class ShardDataModule(pl.LightningDataModule):
             settings,
             self.backend_name,
             self._trainer_or_none(),
+            decode_threads=self.decode_threads,
         )
 
     # ------------------------------------------------------------------ device augmentation

@@ -28,6 +28,7 @@ def check_options(
     world_size: int | None,
     backend: str,
     loader_timeout: float,
+    decode_threads: int | Literal["auto"] = 1,
 ) -> None:
     """ValueError naming the first `ShardDataModule` option that is out of range."""
     if batch_size < 1:
@@ -43,6 +44,8 @@ def check_options(
         raise ValueError(f"need 0 <= rank < world_size, got {rank} and {world_size}")
     if backend != "auto":
         get_backend(backend)  # a bad name fails here, with the choices
+    if decode_threads != "auto" and (not isinstance(decode_threads, int) or decode_threads < 1):
+        raise ValueError(f"decode_threads must be an int >= 1 or 'auto', got {decode_threads!r}")
     if loader_timeout < 0:
         raise ValueError(f"loader_timeout must be >= 0 seconds, got {loader_timeout!r}")
 
@@ -108,19 +111,26 @@ def size_workers(
     settings: WorkerSettings,
     backend: str,
     trainer: pl.Trainer | None,
+    decode_threads: int | Literal["auto"] = 1,
 ) -> LoaderSpec:
     """`spec` with its workers: `settings` with the given counts, "auto" ones measured
-    (`fastdata.tune.auto_loader_settings`, which then also sets pinning and persistence)."""
-    if "auto" in (workers, prefetch):
+    (`fastdata.tune.auto_loader_settings`, which then also sets pinning and persistence; with
+    `decode_threads="auto"` it times (workers, decode threads) pairs on photo splits)."""
+    if "auto" in (workers, prefetch, decode_threads):
         from fastdata.tune import auto_loader_settings
 
         # Ranks on one node share its cores; Lightning's launcher does not export that count.
         ranks_per_node = trainer.num_devices if trainer is not None else None
-        auto = auto_loader_settings(spec, backend=backend, ranks_per_node=ranks_per_node)
+        auto = auto_loader_settings(
+            spec, backend=backend, ranks_per_node=ranks_per_node, decode_threads=decode_threads
+        )
         workers = auto.num_workers if workers == "auto" else workers
         prefetch = auto.prefetch_factor if prefetch == "auto" else prefetch
         settings = replace(
-            settings, pin_memory=auto.pin_memory, persistent_workers=auto.persistent_workers
+            settings,
+            pin_memory=auto.pin_memory,
+            persistent_workers=auto.persistent_workers,
+            decode_threads=auto.decode_threads if decode_threads == "auto" else decode_threads,
         )
     settings = replace(settings, num_workers=int(workers), prefetch_factor=max(1, int(prefetch)))
     return replace(spec, workers=settings)

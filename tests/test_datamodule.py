@@ -205,6 +205,29 @@ def test_bad_arguments_are_refused(tiny_shards):
         ShardDataModule(tiny_shards, backend="gpu", num_workers=0, prefetch_factor=2).setup()
     with pytest.raises(ValueError, match="no manifest.json"):
         ShardDataModule(tiny_shards / "nowhere").setup()
+    with pytest.raises(ValueError, match="decode_threads must be an int >= 1 or 'auto'"):
+        ShardDataModule(tiny_shards, decode_threads=0)
+
+
+def test_decode_threads_auto_takes_the_tuners_choice(tiny_shards, monkeypatch):
+    import fastdata.tune as tune_module
+    from fastdata.tune.sizing import LoaderSettings
+
+    asked = []
+
+    def fake_auto(spec, backend="cpu", ranks_per_node=None, decode_threads=1):
+        asked.append(decode_threads)
+        return LoaderSettings(1, 3, False, False, decode_threads=3)
+
+    monkeypatch.setattr(tune_module, "auto_loader_settings", fake_auto)
+    spec = ShardDataModule(
+        tiny_shards, backend="cpu", num_workers=2, prefetch_factor=2, decode_threads="auto"
+    ).loader_spec("train", train=True)
+    assert asked == ["auto"]  # fixed counts stay; only the threads were "auto"
+    assert (spec.workers.num_workers, spec.workers.prefetch_factor) == (2, 2)
+    assert spec.workers.decode_threads == 3
+    spec = ShardDataModule(tiny_shards, backend="cpu", num_workers=2, prefetch_factor=2)
+    assert spec.loader_spec("train", train=True).workers.decode_threads == 1 and asked == ["auto"]
 
 
 DDP_SCRIPT = textwrap.dedent(
