@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from fastdata.augment import BatchTransform, Preset
+from fastdata.augment import BatchTransform, Preset, RandomResizedCrop
 from fastdata.manifest import Manifest
 from fastdata.read import BACKENDS
 from fastdata.read.decode import stored_hw
@@ -107,7 +107,21 @@ def choose_backend(
         f"the memory backend's store of split {split!r} {size}; {memory_share:g} of the {_human(free)} free on "
         f"{device} is {_human(budget)}"
     )
-    if need is not None and need <= budget:
+    # On the CPU the memory backend's epochs would run a random-resized crop of encoded images
+    # in the training process (~11 ms an image at 224 px here, bench_loader --suites
+    # memory-first); the cpu backend fuses it into decoding, in its workers.
+    crop_in_trainer = (
+        not on_gpu
+        and info.encoding != "raw"
+        and isinstance(preset.decode_crop(True)[0], RandomResizedCrop)
+    )
+    if need is not None and need <= budget and crop_in_trainer:
+        name = "cpu"
+        reason = (
+            f"{figures}: it fits, but on {device} the {preset.name!r} preset's random-resized "
+            "crop would run in the training process; the cpu backend fuses it into decoding"
+        )
+    elif need is not None and need <= budget:
         name, reason = "memory", f"{figures}: it fits"
     elif on_gpu:
         name, why = _gpu_decoder(preset, available)

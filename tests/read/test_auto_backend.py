@@ -29,7 +29,8 @@ def _choose(manifest=CIFAR_LIKE, device="cpu", image_size=None, free=10 * MiB, d
         probed.append(dev)
         return free
 
-    kw["preset"] = get_preset(kw.get("preset", "none"))
+    preset = kw.get("preset", "none")
+    kw["preset"] = get_preset(preset) if isinstance(preset, str) else preset
     result = choose_backend(
         manifest,
         "train",
@@ -92,6 +93,16 @@ def test_photos_are_sized_at_the_stored_decode_size():
     assert _choose(photos, image_size=224, free=2 * need)[0] == "memory"
     name, reason = _choose(photos, image_size=224, free=2 * need - 2)
     assert name == "cpu" and "100 images of 256x256" in reason
+
+
+def test_photos_with_a_random_resized_crop_stay_on_the_cpu_backend_without_a_gpu():
+    # memory would run the crop in the training process; cpu fuses it into decoding.
+    photos = _manifest(100, encoding="jpeg")
+    kw = dict(image_size=224, free=1 << 40)
+    name, reason = _choose(photos, preset=get_preset("photo", 224), **kw)
+    assert name == "cpu" and "it fits, but" in reason and "random-resized crop" in reason
+    assert _choose(photos, **kw)[0] == "memory"  # "none": nothing to crop in the trainer
+    assert _choose(CIFAR_LIKE, free=1 << 40, preset="cifar")[0] == "memory"  # raw pad-crop
 
 
 def test_photos_of_varying_size_without_image_size_never_go_to_memory():
