@@ -237,18 +237,17 @@ def unavailable(backend: str, step: str, device: torch.device) -> str | None:
         return "decodes once, then serves batches from memory: not a decode measurement"
     if step == "cifar" and backend == "nvjpeg":
         return "CIFAR shards hold raw pixels: nothing to decode"
-    if backend == "dali":
-        from fastdata.read.dali import dali_available
+    from fastdata.read import get_backend  # the registry's availability: one check for all
 
-        if not dali_available():
-            return "NVIDIA DALI is not installed or does not load (see gpu_parts.py)"
+    if backend == "dali":
+        ok, why = get_backend("dali").check()
+        if not ok:
+            return f"NVIDIA DALI is not installed or does not load ({why}; see gpu_parts.py)"
     if backend in ("dali", "nvjpeg") and device.type != "cuda":
         return "needs a CUDA device" + (" (--cpu-smoke)" if torch.cuda.device_count() else "")
     if backend == "nvjpeg":
-        from fastdata.read.nvjpeg import nvjpeg_status
-
-        ok, reason = nvjpeg_status()
-        return None if ok else reason
+        ok, why = get_backend("nvjpeg").check()
+        return None if ok else why
     return None
 
 

@@ -1,7 +1,9 @@
 """fastdata: fast input pipelines, memory and communication presets for PyTorch Lightning.
 
 The public API is imported lazily (PEP 562), so `import fastdata` stays cheap and never imports
-optional backends such as NVIDIA DALI.
+optional backends such as NVIDIA DALI. `fastdata.tune` is the sizing package (`fastdata.tune.tune`
+for a shard folder): a function of that name here would be replaced by the package as soon as any
+of its modules is imported.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ _EXPORTS = {
     "ShardOptions": "fastdata.write",
     "write_shards": "fastdata.write",
     "open_source": "fastdata.sources",
-    "tune": "fastdata.tune",
     "LoaderMonitor": "fastdata.tune.monitor",
     "make_trainer": "fastdata.train",
 }
@@ -30,7 +31,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from fastdata.manifest import Manifest, load_manifest  # noqa: F401
     from fastdata.sources import open_source  # noqa: F401
     from fastdata.train import make_trainer  # noqa: F401
-    from fastdata.tune import tune  # noqa: F401
     from fastdata.tune.monitor import LoaderMonitor  # noqa: F401
     from fastdata.write import ShardOptions, write_shards  # noqa: F401
 

@@ -33,3 +33,14 @@ def test_packages_list_matches_the_tree_and_pipelines_install_under_our_name():
     from fastdata.train.command import available_pipelines
 
     assert available_pipelines()["cifar100"] == "fastdata_pipelines.cifar100.train"
+
+
+def test_fastdata_tune_is_always_the_package():
+    """A top-level `tune` function would be replaced by the subpackage once it is imported."""
+    code = (
+        "import fastdata, fastdata.tune.monitor, types; "
+        "assert isinstance(fastdata.tune, types.ModuleType); "
+        "assert 'tune' not in fastdata.__all__; "
+        "from fastdata.tune import tune; assert callable(tune)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -8,7 +8,7 @@
 |---|---|
 | workers, prefetch (and, timed, decode threads) at start-up | `choose_loader_settings(spec, ...)` |
 | the same for `ShardDataModule(num_workers="auto")`: quick, cached | `auto_loader_settings(spec, ...)` |
-| the same for a shard folder (`fastdata.tune(...)`) | `tune(root, ...)` |
+| the same for a shard folder | `tune(root, ...)` |
 | torch intra-op threads at start-up | `choose_threads(requested, processes)` |
 | threads, workers and prefetch again at each epoch end | `recheck(...)`, run by `LoaderMonitor` |
 | time a loader / the CPU backend at settings / a grid | `measure_throughput`, `measure_settings`, `sweep` |
@@ -245,7 +245,7 @@ def tune(
     options: TuneOptions | None = None,
 ) -> LoaderSettings:
     """`choose_loader_settings` on a shard folder's split (`tuning_spec`), for callers that have
-    a folder rather than a spec (`fastdata.tune(...)`).
+    a folder rather than a spec (`fastdata.tune.tune(...)`; `fastdata tune OUT` on the command line).
 
     Args:
         manifest_or_root: a Manifest or the shard folder.
