@@ -65,7 +65,8 @@ def test_quick_start_runs_as_written(real_data, tmp_path, monkeypatch):
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_data_where_you_keep_it_runs_as_written(real_data, tmp_path):
-    """The section's shell blocks, in order, as one script: formats, HTTP, S3 (moto), parts."""
+    """The section's shell blocks, in order, as one script: formats, HTTP, S3 (moto), mixing,
+    parts."""
     project = tmp_path / "project"
     project.mkdir()
     (tmp_path / "shared").mkdir()
@@ -99,4 +100,5 @@ def test_data_where_you_keep_it_runs_as_written(real_data, tmp_path):
     assert "empty.jpg: empty file" in out and "not an image: starts with" in out
     assert "samples over HTTP through a 30 MB cache" in out
     assert "s3://demo/photos: folder shards" in out
+    assert "epoch 0: [300, 100] samples" in out and "epoch 1: [300, 100] samples" in out
     assert "3 parts + merge: byte-identical to one run" in out
