@@ -74,7 +74,7 @@ class OptimConfig:
         warmup: fraction of the steps spent rising to `lr`.
     """
 
-    lr: float = 0.3
+    lr: float = 0.5
     momentum: float = 0.9
     weight_decay: float = 5e-4
     label_smoothing: float = 0.2
