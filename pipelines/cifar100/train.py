@@ -3,16 +3,11 @@
 Prints one row per epoch (train loss, test top-1, img/s, data-wait %) and writes OUT/metrics.json.
 Commands: see `pipelines/cifar100/__init__.py`.
 
-The defaults (ResNet-9, width 24, pooled stem, frozen 3x3 whitening stem, batch 128,
-SGD-Nesterov one-cycle to lr 0.5, label smoothing 0.2, 4 epochs, flip test-time augmentation,
-fp32: "auto" on this CPU) were chosen for the README's main command: >= 50% test top-1 within
-5 minutes, sharding included, on a 2-core AVX2 CPU. One run, machine loaded by other work:
-21.8 / 36.1 / 46.0 / **54.0%** after epochs 1-4 (the old defaults, 3 epochs, lr 0.3, learned stem,
-no TTA: 43.3-43.9% in ~3 minutes). Only one idle core roughly doubles the times (the run then
-takes 1 intra-op thread).
-
-How (plain training loop, one thread, same model and augmentation; test top-1, plain / with the
-flip TTA):
+Defaults (ResNet-9 width 24, pooled frozen 3x3 whitening stem, batch 128, SGD-Nesterov one-cycle
+to lr 0.5, label smoothing 0.2, 4 epochs, flip TTA, fp32) chosen for >= 50% test top-1 within 5
+minutes, sharding included, on 2 CPU cores: two runs gave 54.0% and 53.5% (epochs 1-4: 24.0 /
+33.3 / 42.8 / 53.5%; 1,162-1,274 img/s on idle cores); the old recipe (3 epochs, lr 0.3, learned
+stem, no TTA) gave 43.9%. Plain loop, one thread, same model and augmentation (test top-1):
 
 | 2 epochs, width 24, batch 128                           | top-1 | + flip TTA |
 |---------------------------------------------------------|-------|------------|
@@ -21,14 +16,9 @@ flip TTA):
 | frozen 2x2 whitening stem, lr 0.5                       | 43.1% | 43.4%      |
 | frozen 3x3 whitening stem (12 of 27 components), lr 0.3 | 42.6% | 43.8%      |
 
-Five epochs with progressive resizing (``--train-sizes 24,24,28``, then 32 px), 3x3 whitening,
-lr 0.5: 54.1% (55.1% with TTA) for about the same CPU time as four epochs at 32 px (a 24 px
-step costs ~0.57x, a 28 px step ~0.75x of a 32 px step); kept as an option, not the default.
-
-Earlier choice of the model (2 epochs, learned stem): the pooled stem keeps every conv at 16x16
-or less and buys twice the width for the same time (width 32 pooled: 39.9% at batch 128, 38.3% at
-256; width 16 full-resolution stem: 39.7%). bf16 autocast is not used here: without native bf16
-this CPU runs it 13x slower than fp32 (see `fastdata.train.precision`).
+``--epochs 5 --train-sizes 24,24,28`` (progressive resizing; a 24 / 28 px step costs 0.55x /
+0.69x of a 32 px one, so about the CPU time of 4 full epochs): 54.1%, 55.1% with TTA. bf16
+autocast is not used: without native bf16 this CPU runs it 13x slower (`fastdata.train.precision`).
 """
 
 from __future__ import annotations
