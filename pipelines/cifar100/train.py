@@ -94,7 +94,7 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "--stem": {
         "choices": ["whiten", "conv"],
         "default": "whiten",
-        "help": "resnet9 first layer: frozen 2x2 patch whitening (default) or a learned 3x3 conv",
+        "help": "resnet9 first layer: frozen 3x3 patch whitening (default) or a learned 3x3 conv",
     },
     "--tta": {
         "action": argparse.BooleanOptionalAction,
