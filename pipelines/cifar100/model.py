@@ -2,10 +2,12 @@
 
 ResNet-9 follows the DAWNBench / airbench family: conv-BN-ReLU blocks, each widening conv followed
 at once by a 2x2 max pool (BN and ReLU then run on a quarter of the pixels), two residual blocks, a
-max-pooled head with a scaled linear layer. With ``width=64, stem_pool=False`` it is the classic
-64/128/256/512 ResNet-9. The default here pools after the stem too and is narrower (24/48/96/192):
-on a 2-core CPU the first full-resolution convs would take most of an epoch. ResNet-18 is the
-usual CIFAR variant (3x3 stem, four stages of two basic blocks).
+max-pooled head with a scaled linear layer. With ``width=64, stem_pool=False, stem="conv"`` it is
+the classic 64/128/256/512 ResNet-9. The default here pools after the stem too and is narrower
+(24/48/96/192): on a 2-core CPU the first full-resolution convs would take most of an epoch; its
+stem is airbench's frozen patch-whitening conv (`pipelines.cifar100.whitening`), fitted on the
+first training batch. ResNet-18 is the usual CIFAR variant (3x3 stem, four stages of two basic
+blocks).
 
 Both keep their repeated blocks as children of one `nn.Sequential` (`ConvBlock` or `BasicBlock`),
 which is what `fastdata.train.apply_activation_checkpointing` detects.
