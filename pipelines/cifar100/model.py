@@ -259,6 +259,7 @@ class Cifar100Module(pl.LightningModule):
         self.train_sizes = tuple(train_sizes)
         self.net = build_model(model)
         self._whitening_checked = False
+        self._eval_counts: Tensor | None = None  # [correct, total] of this rank's evaluation
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
@@ -305,18 +306,28 @@ class Cifar100Module(pl.LightningModule):
                 layer.weight.copy_(self.trainer.strategy.broadcast(layer.weight, src=0))
 
     def validation_step(self, batch: tuple[Tensor, Tensor], batch_idx: int) -> None:
+        """Test loss per batch; top-1 from correct/total counts summed over ranks at epoch end.
+
+        Under DDP the loader pads ranks to equal batches with label -100 (fastdata's
+        `PAD_LABEL`): those samples are not counted, so top-1 equals a 1-process run's.
+        """
         x, y = batch
         logits = self.predict_logits(x)
-        # Plain (unsmoothed) loss on test data, so the figure compares across smoothing settings.
-        self.log(
-            "test/loss",
-            F.cross_entropy(logits, y),
-            on_epoch=True,
-            sync_dist=True,
-            batch_size=len(y),
-        )
-        top1 = (logits.argmax(1) == y).float().mean()
-        self.log("test/top1", top1, on_epoch=True, sync_dist=True, prog_bar=True, batch_size=len(y))
+        real = y != -100
+        n = int(real.sum())
+        if n:  # a rank's last batch can hold only padding
+            # Plain (unsmoothed) loss on test data, so the figure compares across smoothing settings.
+            loss = F.cross_entropy(logits, y)  # ignore_index=-100: padding is left out
+            self.log("test/loss", loss, on_epoch=True, sync_dist=True, batch_size=n)
+        counts = torch.stack([(logits.argmax(1) == y)[real].sum(), real.sum()]).double()
+        self._eval_counts = counts if self._eval_counts is None else self._eval_counts + counts
+
+    def on_validation_epoch_end(self) -> None:
+        counts, self._eval_counts = self._eval_counts, None
+        if counts is None:
+            return
+        correct, total = self.trainer.strategy.reduce(counts, reduce_op="sum").tolist()
+        self.log("test/top1", correct / max(total, 1.0), prog_bar=True, sync_dist=False)
 
     def configure_optimizers(self) -> dict:
         cfg = self.optim_config

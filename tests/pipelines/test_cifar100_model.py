@@ -135,3 +135,21 @@ def test_progressive_resizing_trains_the_first_epochs_at_their_size_and_evaluate
     assert seen == [(6, 3, 16, 16), (12, 3, 32, 32)]  # evaluation: both flip views at once
     with pytest.raises(ValueError, match="train_sizes"):
         Cifar100Module(ModelConfig(width=4), train_sizes=(4,))
+
+
+def test_top1_leaves_out_the_eval_padding_of_ddp_ranks() -> None:
+    """Padding samples (label -100) are neither hits nor misses: top-1 is over real samples."""
+    import lightning.pytorch as pl
+    from torch.utils.data import DataLoader, TensorDataset
+
+    module = _module(tta=False)
+    x, y = _batch(6)
+    with torch.no_grad():
+        pred = module.predict_logits(x).argmax(1)
+    y = pred.clone()
+    y[:2] = (pred[:2] + 1) % 100  # 2 misses among 4 real samples
+    y[4:] = -100  # padding, even where the prediction is "wrong"
+    trainer = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False)
+    loader = DataLoader(TensorDataset(x, y), batch_size=3)
+    metrics = trainer.validate(module, loader, verbose=False)[0]
+    assert metrics["test/top1"] == pytest.approx(2 / 4)
