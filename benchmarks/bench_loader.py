@@ -186,9 +186,8 @@ def _loader_kwargs(args) -> dict[str, Any]:
     )
 
 
-def fastdata_run(
-    root: Path, backend: str, batch: int, args, limit: int | None, **kw
-) -> dict[str, Any]:
+def _train_loader(root: Path, backend: str, batch: int, args, **kw) -> tuple[Any, Any]:
+    """A set-up ShardDataModule with the run's worker settings, and its training loader."""
     dm = ShardDataModule(
         root,
         batch_size=batch,
@@ -198,7 +197,13 @@ def fastdata_run(
         **kw,
     )
     dm.setup("fit")
-    loader = dm.train_dataloader()
+    return dm, dm.train_dataloader()
+
+
+def fastdata_run(
+    root: Path, backend: str, batch: int, args, limit: int | None, **kw
+) -> dict[str, Any]:
+    dm, loader = _train_loader(root, backend, batch, args, **kw)
 
     def consume(b) -> int:
         x, _ = dm.on_after_batch_transfer(b, 0)
@@ -324,16 +329,7 @@ def first_epoch(root: Path, backend: str, batch: int, args, **kw) -> dict[str, A
     clear_device_cache()
     try:
         start = time.perf_counter()
-        dm = ShardDataModule(
-            root,
-            batch_size=batch,
-            num_workers=args.workers,
-            prefetch_factor=args.prefetch,
-            backend=backend,
-            **kw,
-        )
-        dm.setup("fit")
-        loader = dm.train_dataloader()
+        dm, loader = _train_loader(root, backend, batch, args, **kw)
         ready = time.perf_counter() - start
         images = sum(dm.on_after_batch_transfer(b, 0)[0].shape[0] for b in loader)
         seconds = time.perf_counter() - start
