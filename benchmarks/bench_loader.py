@@ -14,8 +14,11 @@ normalized float batch ready for the model (for fastdata: after `on_after_batch_
 clothing-small train (800 JPEGs, 224 px random-resized-crop + flip, batch 64):
   - Pillow per-sample: ImageFolder-style Dataset, full decode, crop, resize, flip, to-tensor, normalize;
   - fastdata cpu: the crop's JPEG region decoded (libjpeg-turbo through nvImageCodec) and resized
-    in the workers, flipped there, normalized after transfer; once more with 2 decode threads;
+    (torch's uint8 antialiased kernel) in the workers, flipped there, normalized after transfer;
+    once more with 2 decode threads;
   - fastdata dali: DALI CPU decode with random crop.
+  Every photo method runs `--photo-rounds` times, round-robin; a row gives its median img/s and the
+  range of its per-round ratios to the baseline.
 memory-first: one whole first epoch (a fresh DataModule; start-up, workers and any cache count) of
 fastdata memory (decode once + build the store, its disk cache removed before) against fastdata
 cpu, alternated `--first-rounds` times, on CIFAR-100 train (batch 256, cifar preset) and
@@ -31,6 +34,7 @@ import argparse
 import gc
 import os
 import shutil
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -60,6 +64,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--batches", type=int, default=120, help="timed CIFAR batches per method")
     p.add_argument("--photo-epochs", type=int, default=3, help="timed clothing epochs per method")
+    p.add_argument(
+        "--photo-rounds",
+        type=int,
+        default=3,
+        help="photo: rounds of every method, run round-robin; rows give the median",
+    )
     p.add_argument("--quick", action="store_true", help="a smoke run: few batches")
     p.add_argument("--skip-dali", action="store_true")
     p.add_argument(
@@ -315,7 +325,7 @@ def photo_suite(args, work: Path) -> list[dict[str, Any]]:
         runs["fastdata dali (CPU operators)"] = lambda: fastdata_run(
             shards, "dali", b, args, limit, image_size=224
         )
-    return _rows(runs, baseline="Pillow per-sample DataLoader")
+    return _rows(runs, baseline="Pillow per-sample DataLoader", rounds=args.photo_rounds)
 
 
 def first_epoch(root: Path, backend: str, batch: int, args, **kw) -> dict[str, Any]:
@@ -378,23 +388,49 @@ def memory_first_suite(args, work: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def _rows(runs: dict[str, Any], baseline: str) -> list[dict[str, Any]]:
+def _rows(runs: dict[str, Any], baseline: str, rounds: int = 1) -> list[dict[str, Any]]:
+    """Run every method `rounds` times, round-robin; a row per method with its median img/s.
+
+    Round-robin, so that a slow spell of the machine falls on every method, not on one; each
+    row keeps its rounds' img/s (`rounds_img_per_s`) and each round's ratio to the baseline.
+    """
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in runs}
+    errors: dict[str, str] = {}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            if name in errors:
+                continue
+            try:
+                result = run()
+            except Exception as exc:  # a failing method is reported, not fatal to the others
+                errors[name] = f"{type(exc).__name__}: {exc}"[:200]
+                continue
+            results[name].append(result)
+            gc.collect()  # the finished loader's workers go now, not inside the next one's
+            print(f"  {name}: {result['img_per_s']:,.0f} img/s")
     rows = []
-    for name, run in runs.items():
-        try:
-            result = run()
-        except Exception as exc:  # a failing method is reported, not fatal to the others
-            rows.append({"method": name, "error": f"{type(exc).__name__}: {exc}"[:200]})
+    for name, found in results.items():
+        if name in errors or not found:
+            rows.append({"method": name, "error": errors.get(name, "no result")})
             continue
-        rows.append({"method": name, **result})
-        gc.collect()  # the finished loader's workers go now, not inside the next one's workers
-        print(f"  {name}: {result['img_per_s']:,.0f} img/s")
-    base = next(
-        (r["img_per_s"] for r in rows if r["method"] == baseline and "img_per_s" in r), None
-    )
+        rates = [r["img_per_s"] for r in found]
+        rows.append(
+            {
+                "method": name,
+                "img_per_s": round(statistics.median(rates), 1),
+                "images": sum(r["images"] for r in found),
+                "seconds": round(sum(r["seconds"] for r in found), 2),
+                "rounds_img_per_s": rates,
+            }
+        )
+    base = next((r for r in rows if r["method"] == baseline and "img_per_s" in r), None)
     for row in rows:
         if base and "img_per_s" in row:
-            row["vs_baseline"] = round(row["img_per_s"] / base, 2)
+            row["vs_baseline"] = round(row["img_per_s"] / base["img_per_s"], 2)
+            pairs = zip(row["rounds_img_per_s"], base["rounds_img_per_s"], strict=False)
+            row["rounds_vs_baseline"] = [round(a / b, 2) for a, b in pairs]
+            if rounds > 1:
+                row["range"] = f"{min(row['rounds_vs_baseline'])}-{max(row['rounds_vs_baseline'])}"
     return rows
 
 
@@ -448,7 +484,7 @@ _COLUMNS = {
 
 def main(args: argparse.Namespace) -> dict[str, Any]:
     if args.quick:
-        args.batches, args.photo_epochs, args.first_rounds = 10, 1, 1
+        args.batches, args.photo_epochs, args.first_rounds, args.photo_rounds = 10, 1, 1, 1
     out = results_dir(args.out)
     work = Path(tempfile.mkdtemp(prefix="bench_loader_"))
     found: dict[str, list[dict[str, Any]]] = {}
@@ -457,7 +493,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             found[name] = SUITES[name](args, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    cols = ["method", "img_per_s", "vs_baseline", "images", "seconds", "error"]
+    cols = ["method", "img_per_s", "vs_baseline", "range", "images", "seconds", "error"]
     tables = [
         print_table(rows, _COLUMNS.get(name, cols), _TITLES[name].format(w=args.workers))
         for name, rows in found.items()

@@ -14,14 +14,16 @@ from fastdata.read import decode, jpeg_region
 from fastdata.read.decode import Geometry, decode_batch, decode_image, jpeg_region_decoder
 
 # Mean absolute difference (uint8 levels) allowed between a region decode and a full Pillow decode
-# then `resize(box=...)` of the same box, over the whole crop and over each edge row / column.
-# Both are libjpeg-turbo with the same DCT (islow) and fancy chroma upsampling, and the region is
-# decoded with the resize filter's margin, so the pixels are equal where both libraries take the
-# same code paths (measured: 0.0 on these images and on 300 clothing-small photos). The bound
-# leaves room for +-1 rounding differences between libjpeg-turbo builds (SIMD vs C IDCT) on a
-# quarter of the pixels. Measured errors it catches: nvImageCodec's default box-filter chroma
-# upsampling (0.35-0.71 on the 4:2:0 image), no margin around the region (0.48-0.83 on the worst
-# edge line), and a wrong box or axis (tens of levels).
+# then `crop(box).resize(...)` of the same box (torchvision's `resized_crop` on a PIL image), over
+# the whole crop and over each edge row / column. Both decoders are libjpeg-turbo with the same DCT
+# (islow) and fancy chroma upsampling, and torch's uint8 antialiased bilinear kernel computes
+# Pillow's weights, so the pixels are equal where both libraries take the same code paths
+# (measured: 0.0 on these images and on 640 clothing-small photos). The bound leaves room for
+# +-1 rounding differences between libjpeg-turbo builds (SIMD vs C IDCT) on a quarter of the
+# pixels. Measured errors it catches: nvImageCodec's default box-filter chroma upsampling
+# (0.35-0.71 on the 4:2:0 image), Pillow's `resize(box=...)`, whose filter reads beyond the box
+# (worst edge line: median 0.73, up to 2.7 over 40 clothing-small crops), and a wrong box or
+# axis (tens of levels).
 REGION_MAD = 0.25
 # The DCT-scaled path (draft mode, large boxes only) low-passes differently from a full-size
 # bilinear resize: measured 0.42-0.45 on the 1600x1200 test photo below; a crop shifted by 3 px
@@ -52,7 +54,7 @@ def encode(pixels: np.ndarray, fmt: str = "JPEG", **kwargs) -> bytes:
 
 
 def reference(data: bytes, geometry: Geometry, seed: int) -> np.ndarray:
-    """Full Pillow decode, then crop + resize of the same box with `resize(box=...)`, then flip."""
+    """Full Pillow decode, then `crop(box).resize(...)` of the same box, then flip."""
     rng = np.random.default_rng(seed)
     full = Image.open(io.BytesIO(data)).convert("RGB")
     width, height = full.size
@@ -61,7 +63,7 @@ def reference(data: bytes, geometry: Geometry, seed: int) -> np.ndarray:
     else:
         h = w = max(1, round(min(width, height) / geometry.resize_ratio))
         top, left = (height - h) // 2, (width - w) // 2
-    out = full.resize((geometry.size,) * 2, Image.BILINEAR, box=(left, top, left + w, top + h))
+    out = full.crop((left, top, left + w, top + h)).resize((geometry.size,) * 2, Image.BILINEAR)
     if geometry.flip_p > 0 and rng.random() < geometry.flip_p:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
     return np.asarray(out)
@@ -73,7 +75,7 @@ def mad(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def edge_mad(a: np.ndarray, b: np.ndarray) -> float:
-    """The largest MAD of the four edge lines (where the resize filter reads beyond the box)."""
+    """The largest MAD of the four edge lines (where a boxed resize would read beyond the box)."""
     edges = (np.s_[0], np.s_[-1], np.s_[:, 0], np.s_[:, -1])
     return max(mad(np.ascontiguousarray(a[e]), np.ascontiguousarray(b[e])) for e in edges)
 
