@@ -246,3 +246,67 @@ def test_fixed_size_png_split_keeps_its_size(tmp_path):
         assert np.array_equal(
             image.permute(1, 2, 0).numpy(), unique_label_source().item("train", int(label)).pixels
         )
+
+
+class _FakeWorker:
+    """`get_worker_info()` of worker 0 of 1: the dataset then behaves as in a persistent worker."""
+
+    id, num_workers = 0, 1
+
+
+def test_next_epochs_first_batch_is_decoded_ahead_and_equals_a_fresh_decode(
+    tiny_shards, monkeypatch
+):
+    import threading
+
+    from fastdata.read import cpu
+
+    fresh = make_cpu_loader(_spec(tiny_shards, batch_size=64))  # no workers: nothing ahead
+    want = {}
+    for epoch in (0, 1, 5):
+        fresh.set_epoch(epoch)
+        want[epoch] = [(x.clone(), y.clone()) for x, y in fresh]
+
+    monkeypatch.setattr(cpu, "get_worker_info", lambda: _FakeWorker())
+    loader = make_cpu_loader(_spec(tiny_shards, batch_size=64))
+    dataset = loader.dataset
+    made: list[tuple[int, int, str]] = []  # (epoch, batch number, thread) of every batch decoded
+    load = dataset._load_batch
+
+    def recording(reader, plan, number, skips):
+        made.append((plan.epoch, number, threading.current_thread().name))
+        return load(reader, plan, number, skips)
+
+    monkeypatch.setattr(dataset, "_load_batch", recording)
+    got = {}
+    for epoch in (0, 1, 5):  # 0 -> 1 as foreseen; 1 -> 5: the batch made ahead is dropped
+        loader.set_epoch(epoch)
+        got[epoch] = list(dataset)
+    for epoch in want:
+        assert len(got[epoch]) == len(want[epoch]) == 5  # ceil(300 / 64)
+        for (x, y), (wx, wy) in zip(got[epoch], want[epoch], strict=True):
+            assert np.array_equal(x, wx) and np.array_equal(y, wy)
+    ahead = [(e, n) for e, n, thread in made if thread == "fastdata-next-epoch"]
+    assert ahead == [(1, 0), (2, 0), (6, 0)]  # after each epoch's last batch
+    assert (1, 0) not in [(e, n) for e, n, thread in made if thread != "fastdata-next-epoch"]
+    assert (5, 0) in [(e, n) for e, n, _ in made]  # epoch 5 decoded its own first batch
+
+
+def test_skips_in_a_batch_made_ahead_count_once_when_it_is_used(tiny_shards, monkeypatch):
+    from fastdata.read import cpu
+
+    manifest = load_manifest(tiny_shards)
+    shard = manifest.split("train").shards[0]
+    index = Path(manifest.index_url(shard))
+    lines = index.read_text().splitlines()
+    lines[1] = " ".join(lines[1].split()[8:])  # sample 0 loses its label components
+    index.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(cpu, "get_worker_info", lambda: _FakeWorker())
+    loader = make_cpu_loader(_spec(tiny_shards, on_error="skip", batch_size=300, drop_last=False))
+    for epoch in range(3):  # one batch an epoch: every epoch after the first is made ahead
+        loader.set_epoch(epoch)
+        assert sum(len(y) for _, y in loader.dataset) == 299
+        assert loader.skipped == epoch + 1
+    loader.set_epoch(7)  # epoch 3's batch, made ahead, is dropped: its skip is not counted
+    list(loader.dataset)
+    assert loader.skipped == 4
