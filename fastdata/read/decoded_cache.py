@@ -34,7 +34,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import math
 import os
 import shutil
 import threading
@@ -45,12 +44,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from numpy.lib.stride_tricks import as_strided
 from tqdm import tqdm
 
 from fastdata import schema
 from fastdata.manifest import FORMAT_VERSION, Manifest, SplitInfo
 from fastdata.read.decode import Geometry, decode_image, decode_raw, stored_hw
+from fastdata.read.raw_shard import read_raw_shard
 from fastdata.read.shardio import ShardReader, ShardReadError
 
 __all__ = [
@@ -316,7 +315,7 @@ def _decode_rows(
     """Decode samples [start, end) of a shard into their rows; returns the skipped samples."""
     shard, row, start, end = job
     if info.encoding == "raw" and (start, end) == (0, info.shards[shard].num_samples):
-        if _read_raw_shard(manifest, info, shard, row, images, meta):
+        if read_raw_shard(manifest, info, shard, row, images, meta):
             return []
     geometry = Geometry("cover", hw=tuple(images.shape[2:]))
     skipped: list[str] = []
@@ -356,73 +355,3 @@ def _decode_into(
         pixels = decode_image(data, geometry, _NO_DRAWS)
     images[row] = pixels.transpose(2, 0, 1)
     meta[row] = (label, sample_id, 1)
-
-
-# ---------------------------------------------------------------- raw shards, whole
-
-
-def _read_raw_shard(
-    manifest: Manifest, info: SplitInfo, shard: int, row: int, images: np.ndarray, meta: np.ndarray
-) -> bool:
-    """Copy a raw shard's pixels and labels into rows [row, row + n) in a few array operations.
-
-    The per-sample path costs ~25 us of Python a sample (held GIL); this reads the tar in one
-    call and gathers every sample's `rgb` and `lid` bytes by the index's offsets. Returns False,
-    having written nothing, when the shard lacks the layout it needs (remote, no index, lines
-    that differ, a component of another size, offsets past the end): the per-sample path then
-    reads it and names any bad sample.
-    """
-    entry = info.shards[shard]
-    if "://" in manifest.root or info.raw_shape is None:
-        return False
-    try:
-        layout = _uniform_index(Path(manifest.index_url(entry)).read_text(), entry.num_samples)
-        data = np.memmap(manifest.shard_url(entry), dtype=np.uint8, mode="r") if layout else None
-    except (OSError, ValueError):
-        return False
-    if not layout or schema.RAW_EXT not in layout or schema.LABEL_EXT not in layout:
-        return False
-    shape = tuple(int(v) for v in info.raw_shape)
-    pixels = _gather(data, *layout[schema.RAW_EXT], math.prod(shape))
-    ids = _gather(data, *layout[schema.LABEL_EXT], 16)
-    if pixels is None or ids is None:
-        return False
-    n = entry.num_samples
-    images[row : row + n] = pixels.reshape(n, *shape).transpose(0, 3, 1, 2)
-    meta[row : row + n, :2] = ids.view("<i8")
-    meta[row : row + n, 2] = 1
-    return True
-
-
-def _uniform_index(text: str, n: int) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
-    """ext -> (offsets, sizes) from a DALI index whose lines all list the same components.
-
-    None when the index is not like that (`fastdata.read.shardio.parse_index` then reads it line
-    by line, ~11 us a line, and says what is wrong).
-    """
-    tokens = text.split()
-    if n < 1 or len(tokens) < 2 or not tokens[0].startswith("v1.") or tokens[1] != str(n):
-        return None
-    body = tokens[2:]
-    fields = len(body) // n
-    if len(body) % n or fields % 4:
-        return None
-    exts = body[0:fields:4]
-    if len(set(exts)) != len(exts) or body[0::4] != exts * n:
-        return None
-    try:  # int() of each number: ~4 ms for 10,000 lines (numpy's string conversions are slower)
-        offsets = np.array(list(map(int, body[1::4])), dtype=np.int64).reshape(n, -1)
-        sizes = np.array(list(map(int, body[2::4])), dtype=np.int64).reshape(n, -1)
-    except ValueError:
-        return None
-    return {e: (offsets[:, k], sizes[:, k]) for k, e in enumerate(exts)}
-
-
-def _gather(
-    data: np.ndarray, offsets: np.ndarray, sizes: np.ndarray, size: int
-) -> np.ndarray | None:
-    """The (n, size) bytes at `offsets`; None unless every component has `size` bytes in `data`."""
-    if (sizes != size).any() or offsets.min() < 0 or offsets.max() + size > len(data):
-        return None
-    rows = as_strided(data, (len(data) - size + 1, size), (1, 1), writeable=False)  # a view
-    return rows[offsets]

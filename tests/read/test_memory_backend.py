@@ -372,17 +372,17 @@ def test_clothing_photos_decode_to_the_photo_device_store(tmp_path):
 
 # ---------------------------------------------------------------- building the store fast
 
-_READ_RAW_SHARD = decoded_cache._read_raw_shard
+_READ_RAW_SHARD = decoded_cache.read_raw_shard
 
 
 def test_whole_raw_shards_read_equals_the_per_sample_path(raw_shards, monkeypatch, tmp_path):
     manifest, _ = raw_shards
-    monkeypatch.setattr(decoded_cache, "_read_raw_shard", lambda *a: False)
+    monkeypatch.setattr(decoded_cache, "read_raw_shard", lambda *a: False)
     slow = decode_split(manifest, "train", cache_dir=tmp_path / "slow")  # sample by sample
     used = []
     real = _READ_RAW_SHARD
     monkeypatch.setattr(
-        decoded_cache, "_read_raw_shard", lambda *a: used.append(real(*a)) or used[-1]
+        decoded_cache, "read_raw_shard", lambda *a: used.append(real(*a)) or used[-1]
     )
     fast = decode_split(manifest, "train", cache_dir=tmp_path / "fast")
     assert len(used) == len(manifest.split("train").shards) and all(used), "whole shards read"
