@@ -44,6 +44,7 @@ import numpy as np
 from common import print_table, results_dir, save_results  # noqa: I001  (run as a script)
 from PIL import Image
 
+from fastdata import _threads
 from fastdata._env import data_dir
 from fastdata.augment import rrc_params
 from fastdata.read import decode
@@ -250,6 +251,7 @@ def loader_rows(args: argparse.Namespace) -> list[dict]:
     import tempfile
 
     import bench_loader as bl
+    from baselines import PhotoFolder
     from torch.utils.data import DataLoader
 
     from fastdata.datamodule import ShardDataModule
@@ -261,7 +263,7 @@ def loader_rows(args: argparse.Namespace) -> list[dict]:
     warmup, count, b = bl._warmup(suite), args.loader_batches, 64
 
     def pillow() -> dict:
-        data = bl.PhotoFolder(root / "train", 224)
+        data = PhotoFolder(root / "train", 224)
         loader = DataLoader(data, b, shuffle=True, drop_last=True, **bl._loader_kwargs(suite))
         return _timed_loader(loader, lambda x: x[0].shape[0], warmup, count)
 
@@ -329,7 +331,7 @@ def main(args: argparse.Namespace) -> dict:
         print_table(batched, ["threads", "batch", "img_per_s", "cpu_ms_per_image"], "decode_batch"),
     ]
     results = {"args": vars(args), "region_decoder": jpeg_region_decoder()}
-    results |= {"per_image": single, "decode_batch": batched, "pool": repr(decode._pool)}
+    results |= {"per_image": single, "decode_batch": batched, "pool": repr(_threads._pool)}
     if args.loader:
         rows = loader_rows(args)
         columns = ["method", "img_per_s", "vs_pillow", "cpu_ms_per_image", "vs_pillow_cpu"]

@@ -1,13 +1,16 @@
-"""Run small CPU tensor work single-threaded (see `one_thread_on_cpu`)."""
+"""Threads: small CPU tensor work on one thread (`one_thread_on_cpu`); the decode pool (`process_pool`)."""
 
 from __future__ import annotations
 
+import os
+import threading
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import torch
 
-__all__ = ["one_thread_on_cpu"]
+__all__ = ["one_thread_on_cpu", "process_pool"]
 
 
 @contextmanager
@@ -29,3 +32,32 @@ def one_thread_on_cpu(device: torch.device) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+# This process's thread pool (decoding: `fastdata.read.decode.decode_batch`). A forked child (a
+# DataLoader worker) inherits the parent's pool but not its threads, so it starts a new one, and
+# it keeps the inherited object alive: nothing may wait for threads that do not exist in the child.
+
+_state_lock = threading.Lock()
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (threads, pool)
+_inherited: list[object] = []
+
+
+def _forget_parent_pool() -> None:
+    global _state_lock, _pool
+    _inherited.append(_pool)
+    _state_lock, _pool = threading.Lock(), None
+
+
+os.register_at_fork(after_in_child=_forget_parent_pool)
+
+
+def process_pool(threads: int) -> ThreadPoolExecutor:
+    """This process's thread pool, with at least `threads` threads (created on first use)."""
+    global _pool
+    with _state_lock:
+        if _pool is None or _pool[0] < threads:
+            # A smaller pool is dropped, not shut down: a batch in another thread may still be
+            # submitting to it; its idle threads exit once nothing references it.
+            _pool = (threads, ThreadPoolExecutor(threads, thread_name_prefix="fastdata-decode"))
+        return _pool[1]

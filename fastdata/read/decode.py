@@ -32,10 +32,7 @@ from __future__ import annotations
 
 import io
 import math
-import os
-import threading
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from fastdata._threads import process_pool
 from fastdata.manifest import SplitInfo
 from fastdata.read.jpeg_region import JpegStream, RegionDecoder, jpeg_stream, region_decoder
 
@@ -213,7 +211,7 @@ def decode_batch(
     if k <= 1:
         return [one(i) for i in range(n)]
     # Strided chunks (i, i + k, ...) balance the work; the calling thread does chunk 0.
-    pool = _decode_pool(k - 1)
+    pool = process_pool(k - 1)
     futures = [pool.submit(lambda j=j: [one(i) for i in range(j, n, k)]) for j in range(1, k)]
     results: list[np.ndarray | ValueError] = [None] * n  # type: ignore[list-item]
     results[0::k] = [one(i) for i in range(0, n, k)]
@@ -226,36 +224,6 @@ def jpeg_region_decoder() -> str | None:
     """Name and version of the JPEG region decoder this process uses, None when unavailable."""
     decoder = region_decoder()
     return None if decoder is None else decoder.name
-
-
-# ---------------------------------------------------------------------------------------------
-# The per-process decode pool. A forked child (a DataLoader worker) inherits the parent's pool but
-# not its threads, so it starts a new one, and it keeps the inherited object alive: nothing may
-# wait for threads that do not exist in the child.
-
-_state_lock = threading.Lock()
-_pool: tuple[int, ThreadPoolExecutor] | None = None  # (threads, pool)
-_inherited: list[object] = []
-
-
-def _forget_parent_pool() -> None:
-    global _state_lock, _pool
-    _inherited.append(_pool)
-    _state_lock, _pool = threading.Lock(), None
-
-
-os.register_at_fork(after_in_child=_forget_parent_pool)
-
-
-def _decode_pool(threads: int) -> ThreadPoolExecutor:
-    """This process's decode pool, with at least `threads` threads."""
-    global _pool
-    with _state_lock:
-        if _pool is None or _pool[0] < threads:
-            # A smaller pool is dropped, not shut down: a batch in another thread may still be
-            # submitting to it; its idle threads exit once nothing references it.
-            _pool = (threads, ThreadPoolExecutor(threads, thread_name_prefix="fastdata-decode"))
-        return _pool[1]
 
 
 @dataclass(frozen=True)

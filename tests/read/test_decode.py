@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from fastdata import _threads
 from fastdata.augment import rrc_params
 from fastdata.read import decode, jpeg_region
 from fastdata.read.decode import Geometry, decode_batch, decode_image, jpeg_region_decoder
@@ -250,7 +251,7 @@ def test_decode_batch_checks_its_arguments():
 def _child_decode(queue, payloads, geometry) -> None:
     rngs = [np.random.default_rng([7, i]) for i in range(len(payloads))]
     results = decode_batch(payloads, geometry, rngs, threads=3)
-    pool_id = id(decode._pool[1]) if decode._pool else None
+    pool_id = id(_threads._pool[1]) if _threads._pool else None
     pixels = [r if isinstance(r, np.ndarray) else str(r) for r in results]
     queue.put((pixels, pool_id, jpeg_region_decoder()))
 
@@ -260,7 +261,7 @@ def test_forked_child_gets_its_own_pool_and_decoders():
     geometry = Geometry("rrc", size=32, flip_p=0.5)
     rngs = [np.random.default_rng([7, i]) for i in range(len(payloads))]
     parent = decode_batch(payloads, geometry, rngs, threads=3)  # creates this process's pool
-    parent_pool_id = id(decode._pool[1])
+    parent_pool_id = id(_threads._pool[1])
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     child = ctx.Process(target=_child_decode, args=(queue, payloads, geometry))
