@@ -122,23 +122,20 @@ class ShardDataModule(pl.LightningDataModule):
         mp_context: str | None = None,
     ) -> None:
         super().__init__()
-        check_options(
-            batch_size, on_error, num_workers, prefetch_factor, rank, world_size, backend,
-            loader_timeout, decode_threads,
-        )  # fmt: skip
-        self.roots, self.mixed = mix_roots(root, weights, epoch_samples)
-        self.root = self.roots[0] if not self.mixed else f"the mix of {', '.join(self.roots)}"
-        self.weights, self.epoch_samples = weights, epoch_samples
         self.loader_timeout, self.mp_context = loader_timeout, mp_context
         self.batch_size, self.seed, self.on_error = batch_size, seed, on_error
         self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
         self.backend, self.image_size, self.drop_last = backend, image_size, drop_last
+        self.rank, self.world_size = rank, world_size
+        self.decode_threads = decode_threads
+        check_options(self)
+        self.roots, self.mixed = mix_roots(root, weights, epoch_samples)
+        self.root = self.roots[0] if not self.mixed else f"the mix of {', '.join(self.roots)}"
+        self.weights, self.epoch_samples = weights, epoch_samples
         self.train_transforms_spec = train_transforms if train_transforms is not None else preset
         self.eval_transforms_spec = eval_transforms
         self.mean, self.std = mean, std
         self.split_names = dict(splits or {})
-        self.rank, self.world_size = rank, world_size
-        self.decode_threads = decode_threads
         self.cache_dir, self.cache_limit = cache_dir, cache_limit
         self.manifest: Manifest | None = None
         self.transforms: Preset | None = None  # resolved in setup

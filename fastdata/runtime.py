@@ -7,7 +7,7 @@ Each reads the Trainer when there is one (None without: Fabric, custom loops, be
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Literal
+from typing import Literal, Protocol
 
 import lightning.pytorch as pl
 import torch
@@ -19,18 +19,26 @@ from fastdata.read import LoaderSpec, WorkerSettings, get_backend
 __all__ = ["check_options", "pick_backend", "rank_and_world", "size_workers", "training_device"]
 
 
-def check_options(
-    batch_size: int,
-    on_error: str,
-    num_workers: int | Literal["auto"],
-    prefetch_factor: int | Literal["auto"],
-    rank: int | None,
-    world_size: int | None,
-    backend: str,
-    loader_timeout: float,
-    decode_threads: int | Literal["auto"] = 1,
-) -> None:
+class DataModuleOptions(Protocol):
+    """The `ShardDataModule` options `check_options` reads (the module itself has them)."""
+
+    batch_size: int
+    on_error: str
+    num_workers: int | Literal["auto"]
+    prefetch_factor: int | Literal["auto"]
+    rank: int | None
+    world_size: int | None
+    backend: str
+    loader_timeout: float
+    decode_threads: int | Literal["auto"]
+
+
+def check_options(options: DataModuleOptions) -> None:
     """ValueError naming the first `ShardDataModule` option that is out of range."""
+    batch_size, on_error, backend = options.batch_size, options.on_error, options.backend
+    num_workers, prefetch_factor = options.num_workers, options.prefetch_factor
+    rank, world_size = options.rank, options.world_size
+    decode_threads, loader_timeout = options.decode_threads, options.loader_timeout
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if on_error not in ("raise", "skip"):

@@ -14,7 +14,7 @@ import torch
 
 from fastdata.augment import Preset, get_preset
 from fastdata.manifest import Manifest
-from fastdata.read.plan import EpochMix, EpochPlan, plan_epoch
+from fastdata.read.plan import EpochMix, EpochPlan, PlanConfig, plan_epoch
 
 __all__ = ["BatchLoader", "LoaderSpec", "WorkerSettings"]
 
@@ -156,16 +156,13 @@ class LoaderSpec:
         return state
 
     def _plan(self, epoch: int, consumed: int, steps_before: int) -> EpochPlan:
-        return plan_epoch(
-            self.shard_sizes,
+        config = PlanConfig(
             seed=self.seed,
-            epoch=epoch,
             rank=self.rank,
             world_size=self.world_size,
             batch_size=self.batch_size,
             shuffle=self.train,
             drop_last=self.drop_last and self.train,
-            consumed=consumed,
-            steps_before=steps_before,
             mix=self.mix if self.train else None,
         )
+        return plan_epoch(self.shard_sizes, config, epoch, consumed, steps_before)

@@ -55,6 +55,7 @@ __all__ = [
     "PAD_LABEL",
     "EpochMix",
     "EpochPlan",
+    "PlanConfig",
     "batch_seed",
     "epoch_order",
     "mixed_order",
@@ -205,42 +206,62 @@ class EpochPlan:
         return min(self.total, self.consumed + taken)
 
 
-def plan_epoch(
-    shard_sizes: list[int] | tuple[int, ...],
-    *,
-    seed: int,
-    epoch: int,
-    rank: int,
-    world_size: int,
-    batch_size: int,
-    shuffle: bool,
-    drop_last: bool = False,
-    consumed: int = 0,
-    steps_before: int = 0,
-    mix: EpochMix | None = None,
-) -> EpochPlan:
-    """This rank's plan of an epoch, starting after `consumed` samples (rules 0-5).
+@dataclass(frozen=True)
+class PlanConfig:
+    """What fixes a rank's epoch plans, besides the epoch and the position in it.
 
-    Args:
-        shard_sizes: samples per shard, in manifest order.
+    Attributes:
         seed: base seed.
-        epoch: epoch number.
         rank: this process's global rank.
         world_size: number of ranks.
         batch_size: samples per batch on each rank.
         shuffle: training order (rule 1) or row order (evaluation; padding is then marked).
         drop_last: drop a short last step (rule 4).
-        consumed: samples of this epoch already consumed (rule 2), for a resume.
-        steps_before: batches each rank already took this epoch (only counted by `len`).
         mix: the datasets of a training mix and the rows each epoch takes from each (rule 0);
             None: every row once.
+
+    Raises:
+        ValueError: a batch size below 1, or a rank outside [0, world_size).
     """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    if world_size < 1 or not 0 <= rank < world_size:
-        raise ValueError(
-            f"need world_size >= 1 and 0 <= rank < world_size, got {rank}, {world_size}"
-        )
+
+    seed: int
+    rank: int
+    world_size: int
+    batch_size: int
+    shuffle: bool
+    drop_last: bool = False
+    mix: EpochMix | None = None
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.world_size < 1 or not 0 <= self.rank < self.world_size:
+            raise ValueError(
+                "need world_size >= 1 and 0 <= rank < world_size, "
+                f"got {self.rank}, {self.world_size}"
+            )
+
+
+def plan_epoch(
+    shard_sizes: list[int] | tuple[int, ...],
+    config: PlanConfig,
+    epoch: int,
+    consumed: int = 0,
+    steps_before: int = 0,
+) -> EpochPlan:
+    """This rank's plan of an epoch, starting after `consumed` samples (rules 0-5).
+
+    Args:
+        shard_sizes: samples per shard, in manifest order.
+        config: seed, rank, world size, batch size, order and mix (`PlanConfig`).
+        epoch: epoch number.
+        consumed: samples of this epoch already consumed (rule 2), for a resume.
+        steps_before: batches each rank already took this epoch (only counted by `len`).
+    """
+    seed, rank, world_size = config.seed, config.rank, config.world_size
+    batch_size, shuffle, drop_last, mix = (
+        config.batch_size, config.shuffle, config.drop_last, config.mix
+    )  # fmt: skip
     if mix is not None and shuffle:
         order = mixed_order(shard_sizes, mix, seed, epoch)
     else:

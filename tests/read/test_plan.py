@@ -10,6 +10,7 @@ import pytest
 from fastdata.read.plan import (
     PAD_LABEL,
     EpochMix,
+    PlanConfig,
     batch_seed,
     epoch_order,
     mixed_order,
@@ -21,9 +22,14 @@ from fastdata.read.plan import (
 SIZES = [5, 7, 3, 9]  # 24 samples in 4 shards
 
 
+def make_plan(sizes, *, epoch, consumed=0, steps_before=0, **config):
+    """`plan_epoch` with the `PlanConfig` fields as keywords."""
+    return plan_epoch(sizes, PlanConfig(**config), epoch, consumed, steps_before)
+
+
 def _plan(rank=0, world=1, batch=4, **kw):
     kw.setdefault("shuffle", True)
-    return plan_epoch(SIZES, seed=3, epoch=1, rank=rank, world_size=world, batch_size=batch, **kw)
+    return make_plan(SIZES, seed=3, epoch=1, rank=rank, world_size=world, batch_size=batch, **kw)
 
 
 def _rows(plan):
@@ -70,13 +76,13 @@ def test_elastic_resume_continues_with_exactly_the_rest(before, after, k):
     (w0, b0), (w1, b1) = before, after
     sizes = [40, 17, 30]  # 87 samples
     first = [
-        plan_epoch(sizes, seed=1, epoch=0, rank=r, world_size=w0, batch_size=b0, shuffle=True)
+        make_plan(sizes, seed=1, epoch=0, rank=r, world_size=w0, batch_size=b0, shuffle=True)
         for r in range(w0)
     ]
     done = [int(x) for p in first for b in p.rows[:k] for x in b]
     consumed = first[0].consumed_after(k)
     rest = [
-        plan_epoch(sizes, seed=1, epoch=0, rank=r, world_size=w1, batch_size=b1, shuffle=True,
+        make_plan(sizes, seed=1, epoch=0, rank=r, world_size=w1, batch_size=b1, shuffle=True,
                    consumed=consumed, steps_before=k)
         for r in range(w1)
     ]  # fmt: skip
@@ -154,17 +160,17 @@ def test_mixed_order_interleaves_the_datasets():
 def test_a_mixed_epoch_resumes_elastically_on_the_plan(k):
     args = dict(seed=3, epoch=1, shuffle=True, mix=MIX)
     order = mixed_order(SIZES, MIX, seed=3, epoch=1).tolist()
-    first = [plan_epoch(SIZES, rank=r, world_size=2, batch_size=3, **args) for r in range(2)]
+    first = [make_plan(SIZES, rank=r, world_size=2, batch_size=3, **args) for r in range(2)]
     done = [int(x) for p in first for b in p.rows[:k] for x in b]
     consumed = first[0].consumed_after(k)
     assert sorted(done) == sorted(order[:consumed])
-    rest = plan_epoch(SIZES, rank=0, world_size=1, batch_size=6, consumed=consumed, **args)
+    rest = make_plan(SIZES, rank=0, world_size=1, batch_size=6, consumed=consumed, **args)
     assert Counter(done + _rows(rest)) == Counter(order)
     assert rest.total == 35
 
 
 def test_a_mix_applies_to_training_only_and_must_name_every_shard():
-    evaluation = plan_epoch(SIZES, seed=3, epoch=1, rank=0, world_size=1, batch_size=50,
+    evaluation = make_plan(SIZES, seed=3, epoch=1, rank=0, world_size=1, batch_size=50,
                             shuffle=False, mix=MIX)  # fmt: skip
     assert _rows(evaluation) == list(range(24))
     with pytest.raises(ValueError, match="the mix names 3 shards"):
