@@ -34,20 +34,17 @@ import argparse
 import gc
 import os
 import shutil
-import statistics
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-from common import measure_throughput, print_table, results_dir, save_results  # noqa: I001
-from PIL import Image
-from torch.utils.data import DataLoader, Dataset
+from baselines import ArrayDataset, PhotoFolder, webdataset_loader  # noqa: I001
+from common import measure_throughput, print_table, results_dir, round_robin, save_results
+from torch.utils.data import DataLoader
 
 from fastdata._env import data_dir
-from fastdata.augment import CIFAR100_MEAN, CIFAR100_STD, IMAGENET_MEAN, IMAGENET_STD, rrc_params
 from fastdata.datamodule import ShardDataModule
 from fastdata.read.decoded_cache import CACHE_DIR_ENV
 from fastdata.read.memory import clear_device_cache
@@ -85,100 +82,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown:
         p.error(f"unknown suites {unknown}; known: {', '.join(SUITES)}")
     return args
-
-
-# ------------------------------------------------------------------ per-sample baselines
-
-
-def _to_tensor(pixels: np.ndarray, mean, std) -> torch.Tensor:
-    x = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1).float()
-    return (x - torch.tensor(mean).view(3, 1, 1)) / torch.tensor(std).view(3, 1, 1)
-
-
-def cifar_augment(pixels: np.ndarray, rng: np.random.Generator) -> torch.Tensor:
-    """torchvision-style per sample: RandomCrop(32, padding=4), flip, ToTensor, Normalize."""
-    padded = np.pad(pixels, ((4, 4), (4, 4), (0, 0)))
-    top, left = rng.integers(0, 9, size=2)
-    crop = padded[top : top + 32, left : left + 32]
-    if rng.random() < 0.5:
-        crop = crop[:, ::-1]
-    return _to_tensor(crop, CIFAR100_MEAN, CIFAR100_STD)
-
-
-def _process_rng() -> np.random.Generator:
-    """A generator per process, so that DataLoader workers do not draw identical augmentations."""
-    return np.random.default_rng([0, os.getpid()])
-
-
-class ArrayDataset(Dataset):
-    """Map-style: in-memory uint8 arrays, per-sample augmentation."""
-
-    def __init__(self, pixels: np.ndarray, labels: np.ndarray) -> None:
-        self.pixels, self.labels = pixels, labels
-        self.rng: np.random.Generator | None = None
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def __getitem__(self, i: int):
-        self.rng = self.rng or _process_rng()
-        return cifar_augment(self.pixels[i], self.rng), int(self.labels[i])
-
-
-def webdataset_loader(urls: list[str], batch_size: int, workers: int, prefetch: int):
-    import webdataset as wds
-
-    state: dict[str, np.random.Generator] = {}
-
-    def augment(image: Image.Image) -> torch.Tensor:
-        return cifar_augment(np.asarray(image), state.setdefault("rng", _process_rng()))
-
-    dataset = (
-        wds.WebDataset(
-            urls, shardshuffle=len(urls), nodesplitter=None, workersplitter=wds.split_by_worker
-        )
-        .shuffle(1000)
-        .decode("pil")
-        .to_tuple("png", "cls")
-        .map_tuple(augment, int)
-        .batched(batch_size)
-    )
-    return wds.WebLoader(
-        dataset,
-        batch_size=None,
-        num_workers=workers,
-        persistent_workers=workers > 0,
-        prefetch_factor=prefetch if workers else None,
-    )
-
-
-class PhotoFolder(Dataset):
-    """ImageFolder-style: full Pillow decode, random-resized-crop, flip, to-tensor, per sample."""
-
-    def __init__(self, root: Path, size: int) -> None:
-        classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-        self.items = [
-            (f, i) for i, c in enumerate(classes) for f in sorted((root / c).glob("*.jpg"))
-        ]
-        self.size = size
-        self.rng: np.random.Generator | None = None
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, i: int):
-        path, label = self.items[i]
-        self.rng = self.rng or _process_rng()
-        image = Image.open(path).convert("RGB")
-        top, left, h, w = rrc_params(
-            image.height, image.width, (0.08, 1.0), (3 / 4, 4 / 3), self.rng
-        )
-        image = image.resize(
-            (self.size, self.size), Image.BILINEAR, box=(left, top, left + w, top + h)
-        )
-        if self.rng.random() < 0.5:
-            image = image.transpose(Image.FLIP_LEFT_RIGHT)
-        return _to_tensor(np.asarray(image), IMAGENET_MEAN, IMAGENET_STD), label
 
 
 # ------------------------------------------------------------------ runs
@@ -273,7 +176,7 @@ def cifar_suite(args, work: Path) -> list[dict[str, Any]]:
     }
     if not args.skip_dali:
         runs["fastdata dali (CPU operators)"] = lambda: fastdata_run(shards, "dali", b, args, limit)
-    return _rows(runs, baseline="webdataset (PNG, per-sample PIL)")
+    return round_robin(runs, baseline="webdataset (PNG, per-sample PIL)")
 
 
 def cifar_shards(args, work: Path) -> Path:
@@ -325,7 +228,7 @@ def photo_suite(args, work: Path) -> list[dict[str, Any]]:
         runs["fastdata dali (CPU operators)"] = lambda: fastdata_run(
             shards, "dali", b, args, limit, image_size=224
         )
-    return _rows(runs, baseline="Pillow per-sample DataLoader", rounds=args.photo_rounds)
+    return round_robin(runs, baseline="Pillow per-sample DataLoader", rounds=args.photo_rounds)
 
 
 def first_epoch(root: Path, backend: str, batch: int, args, **kw) -> dict[str, Any]:
@@ -385,52 +288,6 @@ def memory_first_suite(args, work: Path) -> list[dict[str, Any]]:
             )
         cpu, mem = rows[-2]["seconds"], rows[-1]["seconds"]
         rows[-1]["cpu_over_memory"] = round(cpu / mem, 2)
-    return rows
-
-
-def _rows(runs: dict[str, Any], baseline: str, rounds: int = 1) -> list[dict[str, Any]]:
-    """Run every method `rounds` times, round-robin; a row per method with its median img/s.
-
-    Round-robin, so that a slow spell of the machine falls on every method, not on one; each
-    row keeps its rounds' img/s (`rounds_img_per_s`) and each round's ratio to the baseline.
-    """
-    results: dict[str, list[dict[str, Any]]] = {name: [] for name in runs}
-    errors: dict[str, str] = {}
-    for _ in range(rounds):
-        for name, run in runs.items():
-            if name in errors:
-                continue
-            try:
-                result = run()
-            except Exception as exc:  # a failing method is reported, not fatal to the others
-                errors[name] = f"{type(exc).__name__}: {exc}"[:200]
-                continue
-            results[name].append(result)
-            gc.collect()  # the finished loader's workers go now, not inside the next one's
-            print(f"  {name}: {result['img_per_s']:,.0f} img/s")
-    rows = []
-    for name, found in results.items():
-        if name in errors or not found:
-            rows.append({"method": name, "error": errors.get(name, "no result")})
-            continue
-        rates = [r["img_per_s"] for r in found]
-        rows.append(
-            {
-                "method": name,
-                "img_per_s": round(statistics.median(rates), 1),
-                "images": sum(r["images"] for r in found),
-                "seconds": round(sum(r["seconds"] for r in found), 2),
-                "rounds_img_per_s": rates,
-            }
-        )
-    base = next((r for r in rows if r["method"] == baseline and "img_per_s" in r), None)
-    for row in rows:
-        if base and "img_per_s" in row:
-            row["vs_baseline"] = round(row["img_per_s"] / base["img_per_s"], 2)
-            pairs = zip(row["rounds_img_per_s"], base["rounds_img_per_s"], strict=False)
-            row["rounds_vs_baseline"] = [round(a / b, 2) for a, b in pairs]
-            if rounds > 1:
-                row["range"] = f"{min(row['rounds_vs_baseline'])}-{max(row['rounds_vs_baseline'])}"
     return rows
 
 

@@ -7,9 +7,11 @@ and machine that produced it. Speed targets are ratios against a baseline measur
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -187,3 +189,49 @@ def save_results(name: str, out: Path, results: dict[str, Any], tables: list[str
     (out / f"{name}.md").write_text("\n".join(tables))
     print(f"wrote {path} and {name}.md")
     return path
+
+
+def round_robin(runs: dict[str, Any], baseline: str, rounds: int = 1) -> list[dict[str, Any]]:
+    """Run every method `rounds` times, round-robin; a row per method with its median img/s.
+
+    Round-robin, so that a slow spell of the machine falls on every method, not on one; each
+    row keeps its rounds' img/s (`rounds_img_per_s`) and each round's ratio to the baseline.
+    """
+    results: dict[str, list[dict[str, Any]]] = {name: [] for name in runs}
+    errors: dict[str, str] = {}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            if name in errors:
+                continue
+            try:
+                result = run()
+            except Exception as exc:  # a failing method is reported, not fatal to the others
+                errors[name] = f"{type(exc).__name__}: {exc}"[:200]
+                continue
+            results[name].append(result)
+            gc.collect()  # the finished loader's workers go now, not inside the next one's
+            print(f"  {name}: {result['img_per_s']:,.0f} img/s")
+    rows = []
+    for name, found in results.items():
+        if name in errors or not found:
+            rows.append({"method": name, "error": errors.get(name, "no result")})
+            continue
+        rates = [r["img_per_s"] for r in found]
+        rows.append(
+            {
+                "method": name,
+                "img_per_s": round(statistics.median(rates), 1),
+                "images": sum(r["images"] for r in found),
+                "seconds": round(sum(r["seconds"] for r in found), 2),
+                "rounds_img_per_s": rates,
+            }
+        )
+    base = next((r for r in rows if r["method"] == baseline and "img_per_s" in r), None)
+    for row in rows:
+        if base and "img_per_s" in row:
+            row["vs_baseline"] = round(row["img_per_s"] / base["img_per_s"], 2)
+            pairs = zip(row["rounds_img_per_s"], base["rounds_img_per_s"], strict=False)
+            row["rounds_vs_baseline"] = [round(a / b, 2) for a, b in pairs]
+            if rounds > 1 and row is not base:
+                row["range"] = f"{min(row['rounds_vs_baseline'])}-{max(row['rounds_vs_baseline'])}"
+    return rows
