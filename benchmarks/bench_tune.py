@@ -5,7 +5,9 @@ idle machine and while a busy-loop process keeps core 0 busy, this measures:
 
 - the setting `tune` chooses (and why) and its steady-state throughput;
 - the throughput of every num_workers in {0,1,2,3,4} x prefetch_factor in {1,2,4};
-- tuned / best (target >= 0.9), and whether the choice changed under load.
+- tuned / best, and whether the choice changed under load. The sweep's best is the largest of
+  15 noisy timings, so the target ratio (>= 0.9) compares the tuned setting and the sweep's best
+  re-timed in turn `--rounds` times (medians); the first-timed ratio is reported beside it.
 
 The sweep times the loader alone: the main process only receives batches, it runs no training
 step. So the "tuned" setting compared with the sweep is sized for that consumer
@@ -30,6 +32,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Iterator
@@ -83,12 +86,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, nargs="+", default=None, help="sweep num_workers")
     p.add_argument("--prefetch", type=int, nargs="+", default=None, help="sweep prefetch_factor")
     p.add_argument("--window", type=float, default=None, help="tune's load window (s)")
+    p.add_argument(
+        "--rounds", type=int, default=None, help="head-to-head re-timings of tuned and best"
+    )
     p.add_argument("--out", type=Path, default=Path("results/bench_tune.json"))
     args = p.parse_args(argv)
     args.batches = args.batches or (4 if args.quick else 40)
     args.workers = tuple(args.workers or ((0, 1, 2) if args.quick else (0, 1, 2, 3, 4)))
     args.prefetch = tuple(args.prefetch or ((1, 2) if args.quick else (1, 2, 4)))
     args.window = args.window or (0.2 if args.quick else 0.5)
+    args.rounds = args.rounds or (1 if args.quick else 3)
     return args
 
 
@@ -180,6 +187,7 @@ def run_scenario(spec: LoaderSpec, args: argparse.Namespace) -> dict[str, Any]:
     points = sweep(spec, args.workers, args.prefetch, args.batches)
     best = max(points, key=lambda p: p.samples_per_s)
     tuned_rate = _rate(spec, points, loader_only, args.batches)
+    tuned_h2h, best_h2h = head_to_head(spec, loader_only, best, args.batches, args.rounds)
     return {
         "tuned": _setting(loader_only),
         "rule_only": _setting(rule_only),
@@ -192,7 +200,9 @@ def run_scenario(spec: LoaderSpec, args: argparse.Namespace) -> dict[str, Any]:
         "tuned_img_s": tuned_rate,
         "best": {"num_workers": best.num_workers, "prefetch_factor": best.prefetch_factor},
         "best_img_s": best.samples_per_s,
-        "ratio": tuned_rate / best.samples_per_s if best.samples_per_s else None,
+        "sweep_ratio": tuned_rate / best.samples_per_s if best.samples_per_s else None,
+        "head_to_head": {"tuned_img_s": tuned_h2h, "best_img_s": best_h2h},
+        "ratio": tuned_h2h / best_h2h if best_h2h else None,
         "sweep": [
             {
                 "num_workers": p.num_workers,
@@ -202,6 +212,32 @@ def run_scenario(spec: LoaderSpec, args: argparse.Namespace) -> dict[str, Any]:
             for p in points
         ],
     }
+
+
+def head_to_head(
+    spec: LoaderSpec, tuned: LoaderSettings, best: SweepPoint, n_batches: int, rounds: int
+) -> tuple[float, float]:
+    """Median img/s of the tuned setting and of the sweep's best, re-timed in turn `rounds` times.
+
+    The sweep's best is the largest of 15 noisy timings, so it is flattered by the noise it was
+    picked for (on this VM the same setting measured 36,519 and 61,998 img/s within minutes);
+    timing both again, alternately, compares the settings rather than their luckiest runs.
+    """
+    tuned_rates, best_rates = [], []
+    for _ in range(rounds):
+        tuned_rates.append(
+            measure_settings(
+                spec,
+                tuned.num_workers,
+                tuned.prefetch_factor,
+                n_batches,
+                decode_threads=tuned.decode_threads,
+            ).samples_per_s
+        )
+        best_rates.append(
+            measure_settings(spec, best.num_workers, best.prefetch_factor, n_batches).samples_per_s
+        )
+    return statistics.median(tuned_rates), statistics.median(best_rates)
 
 
 def _setting(settings: LoaderSettings) -> dict[str, int]:
@@ -256,7 +292,8 @@ def bench_dataset(ds: Dataset, args: argparse.Namespace, tmp: Path) -> dict[str,
 def print_table(results: dict[str, Any]) -> None:
     head = (
         f"{'dataset':<10} {'scenario':<12} {'others':>6} {'tuned (w,p,t)':>13} {'img/s':>9} "
-        f"{'best (w,p)':>10} {'img/s':>9} {'ratio':>6}  {'training (w,p,t)':>16} {'img/s':>9}"
+        f"{'best (w,p)':>10} {'img/s':>9} {'sweep':>6} {'h2h':>6}  {'training (w,p,t)':>16} "
+        f"{'img/s':>9}"
     )
     print(head)
     print("-" * len(head))
@@ -265,7 +302,8 @@ def print_table(results: dict[str, Any]) -> None:
             print(
                 f"{name:<10} {scenario:<12} {sum(s['busy_others']):>6.2f} "
                 f"{_wpt(s['tuned']):>13} {s['tuned_img_s']:>9,.0f} "
-                f"{_wpt(s['best']):>10} {s['best_img_s']:>9,.0f} {s['ratio']:>6.2f}  "
+                f"{_wpt(s['best']):>10} {s['best_img_s']:>9,.0f} {s['sweep_ratio']:>6.2f} "
+                f"{s['ratio']:>6.2f}  "
                 f"{_wpt(s['tuned_for_training']):>16} {s['tuned_for_training_img_s']:>9,.0f}"
             )
         print(
@@ -275,7 +313,8 @@ def print_table(results: dict[str, Any]) -> None:
     print("others: cores busy with other processes during tune's probe window")
     print("tuned: sized for the loader alone (as timed here); training: with a core kept for the")
     print("training loop (what ShardDataModule gets). (w,p,t): workers, prefetch, decode threads.")
-    print("target: ratio >= 0.9")
+    print("sweep: tuned / best as first timed; h2h: the two re-timed in turn (--rounds, medians).")
+    print("target: h2h >= 0.9")
 
 
 def _wpt(setting: dict[str, int]) -> str:
