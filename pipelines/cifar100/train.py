@@ -4,7 +4,7 @@ Prints one row per epoch (train loss, test top-1, img/s, data-wait %) and writes
 Commands: see `pipelines/cifar100/__init__.py`.
 
 Defaults (ResNet-9 width 24, pooled frozen 3x3 whitening stem, batch 128, SGD-Nesterov one-cycle
-to lr 0.5, label smoothing 0.2, 4 epochs, flip TTA, fp32) chosen for >= 50% test top-1 within 5
+to lr 0.5, label smoothing 0.2, 4 epochs, flip TTA) chosen for >= 50% test top-1 within 5
 minutes, sharding included, on 2 CPU cores: two runs gave 54.0% and 53.5% (epochs 1-4: 24.0 /
 33.3 / 42.8 / 53.5%; 1,162-1,274 img/s on idle cores); the old recipe (3 epochs, lr 0.3, learned
 stem, no TTA) gave 43.9%. Plain loop, one thread, same model and augmentation (test top-1):
@@ -17,8 +17,9 @@ stem, no TTA) gave 43.9%. Plain loop, one thread, same model and augmentation (t
 | frozen 3x3 whitening stem (12 of 27 components), lr 0.3 | 42.6% | 43.8%      |
 
 ``--epochs 5 --train-sizes 24,24,28`` (progressive resizing; a 24 / 28 px step costs 0.55x /
-0.69x of a 32 px one, so about the CPU time of 4 full epochs): 54.1%, 55.1% with TTA. bf16
-autocast is not used: without native bf16 this CPU runs it 13x slower (`fastdata.train.precision`).
+0.69x of a 32 px one, so about the CPU time of 4 full epochs): 54.1%, 55.1% with TTA. Precision
+is chosen per machine (`fastdata.train.precision`): bf16-mixed where the CPU has native bf16
+(AVX-512 bf16 / AMX), fp32 elsewhere (bf16 autocast without it ran 13x slower).
 """
 
 from __future__ import annotations
