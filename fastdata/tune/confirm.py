@@ -16,6 +16,7 @@ decode threads, so the timing chooses processes, threads, or both.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 from fastdata.read.base import LoaderSpec
 from fastdata.tune.probe import Probe
@@ -25,6 +26,10 @@ __all__ = ["candidates", "confirm_by_measurement", "decodes_photos"]
 
 #: Most decode threads tried per process: two already overlap decoding with the rest of a batch.
 MAX_DECODE_THREADS = 2
+#: Extra timings of the two fastest candidates. On the 2-core VM of benchmarks/bench_tune.py one
+#: setting measured 36,519 and 61,998 img/s minutes apart, and a single lucky timing made the
+#: tuner pick 3 workers where 0 was 1.45x faster when the two were timed in turn.
+FINAL_RETIMES = 2
 
 
 def decodes_photos(spec: LoaderSpec) -> bool:
@@ -81,17 +86,29 @@ def confirm_by_measurement(
     from fastdata.tune.measure import measure_settings
 
     photos = decodes_photos(spec)
-    timed = {}
-    for workers, threads in candidates(settings, probe, photos, main_cores, workers_only_from_rule):
+
+    def rate(pair: tuple[int, int]) -> float:
+        workers, threads = pair
         result = measure_settings(
             spec, workers, settings.prefetch_factor, n_batches, decode_threads=threads
         )
-        timed[(workers, threads)] = result.samples_per_s
-    best = max(timed, key=lambda pair: timed[pair])
-    figures = ", ".join(
-        f"{w} workers x {t} threads {rate:,.0f}/s" for (w, t), rate in timed.items()
+        return result.samples_per_s
+
+    pairs = candidates(settings, probe, photos, main_cores, workers_only_from_rule)
+    timed = {pair: [rate(pair)] for pair in pairs}
+    # The fastest of several noisy timings is flattered by its noise: the two fastest are timed
+    # again, in turn, and compared by their medians.
+    finalists = sorted(timed, key=lambda pair: timed[pair][0], reverse=True)[:2]
+    for _ in range(FINAL_RETIMES if len(finalists) > 1 else 0):
+        for pair in finalists:
+            timed[pair].append(rate(pair))
+    medians = {pair: statistics.median(rates) for pair, rates in timed.items()}
+    best = max(finalists, key=lambda pair: medians[pair])
+    figures = ", ".join(f"{w} workers x {t} threads {medians[(w, t)]:,.0f}/s" for (w, t) in timed)
+    why = (
+        f"measured ({figures}; the two fastest: medians of {1 + FINAL_RETIMES} timings): "
+        f"{best[0]} workers x {best[1]} decode threads is fastest"
     )
-    why = f"measured ({figures}): {best[0]} workers x {best[1]} decode threads is fastest"
     return dataclasses.replace(
         settings,
         num_workers=best[0],

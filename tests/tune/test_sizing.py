@@ -304,6 +304,31 @@ def test_confirm_times_load_dependent_workers_and_decode_threads(monkeypatch, ph
     assert all(p == 2 for _, p, _ in timed)
 
 
+def test_confirm_retimes_the_two_fastest_so_one_lucky_timing_does_not_win(monkeypatch):
+    import types
+
+    import fastdata.tune.measure as measure_module
+    from fastdata.tune.confirm import FINAL_RETIMES, confirm_by_measurement
+    from fastdata.tune.sizing import LoaderSettings
+
+    base = LoaderSettings(2, 2, False, True, ["rule"])
+    # 3 workers' first timing is lucky (1,500/s); timed again it runs at 700/s. 0 workers: 1,000/s.
+    rates = {0: [1000.0] * 3, 2: [600.0] * 3, 3: [1500.0, 700.0, 700.0], 4: [500.0] * 3}
+    timed = []
+
+    def fake_measure(spec, workers, prefetch, n_batches, decode_threads=1):
+        timed.append(workers)
+        return types.SimpleNamespace(samples_per_s=rates[workers].pop(0))
+
+    monkeypatch.setattr(measure_module, "measure_settings", fake_measure)
+    busy = _probe(busy=(1.0, 0.0))  # candidates 0, 1, 2, 3 workers
+    rates[1] = [400.0] * 3
+    chosen = confirm_by_measurement(_Spec(False), base, busy)
+    assert chosen.num_workers == 0
+    assert "the two fastest: medians of 3 timings" in chosen.reasons[-1]
+    assert sorted(timed[4:]) == sorted([0, 3] * FINAL_RETIMES)  # only the finalists again
+
+
 @pytest.fixture(scope="module")
 def photo_shards(tmp_path_factory):
     import numpy as np
