@@ -329,6 +329,30 @@ def test_confirm_retimes_the_two_fastest_so_one_lucky_timing_does_not_win(monkey
     assert sorted(timed[4:]) == sorted([0, 3] * FINAL_RETIMES)  # only the finalists again
 
 
+def test_confirm_breaks_a_tie_towards_fewer_threads_then_fewer_workers(monkeypatch):
+    import types
+
+    import fastdata.tune.measure as measure_module
+    from fastdata.tune.confirm import TIE, confirm_by_measurement
+    from fastdata.tune.sizing import LoaderSettings
+
+    base = LoaderSettings(2, 2, False, True, ["rule"])
+    idle = _probe(busy=(0.0, 0.0))  # photo candidates (0,1) (0,2) (1,2) (2,1) (2,2) (4,1)
+    rates = {(0, 1): 500.0, (0, 2): 600.0, (1, 2): 550.0, (2, 1): 930.0, (2, 2): 931.0}
+    rates[(4, 1)] = 700.0
+
+    def fake_measure(spec, workers, prefetch, n_batches, decode_threads=1):
+        return types.SimpleNamespace(samples_per_s=rates[(workers, decode_threads)])
+
+    monkeypatch.setattr(measure_module, "measure_settings", fake_measure)
+    chosen = confirm_by_measurement(_Spec(True), base, idle)
+    assert (chosen.num_workers, chosen.decode_threads) == (2, 1)  # 931 vs 930: a tie
+    assert "2 workers x 1 decode threads ties the fastest (within 5%)" in chosen.reasons[-1]
+    rates[(2, 2)] = 930.0 / (1 - TIE) + 1  # clearly faster: two threads win
+    chosen = confirm_by_measurement(_Spec(True), base, idle)
+    assert (chosen.num_workers, chosen.decode_threads) == (2, 2)
+
+
 @pytest.fixture(scope="module")
 def photo_shards(tmp_path_factory):
     import numpy as np
