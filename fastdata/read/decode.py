@@ -154,8 +154,7 @@ def decode_image(
         job = _region_job(data, geometry, rng) if roi else None
         if job is None:
             return _decode_pillow(data, geometry, rng)
-        rect = job.rect
-        pixels = job.decoder.region(job.stream, rect) if rect is not None else None
+        pixels = job.decoder.region(job.stream, job.box) if job.region else None
         return _finish(job, pixels, data, geometry.size)
     except Exception as exc:
         raise _readable(exc, data) from exc
@@ -189,11 +188,11 @@ def decode_batch(
         raise ValueError(f"threads must be >= 1, got {threads}")
     n = len(payloads)
     jobs = [_region_job(payloads[i], geometry, rngs[i]) if roi else None for i in range(n)]
-    todo = [i for i in range(n) if jobs[i] is not None and jobs[i].rect is not None]
+    todo = [i for i in range(n) if jobs[i] is not None and jobs[i].region]
     regions = dict.fromkeys(range(n))
     if todo:
         decoder = jobs[todo[0]].decoder  # this thread's
-        found = decoder.regions([(jobs[i].stream, jobs[i].rect) for i in todo], threads)
+        found = decoder.regions([(jobs[i].stream, jobs[i].box) for i in todo], threads)
         regions.update(zip(todo, found, strict=True))
 
     def one(i: int) -> np.ndarray | ValueError:
@@ -228,13 +227,13 @@ def jpeg_region_decoder() -> str | None:
 
 @dataclass(frozen=True)
 class _Job:
-    """A JPEG's planned crop: the box and flip drawn for it, the region to decode (or None)."""
+    """A JPEG's planned crop: the box and flip drawn for it, and which path decodes it."""
 
     decoder: RegionDecoder
     stream: JpegStream
     box: tuple[int, int, int, int]  # (left, top, right, bottom), full-resolution pixels
     flip: bool
-    rect: tuple[int, int, int, int] | None  # the region to decode; None: Pillow's path
+    region: bool  # decode the box's region; False: Pillow's DCT-scaled path
 
 
 def _region_job(
@@ -251,7 +250,7 @@ def _region_job(
         return None
     decoder, stream = found
     box, flip = _draw(stream.size, geometry, rng)
-    return _Job(decoder, stream, box, flip, _region_rect(stream.size, box, geometry.size))
+    return _Job(decoder, stream, box, flip, _region_is_cheaper(stream.size, box, geometry.size))
 
 
 def _draw(
@@ -270,17 +269,12 @@ def _draw(
     return (left, top, left + w, top + h), flip
 
 
-def _region_rect(
-    size: tuple[int, int], box: tuple[int, int, int, int], out: int
-) -> tuple[int, int, int, int] | None:
-    """The region to decode for `box` (the box itself); None when a DCT-scaled whole decode has
-    fewer pixels to produce."""
+def _region_is_cheaper(size: tuple[int, int], box: tuple[int, int, int, int], out: int) -> bool:
+    """Whether decoding `box`'s region has fewer pixels to produce than a DCT-scaled whole decode."""
     width, height = size
     left, top, right, bottom = box
     dct = 2 ** min(3, int(math.log2(max(1.0, min(right - left, bottom - top) / out))))
-    if (right - left) * (bottom - top) * dct * dct > width * height:
-        return None
-    return box
+    return (right - left) * (bottom - top) * dct * dct <= width * height
 
 
 def _finish(
