@@ -286,6 +286,7 @@ def test_next_epochs_first_batch_is_decoded_ahead_and_equals_a_fresh_decode(
         assert len(got[epoch]) == len(want[epoch]) == 5  # ceil(300 / 64)
         for (x, y), (wx, wy) in zip(got[epoch], want[epoch], strict=True):
             assert np.array_equal(x, wx) and np.array_equal(y, wy)
+    dataset._ahead.take((6, 0, 0))  # waits for the last look-ahead thread (started after epoch 5)
     ahead = [(e, n) for e, n, thread in made if thread == "fastdata-next-epoch"]
     assert ahead == [(1, 0), (2, 0), (6, 0)]  # after each epoch's last batch
     assert (1, 0) not in [(e, n) for e, n, thread in made if thread != "fastdata-next-epoch"]
