@@ -20,7 +20,7 @@ import statistics
 
 from fastdata.read.base import LoaderSpec
 from fastdata.tune.probe import Probe
-from fastdata.tune.sizing import LoaderSettings, free_cores
+from fastdata.tune.sizing import LoaderSettings, free_cores, max_workers_by_memory
 
 __all__ = ["candidates", "confirm_by_measurement", "decodes_photos"]
 
@@ -53,20 +53,29 @@ def candidates(
     """(num_workers, decode_threads) pairs worth timing, from the measured load.
 
     Workers, each with one decode thread: none, the rule's choice, the free cores `n`, and
-    n + usable cores (with `workers_only_from_rule`: the rule's choice only). For photos, also
-    (n, 1), (n // 2, 2), (0, 2) and (n, 2), with 2 lowered to the usable cores: on an idle
-    2-core machine {(2, 1), (1, 2), (0, 2), (2, 2)}.
+    twice the usable cores (with `workers_only_from_rule`: the rule's choice only). For photos,
+    also (n, 1), (n // 2, 2), (0, 2) and (n, 2), with 2 lowered to the usable cores: on an idle
+    2-core machine {(2, 1), (1, 2), (0, 2), (2, 2)}. No candidate has more workers than the
+    memory allows (`sizing.max_workers_by_memory`).
+
+    Twice the usable cores, not n + usable: more workers than cores overlap their decoding with
+    the main process's receiving, and where other processes keep a core busy the scheduler
+    shares that core among every runnable thread, so each extra worker takes a larger part of
+    it. In benchmarks/bench_tune.py (2 cores, core 0 kept busy, JPEG photos) 4 workers were the
+    fastest of the sweep in all five runs, and the tuner, whose largest candidate was then 3,
+    reached 0.85-0.91 of them.
     """
     free = int(free_cores(probe, main_cores=main_cores))
     n = max(1, free)
     workers = {settings.num_workers}
     if not workers_only_from_rule:
-        workers |= {0, n, free + probe.usable_cores}
+        workers |= {0, n, 2 * probe.usable_cores}
     pairs = {(w, 1) for w in workers}
     threads = min(MAX_DECODE_THREADS, probe.usable_cores)
     if photos and threads > 1:
         pairs |= {(n, 1), (max(1, n // 2), threads), (0, threads), (n, threads)}
-    return sorted(pairs)
+    cap = max(settings.num_workers, max_workers_by_memory(probe))
+    return sorted(pair for pair in pairs if pair[0] <= cap)
 
 
 def confirm_by_measurement(

@@ -22,6 +22,7 @@ __all__ = [
     "WORKER_MEMORY_SHARE",
     "LoaderSettings",
     "free_cores",
+    "max_workers_by_memory",
     "size_loader",
 ]
 
@@ -223,11 +224,16 @@ def _workers_from_cores(
     return workers
 
 
+def max_workers_by_memory(probe: Probe) -> int:
+    """The most workers whose memory (per-worker RSS each) fits `WORKER_MEMORY_SHARE` of free
+    memory."""
+    return int(WORKER_MEMORY_SHARE * probe.available_bytes // max(1, probe.worker_rss_bytes))
+
+
 def _cap_by_worker_memory(workers: int, probe: Probe, reasons: list[str]) -> int:
-    budget = WORKER_MEMORY_SHARE * probe.available_bytes
-    if workers == 0 or workers * probe.worker_rss_bytes <= budget:
+    capped = max_workers_by_memory(probe)
+    if workers <= capped:
         return workers
-    capped = int(budget // max(1, probe.worker_rss_bytes))
     reasons.append(
         f"num_workers lowered {workers} -> {capped}: {workers} x "
         f"{probe.worker_rss_bytes / 2**20:.0f} MiB per worker exceeds {WORKER_MEMORY_SHARE:.0%} "

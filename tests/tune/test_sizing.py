@@ -284,8 +284,11 @@ def test_confirm_times_load_dependent_workers_and_decode_threads(monkeypatch, ph
         ]
     else:
         assert candidates(base, idle) == [(0, 1), (2, 1), (4, 1)]
-        assert candidates(base, busy) == [(0, 1), (1, 1), (2, 1), (3, 1)]
-    rates = {(0, 1): 900.0, (1, 1): 500.0, (2, 1): 700.0, (3, 1): 950.0, (4, 1): 800.0}
+        assert candidates(base, busy) == [(0, 1), (1, 1), (2, 1), (4, 1)]
+        # No candidate beyond the memory: 3 workers' RSS fit in half of the free memory.
+        tight = _probe(busy=(0.0, 0.0), memory=1200 * MiB, rss=200 * MiB)
+        assert candidates(base, tight) == [(0, 1), (2, 1)]
+    rates = {(0, 1): 900.0, (1, 1): 950.0, (2, 1): 700.0, (4, 1): 800.0}
     rates.update({(0, 2): 990.0, (1, 2): 600.0, (2, 2): 650.0})
     timed = []
 
@@ -300,7 +303,7 @@ def test_confirm_times_load_dependent_workers_and_decode_threads(monkeypatch, ph
     assert not chosen.persistent_workers and chosen.reasons[0] == "rule"
     assert f"{expected[0]} workers x {expected[1]} decode threads is fastest" in chosen.reasons[-1]
     if not photos:  # the load changed the answer
-        assert confirm_by_measurement(_Spec(False), base, busy).num_workers == 3
+        assert confirm_by_measurement(_Spec(False), base, busy).num_workers == 1
     assert all(p == 2 for _, p, _ in timed)
 
 
@@ -312,8 +315,8 @@ def test_confirm_retimes_the_two_fastest_so_one_lucky_timing_does_not_win(monkey
     from fastdata.tune.sizing import LoaderSettings
 
     base = LoaderSettings(2, 2, False, True, ["rule"])
-    # 3 workers' first timing is lucky (1,500/s); timed again it runs at 700/s. 0 workers: 1,000/s.
-    rates = {0: [1000.0] * 3, 2: [600.0] * 3, 3: [1500.0, 700.0, 700.0], 4: [500.0] * 3}
+    # 4 workers' first timing is lucky (1,500/s); timed again it runs at 700/s. 0 workers: 1,000/s.
+    rates = {0: [1000.0] * 3, 2: [600.0] * 3, 4: [1500.0, 700.0, 700.0]}
     timed = []
 
     def fake_measure(spec, workers, prefetch, n_batches, decode_threads=1):
@@ -321,12 +324,12 @@ def test_confirm_retimes_the_two_fastest_so_one_lucky_timing_does_not_win(monkey
         return types.SimpleNamespace(samples_per_s=rates[workers].pop(0))
 
     monkeypatch.setattr(measure_module, "measure_settings", fake_measure)
-    busy = _probe(busy=(1.0, 0.0))  # candidates 0, 1, 2, 3 workers
+    busy = _probe(busy=(1.0, 0.0))  # candidates 0, 1, 2, 4 workers
     rates[1] = [400.0] * 3
     chosen = confirm_by_measurement(_Spec(False), base, busy)
     assert chosen.num_workers == 0
     assert "the two fastest: medians of 3 timings" in chosen.reasons[-1]
-    assert sorted(timed[4:]) == sorted([0, 3] * FINAL_RETIMES)  # only the finalists again
+    assert sorted(timed[4:]) == sorted([0, 4] * FINAL_RETIMES)  # only the finalists again
 
 
 def test_confirm_breaks_a_tie_towards_fewer_threads_then_fewer_workers(monkeypatch):
