@@ -70,12 +70,13 @@ class Dataset:
     batch_size: int
     quick_batch_size: int
     quick_samples: int  # training samples kept by --quick
+    batches: int  # batches timed per setting: ~1 s of loading (less is timed mostly by noise)
     image_size: int | None = None
 
 
 DATASETS = {
-    "cifar100": Dataset("cifar100", "cifar100", "cifar-100-python.tar.gz", 256, 64, 2048),
-    "clothing": Dataset("clothing", "folder", "clothing-small", 32, 16, 160, image_size=224),
+    "cifar100": Dataset("cifar100", "cifar100", "cifar-100-python.tar.gz", 256, 64, 2048, 160),
+    "clothing": Dataset("clothing", "folder", "clothing-small", 32, 16, 160, 40, image_size=224),
 }
 
 
@@ -83,7 +84,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--datasets", nargs="+", default=list(DATASETS), choices=list(DATASETS))
     p.add_argument("--quick", action="store_true", help="small subsets and grid: a smoke run")
-    p.add_argument("--batches", type=int, default=None, help="batches timed per setting")
+    p.add_argument(
+        "--batches", type=int, default=None, help="batches timed per setting (default: ~1 s)"
+    )
     p.add_argument("--workers", type=int, nargs="+", default=None, help="sweep num_workers")
     p.add_argument("--prefetch", type=int, nargs="+", default=None, help="sweep prefetch_factor")
     p.add_argument("--window", type=float, default=None, help="tune's load window (s)")
@@ -92,7 +95,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--out", type=Path, default=Path("results/bench_tune.json"))
     args = p.parse_args(argv)
-    args.batches = args.batches or (4 if args.quick else 40)
+    if args.quick:
+        args.batches = args.batches or 4
     args.workers = tuple(args.workers or ((0, 1, 2) if args.quick else (0, 1, 2, 3, 4)))
     args.prefetch = tuple(args.prefetch or ((1, 2) if args.quick else (1, 2, 4)))
     args.window = args.window or (0.2 if args.quick else 0.5)
@@ -171,12 +175,12 @@ def idle() -> Iterator[None]:
 # ---------------------------------------------------------------------------------------------
 
 
-def run_scenario(spec: LoaderSpec, args: argparse.Namespace) -> dict[str, Any]:
+def run_scenario(spec: LoaderSpec, args: argparse.Namespace, n_batches: int) -> dict[str, Any]:
     """Tune, sweep, compare. The sweep times the loader alone, with no training step in the main
     process, so the tuned setting it is compared with is sized with main_cores=0; the setting a
     training run would get (one core kept for the training loop) is reported beside it. All
     three choices read the same probe of the machine."""
-    options = TuneOptions(window_s=args.window, n_batches=8, confirm_batches=args.batches)
+    options = TuneOptions(window_s=args.window, n_batches=8, confirm_batches=n_batches)
     training = choose_loader_settings(spec, options=replace(options, confirm="threads"))
     probe = training.probe
     assert probe is not None and training.cost is not None
@@ -185,17 +189,17 @@ def run_scenario(spec: LoaderSpec, args: argparse.Namespace) -> dict[str, Any]:
     loader_only = choose_loader_settings(
         spec, options=replace(alone, confirm="all"), probe=probe
     ).settings
-    points = sweep(spec, args.workers, args.prefetch, args.batches)
+    points = sweep(spec, args.workers, args.prefetch, n_batches)
     best = max(points, key=lambda p: p.samples_per_s)
-    tuned_rate = _rate(spec, points, loader_only, args.batches)
-    h2h = head_to_head(spec, loader_only, best, args.batches, args.rounds)
+    tuned_rate = _rate(spec, points, loader_only, n_batches)
+    h2h = head_to_head(spec, loader_only, best, n_batches, args.rounds)
     return {
         "tuned": _setting(loader_only),
         "rule_only": _setting(rule_only),
-        "rule_only_img_s": _rate(spec, points, rule_only, args.batches),
+        "rule_only_img_s": _rate(spec, points, rule_only, n_batches),
         "reasons": loader_only.reasons,
         "tuned_for_training": _setting(training.settings),
-        "tuned_for_training_img_s": _rate(spec, points, training.settings, args.batches),
+        "tuned_for_training_img_s": _rate(spec, points, training.settings, n_batches),
         "training_reasons": training.settings.reasons,
         "busy_others": list(probe.busy_others),
         "tuned_img_s": tuned_rate,
@@ -286,10 +290,11 @@ def bench_dataset(ds: Dataset, args: argparse.Namespace, tmp: Path) -> dict[str,
     spec = tuning_spec(root, "train", batch, image_size=ds.image_size)
     core = min(os.sched_getaffinity(0))
     scenarios = {"idle": idle(), f"core {core} busy": busy_core(core)}
-    out: dict[str, Any] = {"batch_size": batch, "scenarios": {}}
+    n_batches = args.batches or ds.batches
+    out: dict[str, Any] = {"batch_size": batch, "batches_timed": n_batches, "scenarios": {}}
     for name, context in scenarios.items():
         with context:
-            out["scenarios"][name] = run_scenario(spec, args)
+            out["scenarios"][name] = run_scenario(spec, args, n_batches)
     chosen = [s["tuned"] for s in out["scenarios"].values()]
     out["choice_changed_under_load"] = chosen[0] != chosen[1]
     training = [s["tuned_for_training"] for s in out["scenarios"].values()]

@@ -52,9 +52,9 @@ def candidates(
 ) -> list[tuple[int, int]]:
     """(num_workers, decode_threads) pairs worth timing, from the measured load.
 
-    Workers, each with one decode thread: none, the rule's choice, the free cores `n`, and
-    twice the usable cores (with `workers_only_from_rule`: the rule's choice only). For photos,
-    also (n, 1), (n // 2, 2), (0, 2) and (n, 2), with 2 lowered to the usable cores: on an idle
+    Workers, each with one decode thread: none, the rule's choice, the free cores `n`
+    (rounded), and twice the usable cores (with `workers_only_from_rule`: the rule's choice
+    only). For photos, also (n, 1), (n // 2, 2), (0, 2) and (n, 2), with 2 lowered to the usable cores: on an idle
     2-core machine {(2, 1), (1, 2), (0, 2), (2, 2)}. No candidate has more workers than the
     memory allows (`sizing.max_workers_by_memory`).
 
@@ -65,8 +65,8 @@ def candidates(
     fastest of the sweep in all five runs, and the tuner, whose largest candidate was then 3,
     reached 0.85-0.91 of them.
     """
-    free = int(free_cores(probe, main_cores=main_cores))
-    n = max(1, free)
+    # Rounded, not floored: 2% of a core busy with other processes leaves 2 cores, not 1.
+    n = max(1, round(free_cores(probe, main_cores=main_cores)))
     workers = {settings.num_workers}
     if not workers_only_from_rule:
         workers |= {0, n, 2 * probe.usable_cores}

@@ -285,6 +285,13 @@ def test_confirm_times_load_dependent_workers_and_decode_threads(monkeypatch, ph
     else:
         assert candidates(base, idle) == [(0, 1), (2, 1), (4, 1)]
         assert candidates(base, busy) == [(0, 1), (1, 1), (2, 1), (4, 1)]
+        # A trace of load on an idle core still leaves it free (rounded, not floored).
+        assert candidates(LoaderSettings(1, 2, False, True), _probe(busy=(0.02, 0.0))) == [
+            (0, 1),
+            (1, 1),
+            (2, 1),
+            (4, 1),
+        ]
         # No candidate beyond the memory: 3 workers' RSS fit in half of the free memory.
         tight = _probe(busy=(0.0, 0.0), memory=1200 * MiB, rss=200 * MiB)
         assert candidates(base, tight) == [(0, 1), (2, 1)]
