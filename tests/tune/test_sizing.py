@@ -335,8 +335,31 @@ def test_confirm_retimes_the_two_fastest_so_one_lucky_timing_does_not_win(monkey
     rates[1] = [400.0] * 3
     chosen = confirm_by_measurement(_Spec(False), base, busy)
     assert chosen.num_workers == 0
-    assert "the two fastest: medians of 3 timings" in chosen.reasons[-1]
+    assert "the fastest and those within 5% of them: medians of 3 timings" in chosen.reasons[-1]
     assert sorted(timed[4:]) == sorted([0, 4] * FINAL_RETIMES)  # only the finalists again
+
+
+def test_confirm_retimes_a_candidate_the_finalists_medians_fell_below(monkeypatch):
+    import types
+
+    import fastdata.tune.measure as measure_module
+    from fastdata.tune.confirm import FINAL_RETIMES, confirm_by_measurement
+    from fastdata.tune.sizing import LoaderSettings
+
+    base = LoaderSettings(2, 2, False, True, ["rule"])
+    # The machine slows while 0 and 4 workers (the two fastest first timings) are re-timed: their
+    # medians (600) fall below 2 workers' single timing (1,000), which holds when timed again.
+    rates = {0: [1200.0, 600.0, 600.0], 1: [400.0], 2: [1000.0] * 3, 4: [1100.0, 600.0, 600.0]}
+    timed = []
+
+    def fake_measure(spec, workers, prefetch, n_batches, decode_threads=1):
+        timed.append(workers)
+        return types.SimpleNamespace(samples_per_s=rates[workers].pop(0))
+
+    monkeypatch.setattr(measure_module, "measure_settings", fake_measure)
+    chosen = confirm_by_measurement(_Spec(False), base, _probe(busy=(1.0, 0.0)))
+    assert chosen.num_workers == 2 and "is fastest" in chosen.reasons[-1]
+    assert timed[4 + 2 * FINAL_RETIMES :] == [2] * FINAL_RETIMES  # then 2 alone, not 1
 
 
 def test_confirm_breaks_a_tie_towards_fewer_threads_then_fewer_workers(monkeypatch):
