@@ -41,7 +41,7 @@ def test_only_epochs_started_after_the_load_count():
 
 
 def test_the_epoch_row_and_monitor_lines_are_recognized():
-    from pipelines.cifar100.train import _format_row
+    from pipelines.cifar100.progress import _format_row
 
     row = {"epoch": 3, "train_loss": 2.5, "test_top1": 0.31, "img_per_s": 1234.5}
     line = _format_row({**row, "data_wait_frac": 0.012})
