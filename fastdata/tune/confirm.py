@@ -27,9 +27,10 @@ __all__ = ["candidates", "confirm_by_measurement", "decodes_photos"]
 
 #: Most decode threads tried per process: two already overlap decoding with the rest of a batch.
 MAX_DECODE_THREADS = 2
-#: Extra timings of the contenders (the two fastest, then any within TIE of them). On the 2-core VM of benchmarks/bench_tune.py one
-#: setting measured 36,519 and 61,998 img/s minutes apart, and a single lucky timing made the
-#: tuner pick 3 workers where 0 was 1.45x faster when the two were timed in turn.
+#: Extra timings of the contenders (the two fastest, then any within TIE of them). On the 2-core
+#: VM of benchmarks/bench_tune.py one setting measured 36,519 and 61,998 img/s minutes apart,
+#: and a single lucky timing made the tuner pick 3 workers where 0 was 1.45x faster when the two
+#: were timed in turn.
 FINAL_RETIMES = 2
 #: Finalists whose medians differ by less than this fraction are a tie (the smaller setting wins).
 #: In bench_tune, 2 workers x 1 and x 2 decode threads measured 930 and 931 img/s in the tuner,
