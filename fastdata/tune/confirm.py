@@ -55,23 +55,24 @@ def candidates(
     """(num_workers, decode_threads) pairs worth timing, from the measured load.
 
     Workers, each with one decode thread: none, the rule's choice, the free cores `n`
-    (rounded), and twice the usable cores (with `workers_only_from_rule`: the rule's choice
-    only). For photos, also (n, 1), (n // 2, 2), (0, 2) and (n, 2), with 2 lowered to the
+    (rounded), the usable cores + 1 and twice the usable cores (with `workers_only_from_rule`:
+    the rule's choice only). For photos, also (n, 1), (n // 2, 2), (0, 2) and (n, 2), with 2 lowered to the
     usable cores: on an idle 2-core machine {(2, 1), (1, 2), (0, 2), (2, 2)}. No candidate has
     more workers than the memory allows (`sizing.max_workers_by_memory`).
 
-    Twice the usable cores, not n + usable: more workers than cores overlap their decoding with
-    the main process's receiving, and where other processes keep a core busy the scheduler
-    shares that core among every runnable thread, so each extra worker takes a larger part of
-    it. In benchmarks/bench_tune.py (2 cores, core 0 kept busy, JPEG photos) 4 workers were the
-    fastest of the sweep in all five runs, and the tuner, whose largest candidate was then 3,
-    reached 0.85-0.91 of them.
+    More workers than cores overlap their decoding with the main process's receiving, and where
+    other processes keep a core busy the scheduler shares that core among every runnable thread,
+    so each extra worker takes a larger part of it. Which count wins is not predictable from the
+    load: in benchmarks/bench_tune.py (2 cores, JPEG photos) the sweep's best under a busy core
+    was 4 workers in 8 runs of 12 and 3 in the other 4, and on idle cores 2, 3 or 4 (3, 3 and 6
+    runs). With only 3 (free + usable) or only 4 (twice the usable cores) timed, the tuner
+    reached 0.85 of the sweep's best.
     """
     # Rounded, not floored: 2% of a core busy with other processes leaves 2 cores, not 1.
     n = max(1, round(free_cores(probe, main_cores=main_cores)))
     workers = {settings.num_workers}
     if not workers_only_from_rule:
-        workers |= {0, n, 2 * probe.usable_cores}
+        workers |= {0, n, probe.usable_cores + 1, 2 * probe.usable_cores}
     pairs = {(w, 1) for w in workers}
     threads = min(MAX_DECODE_THREADS, probe.usable_cores)
     if photos and threads > 1:

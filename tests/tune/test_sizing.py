@@ -274,6 +274,7 @@ def test_confirm_times_load_dependent_workers_and_decode_threads(monkeypatch, ph
             (1, 2),
             (2, 1),
             (2, 2),
+            (3, 1),
             (4, 1),
         ]
         assert candidates(base, idle, True, workers_only_from_rule=True) == [
@@ -283,19 +284,20 @@ def test_confirm_times_load_dependent_workers_and_decode_threads(monkeypatch, ph
             (2, 2),
         ]
     else:
-        assert candidates(base, idle) == [(0, 1), (2, 1), (4, 1)]
-        assert candidates(base, busy) == [(0, 1), (1, 1), (2, 1), (4, 1)]
+        assert candidates(base, idle) == [(0, 1), (2, 1), (3, 1), (4, 1)]
+        assert candidates(base, busy) == [(0, 1), (1, 1), (2, 1), (3, 1), (4, 1)]
         # A trace of load on an idle core still leaves it free (rounded, not floored).
         assert candidates(LoaderSettings(1, 2, False, True), _probe(busy=(0.02, 0.0))) == [
             (0, 1),
             (1, 1),
             (2, 1),
+            (3, 1),
             (4, 1),
         ]
-        # No candidate beyond the memory: 3 workers' RSS fit in half of the free memory.
+        # No candidate beyond the memory: 3 workers' RSS fit in half of the free memory, not 4.
         tight = _probe(busy=(0.0, 0.0), memory=1200 * MiB, rss=200 * MiB)
-        assert candidates(base, tight) == [(0, 1), (2, 1)]
-    rates = {(0, 1): 900.0, (1, 1): 950.0, (2, 1): 700.0, (4, 1): 800.0}
+        assert candidates(base, tight) == [(0, 1), (2, 1), (3, 1)]
+    rates = {(0, 1): 900.0, (1, 1): 950.0, (2, 1): 700.0, (3, 1): 750.0, (4, 1): 800.0}
     rates.update({(0, 2): 990.0, (1, 2): 600.0, (2, 2): 650.0})
     timed = []
 
@@ -331,12 +333,12 @@ def test_confirm_retimes_the_two_fastest_so_one_lucky_timing_does_not_win(monkey
         return types.SimpleNamespace(samples_per_s=rates[workers].pop(0))
 
     monkeypatch.setattr(measure_module, "measure_settings", fake_measure)
-    busy = _probe(busy=(1.0, 0.0))  # candidates 0, 1, 2, 4 workers
-    rates[1] = [400.0] * 3
+    busy = _probe(busy=(1.0, 0.0))  # candidates 0, 1, 2, 3, 4 workers
+    rates[1], rates[3] = [400.0] * 3, [500.0] * 3
     chosen = confirm_by_measurement(_Spec(False), base, busy)
     assert chosen.num_workers == 0
     assert "the fastest and those within 5% of them: medians of 3 timings" in chosen.reasons[-1]
-    assert sorted(timed[4:]) == sorted([0, 4] * FINAL_RETIMES)  # only the finalists again
+    assert sorted(timed[5:]) == sorted([0, 4] * FINAL_RETIMES)  # only the finalists again
 
 
 def test_confirm_retimes_a_candidate_the_finalists_medians_fell_below(monkeypatch):
@@ -350,6 +352,7 @@ def test_confirm_retimes_a_candidate_the_finalists_medians_fell_below(monkeypatc
     # The machine slows while 0 and 4 workers (the two fastest first timings) are re-timed: their
     # medians (600) fall below 2 workers' single timing (1,000), which holds when timed again.
     rates = {0: [1200.0, 600.0, 600.0], 1: [400.0], 2: [1000.0] * 3, 4: [1100.0, 600.0, 600.0]}
+    rates[3] = [400.0]
     timed = []
 
     def fake_measure(spec, workers, prefetch, n_batches, decode_threads=1):
@@ -359,7 +362,7 @@ def test_confirm_retimes_a_candidate_the_finalists_medians_fell_below(monkeypatc
     monkeypatch.setattr(measure_module, "measure_settings", fake_measure)
     chosen = confirm_by_measurement(_Spec(False), base, _probe(busy=(1.0, 0.0)))
     assert chosen.num_workers == 2 and "is fastest" in chosen.reasons[-1]
-    assert timed[4 + 2 * FINAL_RETIMES :] == [2] * FINAL_RETIMES  # then 2 alone, not 1
+    assert timed[5 + 2 * FINAL_RETIMES :] == [2] * FINAL_RETIMES  # then 2 alone, not 1 or 3
 
 
 def test_confirm_breaks_a_tie_towards_fewer_threads_then_fewer_workers(monkeypatch):
@@ -370,9 +373,9 @@ def test_confirm_breaks_a_tie_towards_fewer_threads_then_fewer_workers(monkeypat
     from fastdata.tune.sizing import LoaderSettings
 
     base = LoaderSettings(2, 2, False, True, ["rule"])
-    idle = _probe(busy=(0.0, 0.0))  # photo candidates (0,1) (0,2) (1,2) (2,1) (2,2) (4,1)
+    idle = _probe(busy=(0.0, 0.0))  # photo candidates (0,1) (0,2) (1,2) (2,1) (2,2) (3,1) (4,1)
     rates = {(0, 1): 500.0, (0, 2): 600.0, (1, 2): 550.0, (2, 1): 930.0, (2, 2): 931.0}
-    rates[(4, 1)] = 700.0
+    rates[(3, 1)], rates[(4, 1)] = 700.0, 700.0
 
     def fake_measure(spec, workers, prefetch, n_batches, decode_threads=1):
         return types.SimpleNamespace(samples_per_s=rates[(workers, decode_threads)])
