@@ -56,9 +56,9 @@ def candidates(
 
     Workers, each with one decode thread: none, the rule's choice, the free cores `n`
     (rounded), the usable cores + 1 and twice the usable cores (with `workers_only_from_rule`:
-    the rule's choice only). For photos, also (n, 1), (n // 2, 2), (0, 2) and (n, 2), with 2 lowered to the
-    usable cores: on an idle 2-core machine {(2, 1), (1, 2), (0, 2), (2, 2)}. No candidate has
-    more workers than the memory allows (`sizing.max_workers_by_memory`).
+    the rule's choice only). For photos, also (n, 1), (n // 2, 2), (0, 2) and (n, 2), with 2
+    lowered to the usable cores: on an idle 2-core machine {(2, 1), (1, 2), (0, 2), (2, 2)}. No
+    candidate has more workers than the memory allows (`sizing.max_workers_by_memory`).
 
     More workers than cores overlap their decoding with the main process's receiving, and where
     other processes keep a core busy the scheduler shares that core among every runnable thread,
