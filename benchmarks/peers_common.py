@@ -269,8 +269,17 @@ class LoadWatcher:
                 except psutil.Error:
                     continue
                 if percent >= self.min_percent:
-                    name = " ".join(proc.info["cmdline"] or [])[:120] or f"pid {proc.pid}"
+                    name = _command_name(proc.info["cmdline"]) or f"pid {proc.pid}"
                     entry = self.busy.setdefault(name, {"max_percent": 0.0, "busy_samples": 0})
                     entry["max_percent"] = max(entry["max_percent"], percent)
                     entry["busy_samples"] += 1
             self.samples += 1
+
+
+def _command_name(cmdline: list[str] | None, limit: int = 120) -> str:
+    """A process's command line as the load table shows it: the program's base name, then its
+    arguments, cut at `limit` characters (a full interpreter path would push the arguments, which
+    tell the processes apart, out of the cut, by a length that depends on where it is installed)."""
+    if not cmdline:
+        return ""
+    return " ".join([os.path.basename(cmdline[0]), *cmdline[1:]])[:limit]

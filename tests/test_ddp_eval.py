@@ -30,6 +30,7 @@ from torch import nn
 
 from fastdata import ShardDataModule
 from fastdata.read.plan import PAD_LABEL
+from fastdata.train.ddp import end_process_group
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = {"train": 16, "val": 45, "test": 37}
@@ -205,3 +206,4 @@ if __name__ == "__main__":
     parser.add_argument("backend")
     args = parser.parse_args()
     evaluate(args.shards, args.out, args.devices, args.backend)
+    end_process_group()

@@ -23,6 +23,7 @@ from fastdata.train.ddp import (
     COMPRESSION_HOOKS,
     AccumulationCheck,
     accumulation_steps,
+    end_process_group,
     make_strategy,
 )
 from fastdata.train.precision import HardwareFacts, detect_hardware, resolve_precision
@@ -48,6 +49,7 @@ __all__ = [
     "accumulation_steps",
     "apply_activation_checkpointing",
     "detect_hardware",
+    "end_process_group",
     "find_checkpoint_blocks",
     "last_checkpoint",
     "make_strategy",

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
+from datetime import timedelta
 
 import lightning.pytorch as pl
 import torch
@@ -34,6 +35,7 @@ __all__ = [
     "COMPRESSION_HOOKS",
     "AccumulationCheck",
     "accumulation_steps",
+    "end_process_group",
     "make_strategy",
 ]
 
@@ -156,3 +158,32 @@ class AccumulationCheck(pl.Callback):
                 f"{trainer.accumulate_grad_batches}: wrap the backward of non-stepping micro-batches in "
                 "`self.trainer.strategy.block_backward_sync()` or every micro-batch all-reduces gradients"
             )
+
+
+def end_process_group(timeout_s: float = 120.0) -> None:
+    """Tear down torch.distributed's default process group, if one is up, after a bounded barrier.
+
+    Call it once at the end of a DDP script, after the last `trainer.fit`/`validate`/`test`.
+    A gloo group left for the interpreter's exit to destroy can abort the process ("terminate
+    called without an active exception", exit -6), so a run whose work all succeeded fails under
+    any scheduler. No-op without a process group.
+
+    Args:
+        timeout_s: the most seconds the closing barrier waits for the other ranks (gloo's
+            `monitored_barrier`, which names the ranks that did not arrive).
+
+    Raises:
+        RuntimeError: a rank did not reach the barrier within `timeout_s` (the group is still
+            destroyed).
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if dist.get_backend() == "gloo":
+            dist.monitored_barrier(timeout=timedelta(seconds=timeout_s))
+        else:
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()

@@ -42,6 +42,7 @@ import torch
 
 from fastdata._env import data_dir
 from fastdata.manifest import MANIFEST_NAME
+from fastdata.train.ddp import end_process_group
 
 from .model import ARCHITECTURES, Cifar100Module, ModelConfig, OptimConfig
 from .progress import EpochTable
@@ -328,4 +329,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     run(args)
+    end_process_group()  # a DDP run exits 0 (a gloo group left to the interpreter can abort it)
     return 0

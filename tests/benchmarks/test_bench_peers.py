@@ -161,3 +161,11 @@ def test_load_watcher_reports_other_busy_processes_but_not_its_own_children():
     names = list(summary["other_busy"])
     assert any("while time.time() < end" in n and "own child" not in n for n in names), names
     assert not any("own child" in n for n in names), names
+
+
+def test_command_name_keeps_the_arguments_whatever_the_interpreter_path():
+    deep = "/tmp/" + "a/very/long/checkout/path/" * 8 + ".venv/bin/python"
+    name = peers_common._command_name([deep, "-c", "while True: pass  # spinner"])
+    assert name == "python -c while True: pass  # spinner"
+    assert len(peers_common._command_name(["python", "x" * 500])) == 120
+    assert peers_common._command_name(None) == peers_common._command_name([]) == ""

@@ -276,6 +276,7 @@ import sys
 import lightning as L
 import torch
 from fastdata.datamodule import ShardDataModule
+from fastdata.train import end_process_group
 
 root, out = sys.argv[1], sys.argv[2]
 
@@ -307,6 +308,7 @@ if __name__ == "__main__":
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)
     trainer.fit(Probe(), datamodule=dm)
+    end_process_group()
 """
 
 

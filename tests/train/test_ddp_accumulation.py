@@ -28,6 +28,7 @@ from fastdata.train import (
     make_strategy,
     make_trainer,
 )
+from fastdata.train.ddp import end_process_group
 from fastdata.train.precision import HardwareFacts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -245,3 +246,15 @@ def test_two_process_ddp_syncs_once_per_step_and_matches_one_process(tmp_path: P
 
 if __name__ == "__main__":
     _worker(Path(sys.argv[1]))
+    end_process_group()
+
+
+def test_end_process_group_tears_down_the_group_and_is_a_no_op_without_one(tmp_path: Path) -> None:
+    import torch.distributed as dist
+
+    end_process_group()  # no group: nothing to do
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    assert dist.is_initialized()
+    end_process_group(timeout_s=10)
+    assert not dist.is_initialized()

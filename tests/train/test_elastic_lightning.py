@@ -287,3 +287,6 @@ if __name__ == "__main__":
         max_steps=args.max_steps, ckpt_path=args.ckpt_path, validate=args.validate,
         epochs=args.epochs,
     )  # fmt: skip
+    from fastdata.train.ddp import end_process_group
+
+    end_process_group()

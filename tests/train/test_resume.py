@@ -213,3 +213,6 @@ if __name__ == "__main__":
     parser.add_argument("--kill-at", type=int, default=-1)
     parser.add_argument("--resume", action="store_true")
     _train(parser.parse_args())
+    from fastdata.train.ddp import end_process_group
+
+    end_process_group()
