@@ -101,6 +101,15 @@ def test_val_fraction_never_trains_on_the_carved_samples(tiny_shards, backend):
     assert set(_labels(again, "val")) == first_val
 
 
+def test_dali_backend_honours_the_carve(tiny_shards):
+    pytest.importorskip("nvidia.dali")
+    dm = _module(tiny_shards, val=0.2, backend="dali", num_workers=1, drop_last=False)
+    train, val = _labels(dm, "train"), _labels(dm, "val")
+    assert len(train) == len(set(train)) == 240 and len(val) == len(set(val)) == 60
+    assert set(val) == set(_labels(_module(tiny_shards, val=0.2), "val"))  # as the cpu backend
+    assert not set(train) & set(val)
+
+
 def test_val_accepts_a_split_name_and_refuses_what_it_cannot_do(tiny_shards):
     dm = _module(tiny_shards, val="test")
     assert len(_labels(dm, "val")) == 50
