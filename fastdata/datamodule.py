@@ -27,7 +27,7 @@ from fastdata._threads import one_thread_on_cpu
 from fastdata.augment import Preset
 from fastdata.augment.resolve import TransformSpec, resolve_transforms
 from fastdata.epoch_loader import EpochLoader, EpochPosition
-from fastdata.manifest import Manifest, load_manifest, resolve_splits
+from fastdata.manifest import VAL_SPLITS, Manifest, load_manifest, resolve_splits
 from fastdata.read import BatchLoader, LoaderSpec, WorkerSettings, get_backend
 from fastdata.read.carve import Carve, carve_fingerprint, check_fraction
 from fastdata.read.mix import epoch_mix, epoch_size, load_mix, mix_roots
@@ -181,6 +181,16 @@ class ShardDataModule(pl.LightningDataModule):
         self.manifest = self._load_manifest()
         self.split_names = resolve_splits(self.manifest, self.split_names, self.val)
         self._carve_seed = self.manifest.seed
+        own_val = [name for name in VAL_SPLITS if name in self.manifest.splits]
+        if isinstance(self.val, float) and own_val:
+            log.warning(
+                "%s has a %r split, but val=%r validates on a carve of the training split "
+                "instead (pass val=%r to use it)",
+                self.root,
+                own_val[0],
+                self.val,
+                own_val[0],
+            )
         train = self.manifest.split(
             self.split_names.get("train") or next(iter(self.manifest.splits))
         )

@@ -110,6 +110,15 @@ def test_dali_backend_honours_the_carve(tiny_shards):
     assert not set(train) & set(val)
 
 
+def test_val_fraction_over_a_dataset_with_a_val_split_says_which_it_uses(tmp_path, caplog):
+    options = ShardOptions(max_count=64, workers=1, progress=False, val_fraction=0.2)
+    root = tmp_path / "with-val"
+    write_shards(unique_label_source(), root, options)
+    with caplog.at_level("WARNING", logger="fastdata"):
+        val = _labels(_module(root, val=0.1), "val")
+    assert "has a 'val' split, but val=0.1" in caplog.text and len(val) == 24  # 10 % of 240
+
+
 def test_val_accepts_a_split_name_and_refuses_what_it_cannot_do(tiny_shards):
     dm = _module(tiny_shards, val="test")
     assert len(_labels(dm, "val")) == 50
