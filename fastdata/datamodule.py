@@ -159,7 +159,7 @@ class ShardDataModule(pl.LightningDataModule):
                 f"val={val!r} cannot carve a mix of datasets; shard each with "
                 "`fastdata shard ... --val-fraction F`, or pass val= a split name"
             )
-        self.decoded_cache_dir = decoded_cache_dir
+        self.decoded_cache_dir = None if decoded_cache_dir is None else os.fspath(decoded_cache_dir)
         self._carve_seed: int | None = None  # the manifest's shard seed, once loaded
         self.manifest: Manifest | None = None
         self.transforms: Preset | None = None  # resolved in setup
@@ -277,9 +277,7 @@ class ShardDataModule(pl.LightningDataModule):
             cache=self._shard_cache(),
             mix=epoch_mix(self.manifest, split) if train else None,
             carve=self._carve(role),
-            decoded_cache_dir=None
-            if self.decoded_cache_dir is None
-            else os.fspath(self.decoded_cache_dir),
+            decoded_cache_dir=self.decoded_cache_dir,
         )
         return self._size_workers(spec)
 
