@@ -75,6 +75,14 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:
         "--strict", action="store_true", help="stop at the first bad image instead of skipping it"
     )
     p.add_argument("--overwrite", action="store_true", help="replace a different dataset in OUT")
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=None,
+        metavar="F",
+        help="carve this share of the training split into a 'val' split (seeded by --seed), "
+        "for sources without one (cifar10/100, a folder without val/, a list file)",
+    )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
         "--part",
@@ -125,6 +133,7 @@ def _shard(args: argparse.Namespace) -> int:
         strict=args.strict,
         overwrite=args.overwrite,
         progress=not args.no_progress,
+        val_fraction=args.val_fraction,
     )
     if args.part is not None:
         return _shard_part(args, source, options)
@@ -166,7 +175,7 @@ def _part_command(args: argparse.Namespace) -> str:
     """The command line that runs any part of this sharding, with "{part}" for I/N."""
     words = ["fastdata", "shard", args.source, *([args.input] if args.input else []), args.out]
     defaults = {"seed": 0, "max_count": 10_000, "max_size": None, "encoding": "auto"}
-    defaults |= {"resize": None, "quality": 90, "workers": None}
+    defaults |= {"resize": None, "quality": 90, "workers": None, "val_fraction": None}
     for name, default in defaults.items():
         if getattr(args, name) != default:
             words += ["--" + name.replace("_", "-"), str(getattr(args, name))]

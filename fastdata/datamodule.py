@@ -27,8 +27,9 @@ from fastdata._threads import one_thread_on_cpu
 from fastdata.augment import Preset
 from fastdata.augment.resolve import TransformSpec, resolve_transforms
 from fastdata.epoch_loader import EpochLoader, EpochPosition
-from fastdata.manifest import Manifest, load_manifest, resolve_splits
+from fastdata.manifest import VAL_SPLITS, Manifest, load_manifest, resolve_splits
 from fastdata.read import BatchLoader, LoaderSpec, WorkerSettings, get_backend
+from fastdata.read.carve import Carve, carve_fingerprint, check_fraction
 from fastdata.read.mix import epoch_mix, epoch_size, load_mix, mix_roots
 from fastdata.resume import ResumeState, dataset_fingerprint, mix_description
 from fastdata.runtime import (
@@ -37,6 +38,7 @@ from fastdata.runtime import (
     rank_and_world,
     size_workers,
     training_device,
+    warn_unit_scale,
 )
 
 __all__ = ["ShardDataModule"]
@@ -78,6 +80,11 @@ class ShardDataModule(pl.LightningDataModule):
         on_error: "raise" at a corrupt sample, or "skip" it (counted, logged with its key).
         drop_last: drop each epoch's last short training step (all ranks alike).
         splits: override split names, e.g. {"train": "train", "val": "validation", "test": "test"}.
+        val: the validation data when the dataset has no val split: a split name ("test"), or a
+            fraction of the training split carved out (e.g. 0.1; `fastdata.read.carve`: seeded
+            by the manifest's shard seed, the same rows on every rank, world size and run, and
+            never trained on by any backend). None: the "val"/"validation" split if there is
+            one, else no validation (with a warning).
         rank: this process's global rank; None: the Trainer's, else torch.distributed's, else 0.
         world_size: ranks; None: the Trainer's, else torch.distributed's, else 1.
         decode_threads: threads decoding a batch's photos in each worker (cpu backend), or
@@ -92,6 +99,13 @@ class ShardDataModule(pl.LightningDataModule):
         loader_timeout: seconds to wait for a worker's batch before raising (0: forever).
         mp_context: worker start method ("fork", "spawn", "forkserver"); None: "spawn" once
             CUDA is initialized, else the platform default.
+        decoded_cache_dir: where the memory backend caches decoded splits (None:
+            $FASTDATA_CACHE_DIR, else ~/.cache/fastdata/decoded; never the shard folder unless
+            passed here).
+
+    Raises:
+        ValueError: a `val` that is neither a split name nor a fraction in (0, 1), or a
+            fraction with a mix (carve each dataset with `fastdata shard --val-fraction`).
     """
 
     def __init__(
@@ -120,6 +134,8 @@ class ShardDataModule(pl.LightningDataModule):
         epoch_samples: int | None = None,
         loader_timeout: float = 0.0,
         mp_context: str | None = None,
+        val: str | float | None = None,
+        decoded_cache_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         super().__init__()
         self.loader_timeout, self.mp_context = loader_timeout, mp_context
@@ -137,6 +153,14 @@ class ShardDataModule(pl.LightningDataModule):
         self.mean, self.std = mean, std
         self.split_names = dict(splits or {})
         self.cache_dir, self.cache_limit = cache_dir, cache_limit
+        self.val = val if val is None or isinstance(val, str) else check_fraction(val)
+        if self.mixed and isinstance(self.val, float):
+            raise ValueError(
+                f"val={val!r} cannot carve a mix of datasets; shard each with "
+                "`fastdata shard ... --val-fraction F`, or pass val= a split name"
+            )
+        self.decoded_cache_dir = None if decoded_cache_dir is None else os.fspath(decoded_cache_dir)
+        self._carve_seed: int | None = None  # the manifest's shard seed, once loaded
         self.manifest: Manifest | None = None
         self.transforms: Preset | None = None  # resolved in setup
         self.backend_name: str | None = None
@@ -155,7 +179,18 @@ class ShardDataModule(pl.LightningDataModule):
         if self.manifest is not None:
             return
         self.manifest = self._load_manifest()
-        self.split_names = resolve_splits(self.manifest, self.split_names)
+        self.split_names = resolve_splits(self.manifest, self.split_names, self.val)
+        self._carve_seed = self.manifest.seed
+        own_val = [name for name in VAL_SPLITS if name in self.manifest.splits]
+        if isinstance(self.val, float) and own_val:
+            log.warning(
+                "%s has a %r split, but val=%r validates on a carve of the training split "
+                "instead (pass val=%r to use it)",
+                self.root,
+                own_val[0],
+                self.val,
+                own_val[0],
+            )
         train = self.manifest.split(
             self.split_names.get("train") or next(iter(self.manifest.splits))
         )
@@ -167,6 +202,7 @@ class ShardDataModule(pl.LightningDataModule):
         # A Preset object carries the statistics its author chose; names and callables get the
         # dataset's own (measured by `fastdata shard`), where the manifest has them.
         own = isinstance(chosen, Preset)
+        warn_unit_scale(self.mean, self.std)
         mean = self.mean if self.mean is not None or own else train.pixel_mean
         std = self.std if self.std is not None or own else train.pixel_std
         self.transforms = resolve_transforms(
@@ -197,9 +233,11 @@ class ShardDataModule(pl.LightningDataModule):
         self.setup()
         if "val" not in self.split_names:
             log.warning(
-                "%s has no validation split (splits: %s): validation is skipped. Pass "
-                "splits={'val': 'test'} to validate on the test split, or write one with "
-                "`fastdata shard` from a source that has it.",
+                "%s has no validation split (splits: %s): validation is skipped, so a "
+                "monitored 'val/...' metric never exists. Pass val=0.1 to carve a tenth of the "
+                "training split out for validation, val='test' (or splits={'val': 'test'}) to "
+                "validate on the test split, "
+                "or write one with `fastdata shard ... --val-fraction 0.1`.",
                 self.root,
                 sorted(self.manifest.splits),
             )
@@ -238,6 +276,8 @@ class ShardDataModule(pl.LightningDataModule):
             drop_last=self.drop_last and train,
             cache=self._shard_cache(),
             mix=epoch_mix(self.manifest, split) if train else None,
+            carve=self._carve(role),
+            decoded_cache_dir=self.decoded_cache_dir,
         )
         return self._size_workers(spec)
 
@@ -330,8 +370,8 @@ class ShardDataModule(pl.LightningDataModule):
             seed=self.seed,
             world_size=world,
             batch_size=self.batch_size,
-            num_samples=epoch_size(self.manifest, split),
-            dataset=dataset_fingerprint(self.manifest, split),
+            num_samples=self._epoch_size(self.manifest, split),
+            dataset=carve_fingerprint(dataset_fingerprint(self.manifest, split), self._carve()),
             mix=mix_description(self.manifest, split),
         )
         return state.to_dict()
@@ -352,12 +392,30 @@ class ShardDataModule(pl.LightningDataModule):
         split = self.split_names.get("train", "train")
         if split not in manifest.splits:
             return  # checked again in setup, once the split names are resolved
+        carve = self._carve(seed=manifest.seed)
         state.check(
             self.seed,
-            epoch_size(manifest, split),
-            dataset_fingerprint(manifest, split),
+            self._epoch_size(manifest, split, carve),
+            carve_fingerprint(dataset_fingerprint(manifest, split), carve),
             mix_description(manifest, split),
         )
+
+    # ------------------------------------------------------------------ val carve
+
+    def _carve(self, role: str = "train", seed: int | None = None) -> Carve | None:
+        """The side of the `val=` carve that `role` reads (None: no carve, or another role)."""
+        if not isinstance(self.val, float) or role not in ("train", "val"):
+            return None
+        seed = self._carve_seed if seed is None else seed
+        assert seed is not None, "the carve seed comes from the manifest (setup)"
+        return Carve(self.val, seed, "val" if role == "val" else "train")
+
+    def _epoch_size(self, manifest: Manifest, split: str, carve: Carve | None = None) -> int:
+        """Samples in a training epoch, after the carve."""
+        carve = carve or self._carve()
+        if carve is None:
+            return epoch_size(manifest, split)
+        return carve.count(manifest.split(split).num_samples)
 
     # ------------------------------------------------------------------ helpers
 

@@ -263,20 +263,45 @@ def load_manifest(
     return Manifest.from_dict(data, root=text_root)
 
 
-def resolve_splits(manifest: Manifest, given: Mapping[str, str] | None = None) -> dict[str, str]:
+def resolve_splits(
+    manifest: Manifest, given: Mapping[str, str] | None = None, val: str | float | None = None
+) -> dict[str, str]:
     """Split role ("train", "val", "test") -> split name in `manifest`.
 
     Roles not in `given` get the split of their own name ("val": the first of `VAL_SPLITS`)
     when the manifest has one; a role it lacks is left out (never another role's split).
 
+    Args:
+        manifest: the dataset.
+        given: roles named by the user (`ShardDataModule(splits=...)`).
+        val: a split name for the "val" role (e.g. "test"), or a fraction carved from the
+            training split (`fastdata.read.carve`): the "val" role then names the training split
+            itself, and the caller reads each role's side of the carve. None: as above.
+
     Raises:
-        ValueError: a split named in `given` is not in the manifest (names the root and lists
-            the splits there are).
+        ValueError: a split named in `given` or `val` is not in the manifest (names the root and
+            lists the splits there are); `val` contradicts `given["val"]`; a fraction `val` with
+            no training split.
     """
     names = dict(given or {})
     available = manifest.splits
     if "train" not in names and "train" in available:
         names["train"] = "train"
+    if val is not None:
+        if isinstance(val, str):
+            wanted = val
+        elif "train" not in names:
+            raise ValueError(
+                f"val={val!r} carves from the training split, but {manifest.root} has none "
+                f"(splits: {sorted(available)}); pass splits={{'train': NAME}}"
+            )
+        else:
+            wanted = names["train"]
+        if names.get("val", wanted) != wanted:
+            raise ValueError(
+                f"val={val!r} and splits={{'val': {names['val']!r}}} disagree: pass only one"
+            )
+        names["val"] = wanted
     if "val" not in names:
         found = next((s for s in VAL_SPLITS if s in available), None)
         if found:

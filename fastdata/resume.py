@@ -134,9 +134,9 @@ class ResumeState:
             )
         if self.dataset != dataset or self.num_samples != num_samples:
             raise ResumeError(
-                f"the checkpoint's data position belongs to another dataset (fingerprint "
-                f"{self.dataset}, {self.num_samples} samples; this one: {dataset}, {num_samples}): "
-                "resume with the shard folder it was trained on"
+                f"the checkpoint's data position belongs to another dataset or val= carve "
+                f"(fingerprint {self.dataset}, {self.num_samples} samples; this one: {dataset}, "
+                f"{num_samples}): resume with the shard folder and the val= it was trained with"
             )
         if self.seed != seed:
             raise ResumeError(

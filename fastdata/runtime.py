@@ -6,6 +6,8 @@ Each reads the Trainer when there is one (None without: Fabric, custom loops, be
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Literal, Protocol
 
@@ -16,7 +18,16 @@ from fastdata.augment import Preset
 from fastdata.manifest import Manifest
 from fastdata.read import LoaderSpec, WorkerSettings, get_backend
 
-__all__ = ["check_options", "pick_backend", "rank_and_world", "size_workers", "training_device"]
+log = logging.getLogger("fastdata")
+
+__all__ = [
+    "check_options",
+    "pick_backend",
+    "rank_and_world",
+    "size_workers",
+    "training_device",
+    "warn_unit_scale",
+]
 
 
 class DataModuleOptions(Protocol):
@@ -142,3 +153,27 @@ def size_workers(
         )
     settings = replace(settings, num_workers=int(workers), prefetch_factor=max(1, int(prefetch)))
     return replace(spec, workers=settings)
+
+
+def warn_unit_scale(mean: Sequence[float] | None, std: Sequence[float] | None) -> bool:
+    """Warn (and return True) when the given statistics look like the 0..1 scale.
+
+    fastdata normalizes uint8 pixels, so `mean`/`std` are on the 0..255 scale; torchvision's
+    ImageNet numbers (0.485, ..., 0.229, ...) would give inputs up to ~1100. Looks like 0..1: every
+    given value is at most 1 (std > 0). The warning names the values and their x255 equivalents.
+    """
+    given = {name: list(v) for name, v in (("mean", mean), ("std", std)) if v is not None}
+    if not given or not all(v and all(abs(x) <= 1 for x in v) for v in given.values()):
+        return False
+    if "std" in given and min(given["std"]) <= 0:
+        return False
+    shown = ", ".join(f"{name}={v}" for name, v in given.items())
+    scaled = ", ".join(f"{name}={[round(x * 255, 3) for x in v]}" for name, v in given.items())
+    log.warning(
+        "%s look like statistics on the 0..1 scale, but fastdata normalizes uint8 pixels on the "
+        "0..255 scale (inputs would be ~255 times too large): pass %s (the values x255), or "
+        "leave them None for the dataset's own",
+        shown,
+        scaled,
+    )
+    return True

@@ -14,6 +14,12 @@ from fastdata.sources.arrays import ArraySource
 from fastdata.write import ShardOptions, write_shards
 
 
+@pytest.fixture(autouse=True)
+def _decoded_cache_in_tmp(tmp_path_factory: pytest.TempPathFactory, monkeypatch) -> None:
+    """Every test's decoded cache (memory backend) goes to a temp folder, never ~/.cache."""
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path_factory.mktemp("fastdata-cache")))
+
+
 def unique_label_source(n_train: int = 300, n_test: int = 50, side: int = 8) -> ArraySource:
     """Every sample is its own class (label == sample id), so a label multiset names samples."""
     rng = np.random.default_rng(0)

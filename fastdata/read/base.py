@@ -14,6 +14,7 @@ import torch
 
 from fastdata.augment import Preset, get_preset
 from fastdata.manifest import Manifest
+from fastdata.read.carve import Carve
 from fastdata.read.plan import EpochMix, EpochPlan, PlanConfig, plan_epoch
 
 __all__ = ["BatchLoader", "LoaderSpec", "WorkerSettings"]
@@ -91,6 +92,10 @@ class LoaderSpec:
             default cache for a remote manifest).
         mix: for the training split of a mix of datasets (`fastdata.read.mix`), the rows each
             epoch draws from each dataset (plan rule 0); None: every row once per epoch.
+        carve: read one side of a val split carved from `split` (`fastdata.read.carve`): the
+            training rows or the carved val rows; None: every row.
+        decoded_cache_dir: where the memory backend caches decoded splits
+            (`fastdata.read.decoded_cache.resolve_cache_dir`); None: its default.
     """
 
     manifest: Manifest
@@ -111,6 +116,8 @@ class LoaderSpec:
     workers: WorkerSettings = field(default_factory=WorkerSettings)
     cache: Any = None
     mix: EpochMix | None = None
+    carve: Carve | None = None
+    decoded_cache_dir: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.preset, str):
@@ -126,9 +133,11 @@ class LoaderSpec:
 
     @property
     def epoch_samples(self) -> int:
-        """Samples in one epoch of the split (a training mix: its draws; else the split's size)."""
+        """Samples in one epoch: a training mix's draws, a carve's side, else the split's size."""
         if self.mix is not None and self.train:
             return sum(self.mix.samples)
+        if self.carve is not None:
+            return self.carve.count(sum(self.shard_sizes))
         return sum(self.shard_sizes)
 
     @property
@@ -164,5 +173,6 @@ class LoaderSpec:
             shuffle=self.train,
             drop_last=self.drop_last and self.train,
             mix=self.mix if self.train else None,
+            carve=self.carve,
         )
         return plan_epoch(self.shard_sizes, config, epoch, consumed, steps_before)

@@ -15,10 +15,11 @@ Cache: the decoded split is written once to `<cache dir>/<split>-<key>.npy` (ima
 `.meta.npy` (int64 label, sample_id, ok per row) and `.json` (header, written last: its presence
 marks a complete entry). Every file is written under a temporary name and renamed. The key hashes the
 split's shard sha256s, the stored size and the format versions, so a rewritten shard folder or a
-different size never hits a stale entry. Cache dir: the `cache_dir` argument, else
-$FASTDATA_CACHE_DIR, else `<manifest root>/.fastdata-decoded/` (falling back to
-`~/.cache/fastdata` when that is not writable). Ranks that decode the same split at once each write
-their own temporary files; the renames are atomic and the contents identical.
+different size never hits a stale entry. Cache dir (`resolve_cache_dir`): the `cache_dir` argument
+(`ShardDataModule(decoded_cache_dir=...)`), else $FASTDATA_CACHE_DIR, else
+`$XDG_CACHE_HOME/fastdata/decoded` (`~/.cache/fastdata/decoded`): never the dataset's own folder
+unless asked, since shard folders are often read-only or shared. Ranks that decode the same split
+at once each write their own temporary files; the renames are atomic and the contents identical.
 
 Decoding runs in threads that write their rows straight into the memory-mapped cache file. A raw
 shard is read whole: its index parsed in one pass, every sample's pixels and label gathered by
@@ -66,7 +67,7 @@ __all__ = [
 CACHE_DIR_ENV = "FASTDATA_CACHE_DIR"
 # Bump when the cache layout or the decode geometry changes: old entries then miss.
 _CACHE_LAYOUT = 1
-_CACHE_FOLDER = ".fastdata-decoded"
+_CACHE_FOLDER = "decoded"  # under $XDG_CACHE_HOME/fastdata
 _NO_DRAWS = np.random.default_rng(0)  # the "cover" geometry draws nothing
 _CHUNK = 64  # encoded samples per decode job
 # Splits from this many samples get a progress bar (`decode_split`): a raw sample costs ~1 us
@@ -91,26 +92,36 @@ def decoded_nbytes(info: SplitInfo, image_size: ImageSize) -> int:
 
 
 def resolve_cache_dir(manifest: Manifest, cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The cache folder: `cache_dir`, else $FASTDATA_CACHE_DIR, else `<root>/.fastdata-decoded/`."""
+    """The decoded-split cache folder, created if missing.
+
+    `cache_dir`, else $FASTDATA_CACHE_DIR, else `$XDG_CACHE_HOME/fastdata/decoded` (default
+    `~/.cache/fastdata/decoded`). The shard folder (`manifest.root`) is never written to unless
+    it is passed as `cache_dir`: it may be read-only or shared. Entries are keyed by the shards'
+    sha256 (`cache_key`), so one cache folder serves any number of datasets.
+
+    Raises:
+        OSError: the folder cannot be created or written (names it and what to set instead).
+    """
     chosen = cache_dir or os.environ.get(CACHE_DIR_ENV)
     if chosen:
-        path = Path(chosen)
+        path = Path(chosen).expanduser()
+        how = "the decoded_cache_dir argument" if cache_dir else f"${CACHE_DIR_ENV}"
+    else:
+        home = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        path = Path(home) / "fastdata" / _CACHE_FOLDER
+        how = "the default"
+    try:
         path.mkdir(parents=True, exist_ok=True)
-        return path
-    if "://" not in manifest.root:
-        path = Path(manifest.root) / _CACHE_FOLDER
-        try:
-            path.mkdir(exist_ok=True)
-            if os.access(path, os.W_OK):
-                return path
-        except OSError:
-            pass
-    # Remote or read-only shard folders (a shared dataset): cache per user instead.
-    path = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "fastdata"
-    _log.info(
-        "cache dir: %s is not writable, using %s (set $%s)", manifest.root, path, CACHE_DIR_ENV
-    )
-    path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OSError(
+            f"cannot create the decoded cache folder {path} ({how}) for {manifest.root}: {exc}; "
+            f"set ${CACHE_DIR_ENV} or pass decoded_cache_dir= a writable folder"
+        ) from exc
+    if not os.access(path, os.W_OK):
+        raise OSError(
+            f"the decoded cache folder {path} ({how}) for {manifest.root} is not writable; "
+            f"set ${CACHE_DIR_ENV} or pass decoded_cache_dir= a writable folder"
+        )
     return path
 
 

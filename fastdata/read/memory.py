@@ -267,6 +267,7 @@ def make_memory_loader(spec: LoaderSpec) -> BatchLoader:
             spec.manifest,
             spec.split,
             spec.image_size,
+            cache_dir=spec.decoded_cache_dir,
             on_error=spec.on_error,
             progress=None if local_rank(spec.rank) == 0 else False,
         )

@@ -23,6 +23,9 @@ The rules:
    shard permuted, both drawn from (seed, epoch). Shards were pre-shuffled at write time, so this
    gives a fresh order every epoch while a batch stays within one or two shards (local reads).
    Evaluation: row order (a mix's evaluation too: every row once).
+   Carve (`PlanConfig.carve`, `fastdata.read.carve`): the order keeps only the rows of the
+   carve's side (training: the rows not carved; val: the carved ones), in the same order; the
+   carved rows are a pure function of the carve's seed, so rules 2-6 apply unchanged.
 2. Consumption. The epoch is consumed from the front of its order, one *step* at a time: a step
    takes the next ``world_size * batch_size`` samples, rank r the r-th block of ``batch_size``.
    After k steps the first ``k * world_size * batch_size`` samples are consumed, whatever ranks
@@ -50,6 +53,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
+from fastdata.read.carve import Carve
 
 __all__ = [
     "PAD_LABEL",
@@ -219,9 +224,10 @@ class PlanConfig:
         drop_last: drop a short last step (rule 4).
         mix: the datasets of a training mix and the rows each epoch takes from each (rule 0);
             None: every row once.
+        carve: keep only one side of a carved val split (rule 1); None: every row.
 
     Raises:
-        ValueError: a batch size below 1, or a rank outside [0, world_size).
+        ValueError: a batch size below 1, a rank outside [0, world_size), or a carve with a mix.
     """
 
     seed: int
@@ -231,8 +237,11 @@ class PlanConfig:
     shuffle: bool
     drop_last: bool = False
     mix: EpochMix | None = None
+    carve: Carve | None = None
 
     def __post_init__(self) -> None:
+        if self.mix is not None and self.carve is not None:
+            raise ValueError("a carved val split and a mix cannot be combined")
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
@@ -266,6 +275,8 @@ def plan_epoch(
         order = mixed_order(shard_sizes, mix, seed, epoch)
     else:
         order = epoch_order(shard_sizes, seed, epoch, shuffle)
+    if config.carve is not None:
+        order = config.carve.select(order, int(sum(shard_sizes)))
     total = len(order)
     if not 0 <= consumed <= total:
         raise ValueError(f"consumed must be in [0, {total}] (samples in the epoch), got {consumed}")

@@ -34,6 +34,7 @@ from typing import Any
 
 from fastdata.manifest import MANIFEST_NAME, Manifest, load_manifest
 from fastdata.sources.base import Source
+from fastdata.write.carve import carve_source
 from fastdata.write.results import build_manifest, is_done, load_result, report_skipped
 from fastdata.write.writer import (
     WORK_DIR,
@@ -122,6 +123,7 @@ def write_part(
             "--overwrite cannot be used with --part: parts run at the same time would remove "
             "each other's shards; empty the output folder once before starting the parts"
         )
+    source = carve_source(source, options.val_fraction, options.seed)
     out_dir = Path(out)
     identity = dataset_identity(source, options)
     if _prepare_shared_out(out_dir, identity):

@@ -27,6 +27,7 @@ from tqdm import tqdm
 from fastdata import schema
 from fastdata.manifest import MANIFEST_NAME, Manifest, load_manifest
 from fastdata.sources.base import Source, SourceItem
+from fastdata.write.carve import carve_source
 from fastdata.write.encode import BadSampleError, encode_item, resolve_encoding
 from fastdata.write.results import (
     ShardResult,
@@ -65,6 +66,8 @@ class ShardOptions:
         strict: stop at the first bad sample instead of skipping and reporting it.
         overwrite: replace shards of a different dataset found in the output folder.
         progress: show a progress bar.
+        val_fraction: carve this share of the training split into a "val" split
+            (`fastdata.write.carve`, seeded with `seed`), for a source without one; None: no.
     """
 
     seed: int = 0
@@ -77,11 +80,15 @@ class ShardOptions:
     strict: bool = False
     overwrite: bool = False
     progress: bool = True
+    val_fraction: float | None = None
 
     def signature(self) -> dict[str, Any]:
         """The options that change the bytes written (not workers, strict, progress)."""
         keys = ("seed", "max_count", "max_size", "encoding", "resize", "quality")
-        return {k: getattr(self, k) for k in keys}
+        signature = {k: getattr(self, k) for k in keys}
+        if self.val_fraction is not None:  # absent otherwise: older folders keep their identity
+            signature["val_fraction"] = self.val_fraction
+        return signature
 
 
 @dataclass(frozen=True)
@@ -101,8 +108,9 @@ def write_shards(
     Raises:
         ShardingError: `out` holds a different dataset (pass `overwrite=True`), or a bad sample was
             met under `strict=True`. Finished shards stay for a resume; nothing partial remains.
-        ValueError: an encoding that does not fit the source.
+        ValueError: an encoding that does not fit the source, or a `val_fraction` it cannot take.
     """
+    source = carve_source(source, options.val_fraction, options.seed)
     out_dir = Path(out)
     identity = dataset_identity(source, options)
     existing = _prepare_out(out_dir, identity, options.overwrite)
