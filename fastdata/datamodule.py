@@ -299,7 +299,13 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
     def on_after_batch_transfer(
         self, batch: Any, dataloader_idx: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the transforms the loader left (training: seeded from the plan) on the device."""
+        """Run the transforms the loader left (training: seeded from the plan) on the device.
+
+        Anything but an (images, labels) pair passes unchanged: Lightning also sends the model's
+        `example_input_array` through this hook (for the model summary).
+        """
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            return batch
         x, y = batch
         train = self._is_training()
         seed = self._position.next_batch_seed() if train else self.seed

@@ -100,3 +100,20 @@ def test_without_pytorch_lightning_it_is_a_lightning_pytorch_datamodule(tiny_sha
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=300
     )
     assert result.returncode == 0 and result.stdout.strip().endswith("OK"), result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_a_model_with_example_input_array_gets_its_summary(tiny_shards, package):
+    """Lightning sends `example_input_array` through the DataModule's transfer hooks."""
+    pkg = lightning_package(package)
+
+    class WithExample(small_cnn(pkg)):
+        def __init__(self) -> None:
+            super().__init__()
+            self.example_input_array = torch.zeros(2, *ShardDataModule(tiny_shards).image_shape)
+
+    quiet = QUIET | {"enable_model_summary": True}
+    model = WithExample()
+    trainer = pkg.Trainer(max_steps=2, limit_val_batches=0, **quiet)
+    trainer.fit(model, datamodule=_dm(tiny_shards))
+    assert len(model.seen) == 2 and model.shapes == {(3, 8, 8)}
