@@ -26,6 +26,8 @@ from fastdata._pool import TensorPool
 from fastdata._threads import one_thread_on_cpu
 from fastdata.augment import Preset
 from fastdata.augment.resolve import TransformSpec, resolve_transforms
+from fastdata.compat import DATAMODULE_BASES
+from fastdata.dataset_info import DatasetInfo
 from fastdata.epoch_loader import EpochLoader, EpochPosition
 from fastdata.manifest import VAL_SPLITS, Manifest, load_manifest, resolve_splits
 from fastdata.read import BatchLoader, LoaderSpec, WorkerSettings, get_backend
@@ -49,8 +51,13 @@ DEFAULT_PHOTO_SIZE = 224
 SMALL_IMAGE_SIDE = 64  # raw data at most this size gets the "cifar" preset by default
 
 
-class ShardDataModule(pl.LightningDataModule):
+class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
     """A LightningDataModule over a shard folder written by `fastdata shard`.
+
+    It is a `lightning.pytorch` and, where that package is installed, a `pytorch_lightning`
+    DataModule (`fastdata.compat`): either package's Trainer, Tuner and LightningCLI take it.
+    `num_classes`, `classes` and `image_shape` (`fastdata.dataset_info`) read the manifest,
+    before `setup()` too.
 
     Keyword arguments rather than a config object (against the ~8-parameter rule of thumb): this
     is the one public constructor users type, and Lightning's CLI and `save_hyperparameters` read
@@ -212,7 +219,7 @@ class ShardDataModule(pl.LightningDataModule):
         if self._position.resume is not None:
             self._check_resume(self._position.resume)
 
-    def _load_manifest(self) -> Manifest:
+    def _read_manifest(self) -> Manifest:
         if self.mixed:
             return load_mix(self.roots, self.weights, self.epoch_samples)
         return load_manifest(self.root)
@@ -332,7 +339,13 @@ class ShardDataModule(pl.LightningDataModule):
     def on_after_batch_transfer(
         self, batch: Any, dataloader_idx: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the transforms the loader left (training: seeded from the plan) on the device."""
+        """Run the transforms the loader left (training: seeded from the plan) on the device.
+
+        Anything but an (images, labels) pair passes unchanged: Lightning also sends the model's
+        `example_input_array` through this hook (for the model summary).
+        """
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            return batch
         x, y = batch
         train = self._is_training()
         seed = self._position.next_batch_seed() if train else self.seed
@@ -437,6 +450,8 @@ class ShardDataModule(pl.LightningDataModule):
             return 0, 0, 0
         trainer = self._trainer_or_none()
         epoch = trainer.current_epoch if trainer is not None else None
+        if trainer is not None and trainer.overfit_batches > 0:
+            epoch = 0  # overfit_batches: the first epoch's batches (and augmentation) every epoch
         return self._position.start(loader.spec, epoch)
 
     def _pending_len(self, spec: LoaderSpec) -> int | None:

@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any, Protocol
 
 import torch
+from torch.utils.data import DataLoader
 
 from fastdata.read import BatchLoader, LoaderSpec
 from fastdata.read.plan import EpochPlan, batch_seed
@@ -162,6 +163,16 @@ class EpochLoader:
             workers = replace(workers, prefetch_factor=prefetch_factor)
         self.spec = replace(self.spec, workers=workers)
         self._stale = True
+
+    def as_dataloader(self) -> DataLoader:
+        """This loader as a `torch.utils.data.DataLoader`, for Fabric's `setup_dataloaders`.
+
+        Fabric accepts only DataLoader instances; the Trainer takes this loader itself. Each
+        iteration of the result is one epoch of this loader (`fastdata.compat.FabricLoader`).
+        """
+        from fastdata.compat import FabricLoader
+
+        return FabricLoader(self)
 
     def __getattr__(self, name: str) -> Any:  # the backend's extras (skipped, ...)
         # Not `dataset`: Lightning would then warn that an IterableDataset's length may be
