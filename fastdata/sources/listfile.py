@@ -183,7 +183,8 @@ def _split_of(list_path: Path, line: int, split: str | None) -> str | None:
 
 def _parse_csv(list_path: Path, text: str) -> list[_Row]:
     """Rows of a CSV list with a header naming at least `path` and `label`."""
-    reader = csv.DictReader(io.StringIO(text, newline=""))
+    lines = _Counted(io.StringIO(text, newline=""))
+    reader = csv.DictReader(lines)
     rows = []
     try:
         header = reader.fieldnames or []
@@ -199,8 +200,24 @@ def _parse_csv(list_path: Path, text: str) -> list[_Row]:
             split = _split_of(list_path, line, (record.get("split") or "").strip())
             rows.append(_Row(line, path, label, split))
     except csv.Error as exc:  # e.g. "field larger than field limit", "new-line in unquoted field"
-        raise _bad(list_path, max(reader.line_num, 1), f"not valid CSV ({exc})") from None
+        raise _bad(list_path, max(lines.count, 1), f"not valid CSV ({exc})") from None
     return rows
+
+
+class _Counted:
+    """Lines of a text, counting those handed out (the CSV reader's current line on an error)."""
+
+    def __init__(self, lines: io.StringIO) -> None:
+        self._lines = lines
+        self.count = 0
+
+    def __iter__(self) -> _Counted:
+        return self
+
+    def __next__(self) -> str:
+        line = next(self._lines)
+        self.count += 1
+        return line
 
 
 def _parse_jsonl(list_path: Path, text: str) -> list[_Row]:
