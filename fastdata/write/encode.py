@@ -26,6 +26,8 @@ here, not in the middle of a training run.
 from __future__ import annotations
 
 import io
+import os
+import stat
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,6 +49,9 @@ __all__ = [
 #: 64 megapixels (8000 x 8000) decode to ~190 MB of RGB; a 10000 x 10000 PNG took 1.1 GB of a
 #: writer's memory. Photos of current phones and cameras are 12-50 megapixels.
 DEFAULT_MAX_PIXELS = 64_000_000
+# A file larger than this many bytes per allowed pixel is refused unread (uncompressed 16-bit RGBA
+# TIFF is 8 bytes a pixel).
+_MAX_BYTES_PER_PIXEL = 8
 
 ENCODINGS = ("auto", "raw", "png", "jpeg", "keep")
 # Containers whose bytes "keep" stores as they are (MPO: a phone's JPEG with a second picture
@@ -122,10 +127,7 @@ def encode_item(
         return _encode_pixels(item.pixels, encoding, resize, quality)
     if item.path is None:
         raise BadSampleError(item.origin, "source item has neither pixels nor a path")
-    try:
-        data = item.path.read_bytes()
-    except OSError as exc:
-        raise BadSampleError(item.origin, f"cannot read file ({exc.strerror or exc})") from exc
+    data = _read_image_file(item, max_pixels)
     try:
         _check_size(data, max_pixels)
         opened = open_image(data)
@@ -142,6 +144,32 @@ def encode_item(
     return EncodedSample(
         "png", _save(rgb, "PNG", compress_level=PNG_COMPRESS_LEVEL), rgb.height, rgb.width
     )
+
+
+def _read_image_file(item: SourceItem, max_pixels: int | None) -> bytes:
+    """The bytes of the item's file: a regular file (a FIFO would block, /dev/zero never end),
+    no larger than any image of `max_pixels` pixels could reasonably be."""
+    assert item.path is not None
+    try:
+        # O_NONBLOCK: opening a FIFO does not wait for a writer (no effect on regular files).
+        fd = os.open(item.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise BadSampleError(item.origin, "not a regular file (a folder, device or FIFO)")
+            if max_pixels is not None and st.st_size > _MAX_BYTES_PER_PIXEL * max_pixels:
+                raise BadSampleError(
+                    item.origin,
+                    f"file is {st.st_size:,} bytes, more than an image of max_pixels="
+                    f"{max_pixels:,} takes (raise --max-pixels if it is trusted)",
+                )
+            return f.read()
+    except BadSampleError:
+        raise
+    except OSError as exc:
+        raise BadSampleError(item.origin, f"cannot read file ({exc.strerror or exc})") from exc
+    except ValueError as exc:  # a NUL in the path
+        raise BadSampleError(item.origin, f"not a file name ({exc})") from exc
 
 
 def _check_size(data: bytes, max_pixels: int | None) -> None:
