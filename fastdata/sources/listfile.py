@@ -237,12 +237,10 @@ def _parse_jsonl(list_path: Path, text: str) -> list[_Row]:
         if not isinstance(record, dict):
             raise _bad(list_path, line, f"expected an object, got {type(record).__name__}")
         path, label, split = record.get("path"), record.get("label"), record.get("split")
-        if not isinstance(path, str) or not path.strip() or "\x00" in path:
-            raise _bad(
-                list_path,
-                line,
-                f"'path' must be a non-empty file name (no NUL), got {_short(path)}",
-            )
+        if not isinstance(path, str) or not path.strip():
+            raise _bad(list_path, line, f"'path' must be a non-empty string, got {_short(path)}")
+        if "\x00" in path:
+            raise _bad(list_path, line, f"'path' contains a NUL character: {_short(path)}")
         # bool is an int subclass: true/false are not labels.
         if isinstance(label, bool) or not isinstance(label, (int, str)) or label == "":
             raise _bad(
