@@ -133,3 +133,15 @@ def test_a_second_shard_command_into_the_same_out_refuses(
     err = capsys.readouterr().err
     assert str(out / LOCK_NAME) in err and f"pid {proc.pid}" in err
     assert main(["shard", "list", str(lst), str(out), "--no-progress"]) == 0
+
+
+def test_the_log_names_the_first_50_skips_and_the_manifest_keeps_all(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    lst = _missing_list(tmp_path, 60, present=1)
+    opts = ShardOptions(progress=False, workers=1, max_bad=1.0)
+    with caplog.at_level("WARNING", logger="fastdata"):
+        manifest = write_shards(ListSource(lst), tmp_path / "out", opts)
+    assert len(manifest.splits["train"].skipped) == 60
+    assert caplog.text.count("cannot read file") == 50
+    assert "(+10 more: see the manifest's skipped lists)" in caplog.text
