@@ -116,6 +116,13 @@ def _add_shard_limits(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAX_CLASSES,
         help=f"list: most classes the labels may imply (default {DEFAULT_MAX_CLASSES:,})",
     )
+    p.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="wait up to S seconds for another run writing into OUT (default 0: refuse at once)",
+    )
 
 
 def _size(text: str) -> int:
@@ -158,6 +165,7 @@ def _shard(args: argparse.Namespace) -> int:
         progress=not args.no_progress,
         max_bad=args.max_bad,
         max_pixels=args.max_pixels,
+        lock_timeout=args.lock_timeout,
     )
     try:
         if args.part is not None:

@@ -145,3 +145,19 @@ def test_the_log_names_the_first_50_skips_and_the_manifest_keeps_all(
     assert len(manifest.splits["train"].skipped) == 60
     assert caplog.text.count("cannot read file") == 50
     assert "(+10 more: see the manifest's skipped lists)" in caplog.text
+
+
+def test_the_shard_command_passes_its_bounds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lst = _missing_list(tmp_path, 2, present=2)  # labels 0, 0, 0, 1: two of four missing
+    common = ["shard", "list", str(lst)]
+    assert main([*common, str(tmp_path / "a"), "--no-progress"]) == 1  # 50% bad > 10%
+    assert main([*common, str(tmp_path / "b"), "--no-progress", "--max-bad", "0.5"]) == 0
+    assert main([*common, str(tmp_path / "c"), "--max-classes", "1"]) == 2
+    assert "label '1' implies more than max_classes=1 classes" in capsys.readouterr().err
+    code = main([*common, str(tmp_path / "d"), "--max-bad", "1", "--max-pixels", "15"])
+    # (the summary that `fastdata shard` prints lists the skipped images with their reasons)
+    assert (
+        code == 0 and "4 x 4 = 0.0 megapixels, more than max_pixels=15" in capsys.readouterr().out
+    )
