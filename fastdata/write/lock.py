@@ -16,6 +16,7 @@ a whole run and a merge take it alone.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -107,7 +108,16 @@ def _acquire(path: Path, shared: bool, timeout: float) -> int:
         try:
             previous = _read_holder(fd)
             fcntl.lockf(fd, mode | fcntl.LOCK_NB)
-        except OSError:
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):  # ENOLCK...: no locks here
+                log.warning(
+                    "%s: the file system does not support locks (%s); running without the "
+                    "lock: make sure no other run writes into %s",
+                    path,
+                    exc.strerror or exc,
+                    path.parent,
+                )
+                return fd
             os.close(fd)
             if time.monotonic() >= deadline:
                 raise FolderLockedError(_busy_message(path, previous, timeout)) from None

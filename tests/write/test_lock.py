@@ -111,3 +111,20 @@ def test_one_process_cannot_lock_a_folder_twice(tmp_path: Path) -> None:
         with pytest.raises(FolderLockedError, match="held by this process"):
             write_shards(src, tmp_path / "out", OPTS)
     assert write_shards(src, tmp_path / "out", OPTS).splits["train"].num_samples == 4
+
+
+def test_a_file_system_without_locks_warns_and_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import errno
+    import fcntl
+
+    def no_locks(fd: int, mode: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "lockf", no_locks)
+    src = FolderSource(_dataset(tmp_path / "ds"))
+    with caplog.at_level(logging.WARNING, logger="fastdata"):
+        manifest = write_shards(src, tmp_path / "out", OPTS)
+    assert manifest.splits["train"].num_samples == 4
+    assert "does not support locks (No locks available)" in caplog.text
