@@ -153,3 +153,21 @@ def test_the_source_losses_count_towards_max_bad(tmp_path: Path) -> None:
     assert "gone0.png" in str(info.value)
     assert not (tmp_path / "out" / "manifest.json").exists()
     assert not list((tmp_path / "out").glob("*.tar"))  # stopped before writing a shard
+
+
+def test_an_unreadable_image_file_is_listed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = _tree(tmp_path / "ds", {"cat": 3})
+    locked = root / "cat" / "1.png"
+    real_open = os.open
+
+    def os_open(path: str | os.PathLike[str], flags: int, *args: int) -> int:
+        if os.fspath(path) == str(locked):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", os_open)  # as chmod 000 does for a user other than root
+    manifest = write_shards(FolderSource(root), tmp_path / "out", OPTS)
+    assert _skipped(manifest) == {str(locked): "cannot read file (Permission denied)"}
+    assert manifest.splits["train"].num_samples == 2

@@ -108,6 +108,7 @@ def test_a_list_of_missing_files_stops_with_exit_1_and_no_manifest(
     assert err.count("cannot read file (No such file or directory)") == 10
     assert len(err) < 3000 and "Traceback" not in err
     assert not (out / "manifest.json").exists() and not (out / LOCK_NAME).exists()
+    assert not [p for p in out.rglob("*") if ".tmp-" in p.name]  # nothing half-written
 
 
 def test_bad_inputs_under_max_bad_are_skipped_and_over_it_stop(tmp_path: Path) -> None:
