@@ -91,10 +91,46 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:
         help="write only part I of N (0 <= I < N; e.g. $SLURM_ARRAY_TASK_ID/8), no manifest: "
         "run every part, then `fastdata merge OUT`",
     )
+    _add_shard_limits(p)
     p.set_defaults(func=_shard)
     merge = sub.add_parser("merge", help="check that every --part finished, write the manifest")
     merge.add_argument("out", help="output folder the parts wrote into")
     merge.set_defaults(func=_merge)
+
+
+def _add_shard_limits(p: argparse.ArgumentParser) -> None:
+    """Bounds on untrusted input (see `ShardOptions` and `ListSource`)."""
+    from fastdata.sources.listfile import DEFAULT_MAX_CLASSES
+    from fastdata.write.encode import DEFAULT_MAX_PIXELS
+
+    p.add_argument(
+        "--max-bad",
+        type=float,
+        default=0.1,
+        metavar="F",
+        help="stop (exit 1, no manifest) when more than this fraction of the inputs is bad "
+        "(default 0.1; 1 never stops)",
+    )
+    p.add_argument(
+        "--max-pixels",
+        type=int,
+        default=DEFAULT_MAX_PIXELS,
+        help="skip images with more pixels than this, read from the header before decoding "
+        f"(default {DEFAULT_MAX_PIXELS:,})",
+    )
+    p.add_argument(
+        "--max-classes",
+        type=int,
+        default=DEFAULT_MAX_CLASSES,
+        help=f"list: most classes the labels may imply (default {DEFAULT_MAX_CLASSES:,})",
+    )
+    p.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="wait up to S seconds for another run writing into OUT (default 0: refuse at once)",
+    )
 
 
 def _size(text: str) -> int:
@@ -112,13 +148,15 @@ def _shard(args: argparse.Namespace) -> int:
     from fastdata.manifest import MANIFEST_NAME
     from fastdata.sources import open_source
     from fastdata.verify import summarize
-    from fastdata.write import ShardOptions, write_shards
+    from fastdata.write import ShardOptions, TooManyBadSamplesError, write_shards
 
     if args.download and args.source not in ("cifar10", "cifar100"):
         raise SystemExit(
             f"fastdata shard: --download is only for cifar10/cifar100, not {args.source}"
         )
-    kwargs = {"download": True} if args.download else {}
+    kwargs: dict[str, Any] = {"download": True} if args.download else {}
+    if args.source == "list":
+        kwargs["max_classes"] = args.max_classes
     if args.input is None and not args.download:
         raise SystemExit("fastdata shard: give INPUT, or --download for cifar10/cifar100")
     source = open_source(args.source, args.input, **kwargs)
@@ -134,17 +172,24 @@ def _shard(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.no_progress,
         val_fraction=args.val_fraction,
+        max_bad=args.max_bad,
+        max_pixels=args.max_pixels,
+        lock_timeout=args.lock_timeout,
     )
-    if args.part is not None:
-        return _shard_part(args, source, options)
-    if "://" in args.out:  # an object store: write locally, then upload (manifest last)
-        from fastdata.write.upload import staged_upload
+    try:
+        if args.part is not None:
+            return _shard_part(args, source, options)
+        if "://" in args.out:  # an object store: write locally, then upload (manifest last)
+            from fastdata.write.upload import staged_upload
 
-        with staged_upload(args.out) as local:
-            manifest = write_shards(source, local, options)
-        manifest = replace(manifest, root=args.out)  # name the uploaded copy, not the staging
-    else:
-        manifest = write_shards(source, args.out, options)
+            with staged_upload(args.out) as local:
+                manifest = write_shards(source, local, options)
+            manifest = replace(manifest, root=args.out)  # name the uploaded copy, not staging
+        else:
+            manifest = write_shards(source, args.out, options)
+    except TooManyBadSamplesError as exc:  # the input, not the tool, failed: exit 1
+        print(f"fastdata shard: {exc}", file=sys.stderr)
+        return 1
     print(summarize(manifest))
     print(f"wrote {args.out}/{MANIFEST_NAME}")
     return 0
@@ -173,9 +218,17 @@ def _shard_part(args: argparse.Namespace, source: Any, options: Any) -> int:
 
 def _part_command(args: argparse.Namespace) -> str:
     """The command line that runs any part of this sharding, with "{part}" for I/N."""
+    from fastdata.sources.listfile import DEFAULT_MAX_CLASSES
+    from fastdata.write.encode import DEFAULT_MAX_PIXELS
+
     words = ["fastdata", "shard", args.source, *([args.input] if args.input else []), args.out]
     defaults = {"seed": 0, "max_count": 10_000, "max_size": None, "encoding": "auto"}
     defaults |= {"resize": None, "quality": 90, "workers": None, "val_fraction": None}
+    defaults |= {
+        "max_bad": 0.1,
+        "max_pixels": DEFAULT_MAX_PIXELS,
+        "max_classes": DEFAULT_MAX_CLASSES,
+    }
     for name, default in defaults.items():
         if getattr(args, name) != default:
             words += ["--" + name.replace("_", "-"), str(getattr(args, name))]

@@ -7,13 +7,25 @@ choosing how a sample is stored is the writer's job (`fastdata.write.encode`).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-__all__ = ["BadSourceError", "Source", "SourceItem"]
+__all__ = [
+    "SPLIT_NAME",
+    "BadSourceError",
+    "Source",
+    "SourceItem",
+    "source_skipped",
+    "split_name_problem",
+]
+
+#: What a split name may be: it becomes part of shard file names (`<split>-000000.tar`) and of
+#: sample keys, so a letter or digit, then letters, digits, "_" or "-" (no ".", "/" or spaces).
+SPLIT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 
 
 class BadSourceError(ValueError):
@@ -65,6 +77,29 @@ class Source(Protocol):
         ...
 
 
+def source_skipped(source: Source) -> dict[str, list[tuple[str, str]]]:
+    """Split -> [(origin, reason)] of the entries a source found unusable while opening (a folder
+    source's unreadable folders and broken symlinks); {} for a source that keeps no such list.
+
+    The writer adds them to the run's skipped samples: in the manifest, the report and the
+    `max_bad` count.
+    """
+    found = getattr(source, "skipped", None)
+    if not isinstance(found, dict):
+        return {}
+    return {str(split): [(str(o), str(r)) for o, r in items] for split, items in found.items()}
+
+
 def describe_path(path: Path) -> str:
     """A path as shown in messages: absolute, so the user can find it."""
     return str(path.resolve())
+
+
+def split_name_problem(name: object) -> str | None:
+    """Why `name` cannot be a split name (see `SPLIT_NAME`), or None when it can."""
+    if isinstance(name, str) and SPLIT_NAME.fullmatch(name):
+        return None
+    return (
+        f"split name {name!r:.60} is not allowed: a split name is 1-64 letters, digits, '_' or '-', "
+        "starting with a letter or digit (it becomes part of the shard file names)"
+    )

@@ -5,13 +5,17 @@
     img/0002.jpg,3,
 
 Relative paths are resolved against `root` (default: the list file's folder). Labels are class
-indices or class names. The image files are not opened or checked here (that would stat every
+indices or class names. A list file is untrusted input: it must be UTF-8 (an error names the line
+of the first byte that is not, or of a NUL byte), split names must be plain names
+(`fastdata.sources.base.SPLIT_NAME`: they become shard file names), and the class list it implies
+is bounded by `max_classes` before anything of that size is allocated. The image files are not opened or checked here (that would stat every
 file of a large list); the writer reports a missing or unreadable file by its origin.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
 from collections.abc import Callable, Sequence
@@ -20,9 +24,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from fastdata.sources.base import BadSourceError, SourceItem, describe_path
+from fastdata.sources.base import BadSourceError, SourceItem, describe_path, split_name_problem
 
-__all__ = ["PARSERS", "ListSource"]
+__all__ = ["DEFAULT_MAX_CLASSES", "PARSERS", "ListSource"]
+
+#: Most classes a list may imply (labels are indices 0..max or distinct names). ImageNet-21k has
+#: 21,841; a stray label such as 99999999999 would otherwise size a list of 10^11 names.
+DEFAULT_MAX_CLASSES = 100_000
 
 _INT = re.compile(r"[+-]?\d+")
 _HELP = (
@@ -47,10 +55,13 @@ class ListSource:
         split: split name of rows without a `split` column / field (or with an empty one).
         classes: class names, so that labels can be names or indices into this list. Without it,
             labels must be all indices (classes "0".."max") or all names (sorted).
+        max_classes: most classes the labels may imply without `classes` (an index label must be
+            below it; at most this many distinct names).
 
     Raises:
-        BadSourceError: the file is missing, of an unknown format, or a line is bad (named by
-            line number).
+        ValueError: `split` is not a valid split name, or `max_classes` < 1.
+        BadSourceError: the file is missing, unreadable, not UTF-8, of an unknown format, or a
+            line is bad (named by line number: a bad split name, too large a label...).
     """
 
     kind = "list"
@@ -61,9 +72,14 @@ class ListSource:
         root: str | Path | None = None,
         split: str = "train",
         classes: Sequence[str] | None = None,
+        max_classes: int = DEFAULT_MAX_CLASSES,
     ) -> None:
         if path is None:
             raise ValueError("ListSource needs the list file as input, got None")
+        if (problem := split_name_problem(split)) is not None:
+            raise ValueError(f"ListSource(split=...): {problem}")
+        if max_classes < 1:
+            raise ValueError(f"max_classes must be >= 1, got {max_classes}")
         self.list_path = Path(path).expanduser().resolve()
         if not self.list_path.is_file():
             raise BadSourceError(f"{describe_path(self.list_path)}: no such list file. {_HELP}")
@@ -74,10 +90,10 @@ class ListSource:
                 f"; expected one of {sorted(PARSERS)}. {_HELP}"
             )
         self.root = Path(root).expanduser().resolve() if root is not None else self.list_path.parent
-        rows = parser(self.list_path)
+        rows = parser(self.list_path, _read_text(self.list_path))
         if not rows:
             raise BadSourceError(f"{self.list_path}: lists no images. {_HELP}")
-        self.classes, labels = _resolve_labels(rows, classes, self.list_path)
+        self.classes, labels = _resolve_labels(rows, classes, self.list_path, max_classes)
         self._paths: dict[str, list[str]] = {}
         label_lists: dict[str, list[int]] = {}
         line_lists: dict[str, list[int]] = {}
@@ -127,15 +143,53 @@ def _bad(list_path: Path, line: int, problem: str) -> BadSourceError:
     return BadSourceError(f"{list_path}:{line}: {problem}. {_HELP}")
 
 
-def _parse_csv(list_path: Path) -> list[_Row]:
+def _read_text(list_path: Path) -> str:
+    """The list file as text: UTF-8 (after an optional byte-order mark), without NUL bytes."""
+    try:
+        data = list_path.read_bytes()
+    except OSError as exc:
+        raise BadSourceError(
+            f"{list_path}: cannot read the list file ({exc.strerror or exc})"
+        ) from exc
+    # Spreadsheet programs start CSV files with a byte-order mark.
+    body = data[3:] if data.startswith(b"\xef\xbb\xbf") else data
+    nul = body.find(b"\x00")
+    if nul >= 0:
+        utf16 = (
+            " (UTF-16? save the list as UTF-8)" if body[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
+        )
+        raise _bad(list_path, body.count(b"\n", 0, nul) + 1, f"NUL byte: not a text file{utf16}")
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = body.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (body.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise _bad(
+            list_path,
+            line,
+            f"not UTF-8 (byte 0x{body[exc.start]:02x} at column {column}); save the list as "
+            "UTF-8, e.g. `iconv -f latin1 -t utf-8 old.csv > new.csv`",
+        ) from None
+
+
+def _split_of(list_path: Path, line: int, split: str | None) -> str | None:
+    """The row's split name (None: the default), checked to be a plain name."""
+    if not split:
+        return None
+    if (problem := split_name_problem(split)) is not None:
+        raise _bad(list_path, line, problem)
+    return split
+
+
+def _parse_csv(list_path: Path, text: str) -> list[_Row]:
     """Rows of a CSV list with a header naming at least `path` and `label`."""
-    # utf-8-sig: spreadsheet programs start CSV files with a byte-order mark.
-    with open(list_path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.DictReader(f)
+    lines = _Counted(io.StringIO(text, newline=""))
+    reader = csv.DictReader(lines)
+    rows = []
+    try:
         header = reader.fieldnames or []
         if "path" not in header or "label" not in header:
             raise _bad(list_path, 1, f"header {header} lacks 'path' or 'label'")
-        rows = []
         for record in reader:
             line = reader.line_num
             if None in record or None in record.values():
@@ -143,39 +197,63 @@ def _parse_csv(list_path: Path) -> list[_Row]:
             path, label = record["path"].strip(), record["label"].strip()
             if not path or not label:
                 raise _bad(list_path, line, "empty path or label")
-            rows.append(_Row(line, path, label, (record.get("split") or "").strip() or None))
+            split = _split_of(list_path, line, (record.get("split") or "").strip())
+            rows.append(_Row(line, path, label, split))
+    except csv.Error as exc:  # e.g. "field larger than field limit", "new-line in unquoted field"
+        raise _bad(list_path, max(lines.count, 1), f"not valid CSV ({exc})") from None
     return rows
 
 
-def _parse_jsonl(list_path: Path) -> list[_Row]:
+class _Counted:
+    """Lines of a text, counting those handed out (the CSV reader's current line on an error)."""
+
+    def __init__(self, lines: io.StringIO) -> None:
+        self._lines = lines
+        self.count = 0
+
+    def __iter__(self) -> _Counted:
+        return self
+
+    def __next__(self) -> str:
+        line = next(self._lines)
+        self.count += 1
+        return line
+
+
+def _parse_jsonl(list_path: Path, text: str) -> list[_Row]:
     """Rows of a JSON Lines list: one object per line; blank lines are skipped."""
     rows = []
-    with open(list_path, encoding="utf-8") as f:
-        for line, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                record = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise _bad(list_path, line, f"not valid JSON ({exc.msg})") from None
-            if not isinstance(record, dict):
-                raise _bad(list_path, line, f"expected an object, got {type(record).__name__}")
-            path, label, split = record.get("path"), record.get("label"), record.get("split")
-            if not isinstance(path, str) or not path.strip():
-                raise _bad(list_path, line, f"'path' must be a non-empty string, got {path!r}")
-            # bool is an int subclass: true/false are not labels.
-            if isinstance(label, bool) or not isinstance(label, (int, str)) or label == "":
-                raise _bad(
-                    list_path, line, f"'label' must be an int or a class name, got {label!r}"
-                )
-            if split is not None and not isinstance(split, str):
-                raise _bad(list_path, line, f"'split' must be a string, got {split!r}")
-            rows.append(_Row(line, path.strip(), label, split or None))
+    for line, chunk in enumerate(text.split("\n"), start=1):
+        if not chunk.strip():
+            continue
+        try:
+            record = json.loads(chunk)
+        except json.JSONDecodeError as exc:
+            raise _bad(list_path, line, f"not valid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise _bad(list_path, line, "not a flat JSON object (nested too deeply)") from None
+        except ValueError as exc:  # e.g. an integer of more than 4300 digits
+            raise _bad(list_path, line, f"not valid JSON ({exc})") from None
+        if not isinstance(record, dict):
+            raise _bad(list_path, line, f"expected an object, got {type(record).__name__}")
+        path, label, split = record.get("path"), record.get("label"), record.get("split")
+        if not isinstance(path, str) or not path.strip():
+            raise _bad(list_path, line, f"'path' must be a non-empty string, got {_short(path)}")
+        if "\x00" in path:
+            raise _bad(list_path, line, f"'path' contains a NUL character: {_short(path)}")
+        # bool is an int subclass: true/false are not labels.
+        if isinstance(label, bool) or not isinstance(label, (int, str)) or label == "":
+            raise _bad(
+                list_path, line, f"'label' must be an int or a class name, got {_short(label)}"
+            )
+        if split is not None and not isinstance(split, str):
+            raise _bad(list_path, line, f"'split' must be a string, got {_short(split)}")
+        rows.append(_Row(line, path.strip(), label, _split_of(list_path, line, split)))
     return rows
 
 
 # List-file suffix -> parser.
-PARSERS: dict[str, Callable[[Path], list[_Row]]] = {
+PARSERS: dict[str, Callable[[Path, str], list[_Row]]] = {
     ".csv": _parse_csv,
     ".jsonl": _parse_jsonl,
     ".ndjson": _parse_jsonl,
@@ -186,11 +264,16 @@ def _as_index(label: int | str) -> int | None:
     """The label as a class index, if it is one (an int, or a decimal string in CSV)."""
     if isinstance(label, int):
         return label
-    return int(label) if _INT.fullmatch(label) else None
+    if not _INT.fullmatch(label):
+        return None
+    # int() refuses more than 4300 digits; any index of 20 digits is out of every bound anyway.
+    if len(label.lstrip("+-")) > 19:
+        return -(10**19) if label.startswith("-") else 10**19
+    return int(label)
 
 
 def _resolve_labels(
-    rows: list[_Row], classes: Sequence[str] | None, list_path: Path
+    rows: list[_Row], classes: Sequence[str] | None, list_path: Path, max_classes: int
 ) -> tuple[list[str], list[int]]:
     """(class names, label index per row) following the rules of `ListSource`."""
     if classes is not None:
@@ -206,7 +289,7 @@ def _resolve_labels(
                 raise _bad(
                     list_path,
                     row.line,
-                    f"label {row.label!r} is neither one of the "
+                    f"label {_short(row.label)} is neither one of the "
                     f"{len(names)} classes nor an index 0..{len(names) - 1}",
                 )
             labels.append(index)
@@ -219,13 +302,39 @@ def _resolve_labels(
             raise _bad(
                 list_path,
                 row.line,
-                f"label {row.label!r} differs in kind from the {first} used since line "
+                f"label {_short(row.label)} differs in kind from the {first} used since line "
                 f"{rows[0].line}; use one kind, or pass classes=[...] to allow both",
             )
         if index is not None and index < 0:
-            raise _bad(list_path, row.line, f"negative label {index}")
+            raise _bad(list_path, row.line, f"negative label {_short(row.label)}")
+        if index is not None and index >= max_classes:
+            # Checked before `range(max + 1)` below sizes the class list.
+            raise _bad(
+                list_path,
+                row.line,
+                f"label {_short(row.label)} implies more than max_classes={max_classes:,} classes "
+                "(indices 0..label); fix the label, or raise max_classes (--max-classes) "
+                "if the dataset really has that many",
+            )
     if by_index:
         return [str(i) for i in range(max(indices) + 1)], indices  # type: ignore[arg-type,type-var]
-    names = sorted({str(row.label) for row in rows})
+    seen: set[str] = set()
+    for row in rows:
+        seen.add(str(row.label))
+        if len(seen) > max_classes:
+            raise _bad(
+                list_path,
+                row.line,
+                f"label {_short(row.label)} is class name number {len(seen):,}: more than "
+                f"max_classes={max_classes:,}; raise max_classes (--max-classes) if the dataset "
+                "really has that many",
+            )
+    names = sorted(seen)
     lookup = {name: i for i, name in enumerate(names)}
     return names, [lookup[str(row.label)] for row in rows]
+
+
+def _short(value: object, limit: int = 40) -> str:
+    """repr(value), cut to `limit` characters for a message (a label may be 10,000 digits)."""
+    text = repr(value) if not isinstance(value, int) else str(value)
+    return text if len(text) <= limit else f"{text[: limit - 12]}...({len(text):,} chars)"

@@ -14,7 +14,7 @@ from typing import Any
 
 from fastdata.manifest import VAL_SPLITS
 from fastdata.read.carve import carve_ids, check_fraction
-from fastdata.sources.base import Source, SourceItem
+from fastdata.sources.base import Source, SourceItem, source_skipped
 
 __all__ = ["CarvedSource", "carve_source"]
 
@@ -56,6 +56,11 @@ class CarvedSource:
         out = dict(self.source.splits())
         out.update({side: len(ids) for side, ids in self._ids.items()})
         return out
+
+    @property
+    def skipped(self) -> dict[str, list[tuple[str, str]]]:
+        """The wrapped source's unusable entries (`source_skipped`), under its own split names."""
+        return source_skipped(self.source)
 
     def item(self, split: str, index: int) -> SourceItem:
         """The `index`-th sample of `split`; "train"/"val" map onto the source's training split."""

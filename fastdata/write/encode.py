@@ -26,15 +26,32 @@ here, not in the middle of a training run.
 from __future__ import annotations
 
 import io
+import os
+import stat
 from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image
 
 from fastdata.sources.base import SourceItem
-from fastdata.write.images import UnreadableImage, open_image, to_rgb
+from fastdata.write.images import UnreadableImage, header_size, open_image, to_rgb
 
-__all__ = ["ENCODINGS", "BadSampleError", "EncodedSample", "encode_item", "resolve_encoding"]
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "ENCODINGS",
+    "BadSampleError",
+    "EncodedSample",
+    "encode_item",
+    "resolve_encoding",
+]
+
+#: Most pixels (width x height) of an image file, checked from its header before it is decoded:
+#: 64 megapixels (8000 x 8000) decode to ~190 MB of RGB; a 10000 x 10000 PNG took 1.1 GB of a
+#: writer's memory. Photos of current phones and cameras are 12-50 megapixels.
+DEFAULT_MAX_PIXELS = 64_000_000
+# A file larger than this many bytes per allowed pixel is refused unread (uncompressed 16-bit RGBA
+# TIFF is 8 bytes a pixel).
+_MAX_BYTES_PER_PIXEL = 8
 
 ENCODINGS = ("auto", "raw", "png", "jpeg", "keep")
 # Containers whose bytes "keep" stores as they are (MPO: a phone's JPEG with a second picture
@@ -86,22 +103,33 @@ def resolve_encoding(encoding: str, array_source: bool, resize: int | None) -> s
 
 
 def encode_item(
-    item: SourceItem, encoding: str, resize: int | None = None, quality: int = 90
+    item: SourceItem,
+    encoding: str,
+    resize: int | None = None,
+    quality: int = 90,
+    max_pixels: int | None = DEFAULT_MAX_PIXELS,
 ) -> EncodedSample:
     """Encode one source item with a concrete encoding (see `resolve_encoding`).
 
+    Args:
+        item: the source item (pixels or a file).
+        encoding: a concrete encoding.
+        resize: shrink the shorter side to this many pixels.
+        quality: JPEG quality when re-encoding.
+        max_pixels: most width x height of an image file, checked from its header before
+            decoding (None: no bound).
+
     Raises:
-        BadSampleError: the item's file is missing, unreadable, truncated or not an image.
+        BadSampleError: the item's file is missing, unreadable, truncated, not an image, or
+            larger than `max_pixels`.
     """
     if item.pixels is not None:
         return _encode_pixels(item.pixels, encoding, resize, quality)
     if item.path is None:
         raise BadSampleError(item.origin, "source item has neither pixels nor a path")
+    data = _read_image_file(item, max_pixels)
     try:
-        data = item.path.read_bytes()
-    except OSError as exc:
-        raise BadSampleError(item.origin, f"cannot read file ({exc.strerror or exc})") from exc
-    try:
+        _check_size(data, max_pixels)
         opened = open_image(data)
         rgb = to_rgb(opened.image)
     except UnreadableImage as exc:
@@ -116,6 +144,46 @@ def encode_item(
     return EncodedSample(
         "png", _save(rgb, "PNG", compress_level=PNG_COMPRESS_LEVEL), rgb.height, rgb.width
     )
+
+
+def _read_image_file(item: SourceItem, max_pixels: int | None) -> bytes:
+    """The bytes of the item's file: a regular file (a FIFO would block, /dev/zero never end),
+    no larger than any image of `max_pixels` pixels could reasonably be."""
+    assert item.path is not None
+    try:
+        # O_NONBLOCK: opening a FIFO does not wait for a writer (no effect on regular files).
+        fd = os.open(item.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode):
+                raise BadSampleError(item.origin, "not a regular file (a folder, device or FIFO)")
+            if max_pixels is not None and st.st_size > _MAX_BYTES_PER_PIXEL * max_pixels:
+                raise BadSampleError(
+                    item.origin,
+                    f"file is {st.st_size:,} bytes, more than an image of max_pixels="
+                    f"{max_pixels:,} takes (raise --max-pixels if it is trusted)",
+                )
+            return f.read()
+    except BadSampleError:
+        raise
+    except OSError as exc:
+        raise BadSampleError(item.origin, f"cannot read file ({exc.strerror or exc})") from exc
+    except ValueError as exc:  # a NUL in the path
+        raise BadSampleError(item.origin, f"not a file name ({exc})") from exc
+
+
+def _check_size(data: bytes, max_pixels: int | None) -> None:
+    """Refuse an image whose header says it is larger than `max_pixels` (before decoding)."""
+    if max_pixels is None:
+        return
+    size = header_size(data)
+    if size is not None and size[0] * size[1] > max_pixels:
+        width, height = size
+        raise UnreadableImage(
+            f"image is {width} x {height} = {width * height / 1e6:.1f} megapixels, more than "
+            f"max_pixels={max_pixels:,} (read from its header; not decoded); shrink it, or raise "
+            "--max-pixels if the file is trusted"
+        )
 
 
 def _encode_pixels(

@@ -40,6 +40,7 @@ __all__ = [
     "FALLBACK_FORMATS",
     "OpenedImage",
     "UnreadableImage",
+    "header_size",
     "open_image",
     "to_rgb",
 ]
@@ -110,6 +111,43 @@ def open_image(data: bytes) -> OpenedImage:
     if fmt in FALLBACK_FORMATS:
         return OpenedImage(_open_with_codecs(fmt, data), fmt, by_pillow=False)
     raise UnreadableImage(f"{fmt}: cannot decode ({_clean(pillow_error)})") from pillow_error
+
+
+def header_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) read from the image's header without decoding its pixels; None when
+    the header cannot be read here (decoding then says why the file is bad).
+
+    Raises:
+        UnreadableImage: the header is larger than Pillow's decompression-bomb limit.
+    """
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # DecompressionBombWarning, missing WebP support
+            with Image.open(io.BytesIO(data)) as image:  # lazy: reads the header only
+                return int(image.width), int(image.height)
+    except Image.DecompressionBombError as exc:
+        raise UnreadableImage(
+            f"{_clean(exc)}: refused before decoding; shrink the image, or raise "
+            "PIL.Image.MAX_IMAGE_PIXELS and max_pixels if it is trusted"
+        ) from exc
+    except Exception:  # not a format Pillow identifies (WebP in this build): read the header
+        return webp_size(data) if sniff_format(data) == "WebP" else None
+
+
+def webp_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) of a WebP file from its first chunk (VP8X, VP8L or VP8), or None."""
+    kind, body = data[12:16], data[20:]
+    if kind == b"VP8X" and len(body) >= 10:
+        return 1 + int.from_bytes(body[4:7], "little"), 1 + int.from_bytes(body[7:10], "little")
+    if kind == b"VP8L" and len(body) >= 5 and body[0] == 0x2F:
+        bits = int.from_bytes(body[1:5], "little")
+        return 1 + (bits & 0x3FFF), 1 + ((bits >> 14) & 0x3FFF)
+    if kind == b"VP8 " and len(body) >= 10 and body[3:6] == b"\x9d\x01\x2a":
+        return (
+            int.from_bytes(body[6:8], "little") & 0x3FFF,
+            int.from_bytes(body[8:10], "little") & 0x3FFF,
+        )
+    return None
 
 
 def _open_with_pillow(data: bytes) -> OpenedImage:

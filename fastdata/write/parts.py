@@ -33,9 +33,16 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.manifest import MANIFEST_NAME, Manifest, load_manifest
-from fastdata.sources.base import Source
+from fastdata.sources.base import Source, source_skipped
 from fastdata.write.carve import carve_source
-from fastdata.write.results import build_manifest, is_done, load_result, report_skipped
+from fastdata.write.lock import LOCK_NAME, lock_folder
+from fastdata.write.results import (
+    ShardResult,
+    build_manifest,
+    is_done,
+    load_result,
+    report_skipped,
+)
 from fastdata.write.writer import (
     WORK_DIR,
     ShardingError,
@@ -126,6 +133,20 @@ def write_part(
     source = carve_source(source, options.val_fraction, options.seed)
     out_dir = Path(out)
     identity = dataset_identity(source, options)
+    # Parts share the folder's lock: they run together by design, but not beside a whole run
+    # or a merge.
+    with lock_folder(out_dir, shared=True, timeout=options.lock_timeout):
+        return _write_part(source, out_dir, options, part, command, identity)
+
+
+def _write_part(
+    source: Source,
+    out_dir: Path,
+    options: ShardOptions,
+    part: Part,
+    command: str | None,
+    identity: dict[str, Any],
+) -> PartReport:
     if _prepare_shared_out(out_dir, identity):
         log.info("%s is already merged with these options; nothing to do", out_dir)
         return PartReport(part, [], 0, merged=True)
@@ -137,6 +158,7 @@ def write_part(
         "parts": part.count,
         "identity": identity,
         "classes": list(source.classes),
+        "source_skipped": source_skipped(source),
         "plan": [job.stem for job in jobs],
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -166,6 +188,11 @@ def merge_parts(out: str | os.PathLike[str]) -> Manifest:
             is missing or did not finish (named, with its shards and the command to run).
     """
     out_dir = Path(out)
+    with lock_folder(out_dir):
+        return _merge(out_dir)
+
+
+def _merge(out_dir: Path) -> Manifest:
     work = out_dir / WORK_DIR
     if (out_dir / MANIFEST_NAME).exists() and not work.exists():
         return load_manifest(out_dir)
@@ -182,6 +209,10 @@ def merge_parts(out: str | os.PathLike[str]) -> Manifest:
             + ". When every part has finished, run `fastdata merge` again."
         )
     results = [load_result(work, stem) for stem in plan]
+    results += [  # what the source found unusable while opening (a folder's broken links...)
+        ShardResult(split, "", "", 0, 0, "", {}, skipped=[list(s) for s in found])
+        for split, found in sorted(first.get("source_skipped", {}).items())
+    ]
     report_skipped(results)
     manifest = build_manifest(out_dir, first["classes"], first["identity"], results)
     manifest.save(out_dir)
@@ -206,7 +237,7 @@ def _prepare_shared_out(out_dir: Path, identity: dict[str, Any]) -> bool:
     work = out_dir / WORK_DIR
     plan_file = work / "plan.json"
     if not plan_file.exists():
-        others = [p.name for p in out_dir.iterdir() if p.name != WORK_DIR]
+        others = [p.name for p in out_dir.iterdir() if p.name not in (WORK_DIR, LOCK_NAME)]
         # Another part may have written its plan between our two looks: only then is it ours.
         if others and not plan_file.exists():
             raise ShardingError(

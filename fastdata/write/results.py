@@ -21,6 +21,7 @@ from fastdata.write.stats import PixelStats
 __all__ = ["ShardResult", "build_manifest", "done_path", "load_result", "report_skipped"]
 
 log = logging.getLogger("fastdata")
+_LOGGED = 50  # skipped samples named in the log (all of them are in the manifest)
 
 
 @dataclass
@@ -70,10 +71,12 @@ def is_done(out_dir: Path, work: Path, stem: str) -> bool:
 
 
 def report_skipped(results: list[ShardResult]) -> None:
-    """Log every source sample that was left out, with its reason."""
+    """Log the source samples that were left out, with their reasons (the first `_LOGGED`)."""
     skipped = [s for r in results for s in r.skipped]
     if skipped:
-        lines = "\n".join(f"  {origin}: {reason}" for origin, reason in skipped)
+        lines = "\n".join(f"  {origin}: {reason}" for origin, reason in skipped[:_LOGGED])
+        if len(skipped) > _LOGGED:
+            lines += f"\n  (+{len(skipped) - _LOGGED:,} more: see the manifest's skipped lists)"
         log.warning(
             "skipped %d bad source sample(s) (listed in the manifest):\n%s", len(skipped), lines
         )

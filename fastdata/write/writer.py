@@ -25,10 +25,19 @@ import numpy as np
 from tqdm import tqdm
 
 from fastdata import schema
-from fastdata.manifest import MANIFEST_NAME, Manifest, load_manifest
-from fastdata.sources.base import Source, SourceItem
+from fastdata.manifest import Manifest
+from fastdata.sources.base import Source, SourceItem, source_skipped, split_name_problem
 from fastdata.write.carve import carve_source
-from fastdata.write.encode import BadSampleError, encode_item, resolve_encoding
+from fastdata.write.encode import DEFAULT_MAX_PIXELS, BadSampleError, encode_item, resolve_encoding
+from fastdata.write.errors import (
+    ShardingError,
+    TooManyBadSamplesError,
+    allowance,
+    check_bad,
+    too_many_message,
+)
+from fastdata.write.lock import lock_folder
+from fastdata.write.outdir import WORK_DIR, atomic_write, prepare_out, same_identity
 from fastdata.write.results import (
     ShardResult,
     build_manifest,
@@ -40,14 +49,17 @@ from fastdata.write.results import (
 from fastdata.write.stats import PixelStats
 from fastdata.write.tarshard import ShardTarWriter
 
-__all__ = ["ShardOptions", "ShardingError", "write_shards"]
+__all__ = [
+    "WORK_DIR",
+    "ShardOptions",
+    "ShardingError",
+    "TooManyBadSamplesError",
+    "atomic_write",
+    "same_identity",
+    "write_shards",
+]
 
 log = logging.getLogger("fastdata")
-WORK_DIR = ".fastdata-work"
-
-
-class ShardingError(RuntimeError):
-    """Sharding stopped: a bad sample under `strict`, or an output folder that must not be touched."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +80,12 @@ class ShardOptions:
         progress: show a progress bar.
         val_fraction: carve this share of the training split into a "val" split
             (`fastdata.write.carve`, seeded with `seed`), for a source without one; None: no.
+        max_bad: most fraction (0..1) of the inputs that may be bad (skipped); one more stops the
+            run with `TooManyBadSamplesError` and the first reasons, and writes no manifest.
+        max_pixels: most width x height of an image file, checked from its header before it is
+            decoded (a bigger one is a bad sample); None: no bound.
+        lock_timeout: seconds to wait for another run that writes into the same output folder
+            (0: refuse at once; see `fastdata.write.lock`).
     """
 
     seed: int = 0
@@ -81,13 +99,24 @@ class ShardOptions:
     overwrite: bool = False
     progress: bool = True
     val_fraction: float | None = None
+    max_bad: float = 0.1
+    max_pixels: int | None = DEFAULT_MAX_PIXELS
+    lock_timeout: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.max_bad <= 1.0:
+            raise ValueError(f"max_bad must be a fraction from 0 to 1, got {self.max_bad}")
+        if self.max_pixels is not None and self.max_pixels < 1:
+            raise ValueError(f"max_pixels must be >= 1 or None, got {self.max_pixels}")
 
     def signature(self) -> dict[str, Any]:
-        """The options that change the bytes written (not workers, strict, progress)."""
+        """The options that change the bytes written (not workers, strict, progress, max_bad)."""
         keys = ("seed", "max_count", "max_size", "encoding", "resize", "quality")
         signature = {k: getattr(self, k) for k in keys}
         if self.val_fraction is not None:  # absent otherwise: older folders keep their identity
             signature["val_fraction"] = self.val_fraction
+        if self.max_pixels != DEFAULT_MAX_PIXELS:  # folders written before the option match
+            signature["max_pixels"] = self.max_pixels
         return signature
 
 
@@ -105,27 +134,48 @@ def write_shards(
 ) -> Manifest:
     """Shard `source` into `out` and return the manifest (see module docstring).
 
+    Only one run writes into `out` at a time: it holds `out/.fastdata.lock` (see
+    `fastdata.write.lock`) until it returns.
+
     Raises:
         ShardingError: `out` holds a different dataset (pass `overwrite=True`), or a bad sample was
             met under `strict=True`. Finished shards stay for a resume; nothing partial remains.
+        FolderLockedError: another run is writing into `out`.
+        TooManyBadSamplesError: more than `max_bad` of the inputs are bad (no manifest written).
         ValueError: an encoding that does not fit the source, or a `val_fraction` it cannot take.
     """
     source = carve_source(source, options.val_fraction, options.seed)
     out_dir = Path(out)
     identity = dataset_identity(source, options)
-    existing = _prepare_out(out_dir, identity, options.overwrite)
-    if existing is not None:
-        log.info("%s already holds this dataset with these options; nothing to do", out_dir)
-        return existing
     jobs = plan_jobs(source, options)
-    run_plan(source, jobs, out_dir, identity["options"]["encoding"], options)
-    work = out_dir / WORK_DIR
-    results = [load_result(work, job.stem) for job in jobs]
-    report_skipped(results)
-    manifest = build_manifest(out_dir, list(source.classes), identity, results)
-    manifest.save(out_dir)
-    shutil.rmtree(work, ignore_errors=True)
+    with lock_folder(out_dir, timeout=options.lock_timeout):
+        existing = prepare_out(out_dir, identity, options.overwrite)
+        if existing is not None:
+            log.info("%s already holds this dataset with these options; nothing to do", out_dir)
+            return existing
+        run_plan(source, jobs, out_dir, identity["options"]["encoding"], options)
+        work = out_dir / WORK_DIR
+        results = [load_result(work, job.stem) for job in jobs] + _source_results(source)
+        check_bad(results, _total_inputs(source, jobs), options.max_bad)
+        report_skipped(results)
+        manifest = build_manifest(out_dir, list(source.classes), identity, results)
+        manifest.save(out_dir)
+        shutil.rmtree(work, ignore_errors=True)
     return manifest
+
+
+def _source_results(source: Source) -> list[ShardResult]:
+    """What the source found unusable while opening, as shard results without a shard."""
+    return [
+        ShardResult(split, "", "", 0, 0, "", {}, skipped=[[o, r] for o, r in found])
+        for split, found in sorted(source_skipped(source).items())
+    ]
+
+
+def _total_inputs(source: Source, jobs: list[ShardJob]) -> int:
+    """The inputs `max_bad` is a fraction of: the plan's samples and the source's own losses."""
+    lost = sum(len(found) for found in source_skipped(source).values())
+    return sum(len(job.sample_ids) for job in jobs) + lost
 
 
 def dataset_identity(source: Source, options: ShardOptions) -> dict[str, Any]:
@@ -148,7 +198,13 @@ def run_plan(
     todo = [job for job in jobs if not is_done(out_dir, work, job.stem)]
     if len(todo) < len(jobs):
         log.info("resuming: %d of %d shards already written", len(jobs) - len(todo), len(jobs))
-    _run_jobs(source, todo, out_dir, encoding, options)
+    waiting = {job.stem for job in todo}
+    done = [load_result(work, job.stem) for job in jobs if job.stem not in waiting]
+    bad = [list(s) for r in done + _source_results(source) for s in r.skipped]
+    total = _total_inputs(source, jobs)
+    if len(bad) > allowance(options.max_bad, total):  # the source's own losses are too many
+        raise TooManyBadSamplesError(too_many_message(len(bad), total, options.max_bad, bad))
+    _run_jobs(source, todo, out_dir, encoding, options, bad, total)
     return len(jobs) - len(todo)
 
 
@@ -158,6 +214,8 @@ def plan_jobs(source: Source, options: ShardOptions) -> list[ShardJob]:
         raise ValueError(f"max_count must be >= 1, got {options.max_count}")
     jobs: list[ShardJob] = []
     for split, count in sorted(source.splits().items()):
+        if (problem := split_name_problem(split)) is not None:  # it becomes a file name in OUT
+            raise ShardingError(f"{source.kind} source: {problem}")
         # The split name enters the seed so that splits are shuffled independently.
         rng = np.random.default_rng([options.seed, zlib.crc32(split.encode())])
         order = rng.permutation(count).tolist()
@@ -194,84 +252,6 @@ def _estimated_sizes(source: Source, split: str, order: list[int]) -> list[int]:
     return sizes
 
 
-# ----------------------------------------------------------------------------- output folder
-
-
-def _prepare_out(out_dir: Path, identity: dict[str, Any], overwrite: bool) -> Manifest | None:
-    """Check `out_dir`: the same finished dataset (returned), a resumable one, empty, or refused."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    work = out_dir / WORK_DIR
-    plan_file = work / "plan.json"
-    manifest_file = out_dir / MANIFEST_NAME
-    if manifest_file.exists():
-        manifest = load_manifest(out_dir)
-        if same_identity(manifest.source, identity) and not overwrite:
-            return manifest
-        if not overwrite:
-            raise ShardingError(
-                f"{out_dir} already holds a different dataset (manifest source "
-                f"{manifest.source.get('kind')!r}, options {manifest.source.get('options')}); "
-                "pass --overwrite to replace it, or choose another output folder"
-            )
-        _clear_ours(out_dir)
-    elif plan_file.exists():
-        previous = json.loads(plan_file.read_text())
-        if not same_identity(previous, identity):
-            if not overwrite:
-                raise ShardingError(
-                    f"{out_dir} holds an unfinished sharding of a different input or options; "
-                    "pass --overwrite to discard it"
-                )
-            _clear_ours(out_dir)
-    else:
-        foreign = [p.name for p in out_dir.iterdir() if not _is_ours(p)]
-        ours = [p.name for p in out_dir.iterdir() if _is_ours(p)]
-        if (foreign or ours) and not overwrite:
-            shown = ", ".join(sorted(foreign + ours)[:5])
-            raise ShardingError(
-                f"{out_dir} is not empty ({shown}...); choose an empty folder or pass --overwrite "
-                "(which removes only shard files, index files and the manifest)"
-            )
-        _clear_ours(out_dir)
-    work.mkdir(exist_ok=True)
-    # Partial files of a killed run: never under a final name, removed before resuming.
-    for tmp in [*out_dir.glob("*.tmp-*"), *work.glob("*.tmp-*")]:
-        tmp.unlink()
-    atomic_write(plan_file, json.dumps(identity, sort_keys=True))
-    return None
-
-
-def same_identity(recorded: dict[str, Any], identity: dict[str, Any]) -> bool:
-    keys = ("kind", "fingerprint", "options", "format_version")
-    return all(recorded.get(k) == identity.get(k) for k in keys)
-
-
-CACHE_DIR = ".fastdata-cache"  # decoded splits of the memory backend (fastdata.read.memory)
-
-
-def _is_ours(path: Path) -> bool:
-    return (
-        path.name in (MANIFEST_NAME, WORK_DIR, CACHE_DIR)
-        or path.suffix in (".tar", ".idx")
-        or ".tmp-" in path.name
-    )
-
-
-def _clear_ours(out_dir: Path) -> None:
-    for path in out_dir.iterdir():
-        if path.name in (WORK_DIR, CACHE_DIR):
-            shutil.rmtree(path)
-        elif _is_ours(path):
-            path.unlink()
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write `text` to `path` under a temporary name, then rename it into place."""
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 # ----------------------------------------------------------------------------- parallel writing
 
 # The source is handed to forked workers through this global: forking shares its arrays
@@ -280,13 +260,23 @@ _WORKER_STATE: dict[str, Any] = {}
 
 
 def _run_jobs(
-    source: Source, jobs: list[ShardJob], out_dir: Path, encoding: str, options: ShardOptions
+    source: Source,
+    jobs: list[ShardJob],
+    out_dir: Path,
+    encoding: str,
+    options: ShardOptions,
+    bad_before: list[list[str]],
+    total: int,
 ) -> None:
     if not jobs:
         return
     workers = options.workers or _usable_cores()
     workers = max(1, min(workers, len(jobs)))
+    # The bad-sample count is shared by the forked workers: the run stops as soon as the whole
+    # run is certain to exceed max_bad, not after writing a manifest of skips.
+    bad = mp.get_context("fork").Value("q", len(bad_before))
     _WORKER_STATE.update(source=source, out=out_dir, encoding=encoding, options=options)
+    _WORKER_STATE.update(bad=bad, bad_before=bad_before, total=total)
     total = sum(len(job.sample_ids) for job in jobs)
     bar = tqdm(total=total, unit="img", desc=f"sharding -> {out_dir}", disable=not options.progress)
     try:
@@ -333,11 +323,14 @@ def _write_job(job: ShardJob) -> int:
         for sample_id in job.sample_ids:
             item = source.item(job.split, sample_id)
             try:
-                encoded = encode_item(item, encoding, options.resize, options.quality)
+                encoded = encode_item(
+                    item, encoding, options.resize, options.quality, options.max_pixels
+                )
             except BadSampleError as exc:
                 if options.strict:
                     raise ShardingError(f"bad sample (strict mode): {exc}") from exc
                 result.skipped.append([exc.origin, exc.reason])
+                _count_bad(result.skipped)
                 continue
             writer.write(_key(job.split, item), _components(item, encoded.ext, encoded.data))
             heights.append(encoded.height)
@@ -362,6 +355,19 @@ def _write_job(job: ShardJob) -> int:
     result.pixel_sums = pixels.to_list() if pixels.count else []
     atomic_write(done_path(out_dir / WORK_DIR, job.stem), json.dumps(asdict(result)))
     return len(job.sample_ids)
+
+
+def _count_bad(mine: list[list[str]]) -> None:
+    """Add one bad sample to the run's shared count; stop the run when it is too many."""
+    options: ShardOptions = _WORKER_STATE["options"]
+    total: int = _WORKER_STATE["total"]
+    counter = _WORKER_STATE["bad"]
+    with counter.get_lock():
+        counter.value += 1
+        bad = counter.value
+    if bad > allowance(options.max_bad, total):
+        reasons = _WORKER_STATE["bad_before"] + mine
+        raise TooManyBadSamplesError(too_many_message(bad, total, options.max_bad, reasons))
 
 
 def _key(split: str, item: SourceItem) -> str:

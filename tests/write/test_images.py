@@ -20,7 +20,8 @@ from fastdata.write import ShardOptions, write_shards
 from fastdata.write.images import UnreadableImage, open_image, to_rgb
 from tests.write.image_zoo import BROKEN, make_zoo, valid_images
 
-OPTS = ShardOptions(max_count=8, workers=1, progress=False)
+# The zoo is a third broken files on purpose: no max_bad stop.
+OPTS = ShardOptions(max_count=8, workers=1, progress=False, max_bad=1.0)
 
 
 @pytest.fixture(scope="module")
