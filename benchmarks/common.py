@@ -56,11 +56,14 @@ def environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """
     import psutil
 
+    from fastdata._env import cpu_description
+
     return {
         "git_revision": _git_revision(),
         "host": platform.node(),
         "platform": platform.platform(),
         "python": platform.python_version(),
+        "cpu": cpu_description(),
         "cpu_count": os.cpu_count(),
         "usable_cores": len(os.sched_getaffinity(0))
         if hasattr(os, "sched_getaffinity")

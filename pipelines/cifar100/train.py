@@ -40,7 +40,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
-from fastdata._env import data_dir
+from fastdata._env import cpu_description, data_dir
 from fastdata.manifest import MANIFEST_NAME
 from fastdata.train.ddp import end_process_group
 
@@ -294,6 +294,7 @@ def _metrics(
         "host": {
             "name": socket.gethostname(),
             "cpus": os.cpu_count(),
+            "cpu": cpu_description(),
             "platform": platform.platform(),
             "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         },
