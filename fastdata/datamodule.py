@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -26,9 +27,10 @@ from fastdata._pool import TensorPool
 from fastdata._threads import one_thread_on_cpu
 from fastdata.augment import Preset
 from fastdata.augment.resolve import TransformSpec, resolve_transforms
-from fastdata.epoch_loader import EpochLoader, EpochPosition
+from fastdata.epoch_loader import EpochLoader, EpochPosition, EvalBatch, TrainBatch
 from fastdata.manifest import Manifest, load_manifest, resolve_splits
 from fastdata.read import BatchLoader, LoaderSpec, WorkerSettings, get_backend
+from fastdata.read.base import DEFAULT_LOADER_TIMEOUT
 from fastdata.read.mix import epoch_mix, epoch_size, load_mix, mix_roots
 from fastdata.resume import ResumeState, dataset_fingerprint, mix_description
 from fastdata.runtime import (
@@ -89,7 +91,9 @@ class ShardDataModule(pl.LightningDataModule):
         weights: a mix's weights, one > 0 per root (default: equal); needs a list `root`.
         epoch_samples: a mix's samples per training epoch (default: the sum of its datasets'
             training sizes); needs a list `root`.
-        loader_timeout: seconds to wait for a worker's batch before raising (0: forever).
+        loader_timeout: seconds to wait for a worker's batch before raising an error that names
+            the worker and split (0: forever). The default, 600, is far above a batch's time on
+            a slow machine (a remote shard's download included) and still ends a hung run.
         mp_context: worker start method ("fork", "spawn", "forkserver"); None: "spawn" once
             CUDA is initialized, else the platform default.
     """
@@ -118,7 +122,7 @@ class ShardDataModule(pl.LightningDataModule):
         preset: str | Preset | None = None,
         weights: Sequence[float] | None = None,
         epoch_samples: int | None = None,
-        loader_timeout: float = 0.0,
+        loader_timeout: float = DEFAULT_LOADER_TIMEOUT,
         mp_context: str | None = None,
     ) -> None:
         super().__init__()
@@ -140,12 +144,14 @@ class ShardDataModule(pl.LightningDataModule):
         self.manifest: Manifest | None = None
         self.transforms: Preset | None = None  # resolved in setup
         self.backend_name: str | None = None
-        self._train_mode = False
+        self._last_yield_train = False  # mode of the loader that yielded the latest batch
         self._flags: dict[bool, tuple[bool, int]] = {}  # train? -> (normalized, applied_ops)
         self._position = EpochPosition(seed)
         self._generators: dict[torch.device, torch.Generator] = {}
         self._pool = TensorPool()  # CPU batches: reuse released memory instead of page-faulting
-        self._loaders: list[EpochLoader] = []
+        # At most one loader (one set of workers) per split; stopped when the module goes.
+        self._loaders: dict[str, EpochLoader] = {}
+        weakref.finalize(self, _close_loaders, self._loaders)
         self._cache: Any = None
 
     # ------------------------------------------------------------------ setup
@@ -243,9 +249,21 @@ class ShardDataModule(pl.LightningDataModule):
 
     def _loader(self, role: str, train: bool) -> BatchLoader:
         spec = self.loader_spec(role, train)
+        # A new loader of a split replaces the last one: its workers stop now, not at garbage
+        # collection (loaders requested every epoch would otherwise pile up worker processes).
+        previous = self._loaders.pop(spec.split, None)
+        if previous is not None:
+            previous.close()
         loader = EpochLoader(self, spec, get_backend(self.backend_name).load())
-        self._loaders.append(loader)
+        self._loaders[spec.split] = loader
         return loader
+
+    def teardown(self, stage: str | None = None) -> None:
+        """Stop every loader's worker processes (Lightning calls this after fit, test, ...).
+
+        The loaders stay usable: iterating one again starts its workers anew.
+        """
+        _close_loaders(self._loaders)
 
     def _shard_cache(self) -> Any:
         remote = any("://" in root for root in self.roots)
@@ -268,7 +286,7 @@ class ShardDataModule(pl.LightningDataModule):
         self.num_workers = num_workers
         if prefetch_factor is not None:
             self.prefetch_factor = prefetch_factor
-        for loader in self._loaders:
+        for loader in self._loaders.values():
             loader.resize(num_workers, prefetch_factor)
 
     def _size_workers(self, spec: LoaderSpec) -> LoaderSpec:
@@ -294,7 +312,7 @@ class ShardDataModule(pl.LightningDataModule):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the transforms the loader left (training: seeded from the plan) on the device."""
         x, y = batch
-        train = self._is_training()
+        train = self._is_training(batch)
         seed = self._position.next_batch_seed() if train else self.seed
         normalized, applied = self._flags.get(train, (x.is_floating_point(), 0))
         if normalized or x.is_floating_point():
@@ -304,11 +322,16 @@ class ShardDataModule(pl.LightningDataModule):
             generator = self._generator(x.device).manual_seed(seed)
             return self.transforms.apply(x, train, generator, self._pool, skip=applied), y
 
-    def _is_training(self) -> bool:
+    def _is_training(self, batch: Any = None) -> bool:
+        """Whether `batch` is a training batch: its type says so (`TrainBatch`, `EvalBatch`);
+        for a tuple rebuilt by other code, the Trainer's state, else the mode of the loader that
+        yielded the latest batch."""
+        if isinstance(batch, (TrainBatch, EvalBatch)):
+            return isinstance(batch, TrainBatch)
         trainer = self._trainer_or_none()
         if trainer is not None:
             return bool(trainer.training)
-        return self._train_mode
+        return self._last_yield_train
 
     def _generator(self, device: torch.device) -> torch.Generator:
         if device not in self._generators:
@@ -373,7 +396,6 @@ class ShardDataModule(pl.LightningDataModule):
     def _start_epoch(self, loader: EpochLoader) -> tuple[int, int, int]:
         """Called when a loader is iterated: the (epoch, consumed, steps before) it must produce."""
         train = loader.spec.train
-        self._train_mode = train
         self._flags[train] = (loader.loader.normalized, loader.loader.applied_ops)
         if not train:
             return 0, 0, 0
@@ -383,3 +405,13 @@ class ShardDataModule(pl.LightningDataModule):
 
     def _pending_len(self, spec: LoaderSpec) -> int | None:
         return self._position.pending_len(spec)
+
+    def _yielded(self, train: bool) -> None:
+        """A loader handed out a batch (the mode of batches whose type was lost)."""
+        self._last_yield_train = train
+
+
+def _close_loaders(loaders: dict[str, EpochLoader]) -> None:
+    """Stop the workers of every loader in `loaders` (also run when the DataModule is collected)."""
+    for loader in list(loaders.values()):
+        loader.close()

@@ -4,11 +4,19 @@
 when iteration starts, which epoch to produce and from which position (a pending resume). The
 `EpochPosition` keeps that position as the epoch plan counts it: batches taken, hence the global
 samples consumed (`EpochPlan.consumed_after`) that `ShardDataModule.state_dict` records.
+
+A batch carries its origin in its type: `TrainBatch` from the training loader, `EvalBatch` from
+an evaluation one (tuple subclasses: Lightning's `transfer_batch_to_device` rebuilds a tuple with
+its own type, dropping only instance attributes). `on_after_batch_transfer` reads the mode, hence
+the transforms and whether the batch counts towards the epoch position, from the batch itself, so
+a validation run in the middle of a training epoch changes neither.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import logging
+import weakref
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -18,7 +26,21 @@ from fastdata.read import BatchLoader, LoaderSpec
 from fastdata.read.plan import EpochPlan, batch_seed
 from fastdata.resume import ResumeState
 
-__all__ = ["EpochLoader", "EpochPosition"]
+__all__ = ["EpochLoader", "EpochPosition", "EvalBatch", "TrainBatch"]
+
+log = logging.getLogger("fastdata")
+
+
+class TrainBatch(tuple):
+    """(images, labels) yielded by a training loader: augmented and counted as trained on."""
+
+    __slots__ = ()
+
+
+class EvalBatch(tuple):
+    """(images, labels) yielded by an evaluation loader (val, test, predict)."""
+
+    __slots__ = ()
 
 
 class _Owner(Protocol):
@@ -27,6 +49,8 @@ class _Owner(Protocol):
     def _start_epoch(self, loader: EpochLoader) -> tuple[int, int, int]: ...
 
     def _pending_len(self, spec: LoaderSpec) -> int | None: ...
+
+    def _yielded(self, train: bool) -> None: ...
 
 
 class EpochPosition:
@@ -65,6 +89,8 @@ class EpochPosition:
         """Resume from `state` when its epoch next starts."""
         self.resume = state
         self.epoch, self.batches = state.epoch, state.steps
+        # Without a Trainer epochs are counted here: the next one started is the saved one.
+        self._manual_epoch = state.epoch - 1
 
     def pending_len(self, spec: LoaderSpec) -> int | None:
         """len() of the training loader while a resume is pending (before the epoch starts).
@@ -102,7 +128,9 @@ class EpochLoader:
     """The loader Lightning sees: hands the epoch and resume position to the backend.
 
     The backend loader is reused across epochs (`set_epoch`); it is rebuilt only after
-    `resize` changed its worker settings.
+    `resize` changed its worker settings. Batches come out as `TrainBatch` or `EvalBatch`.
+    The loader holds its DataModule weakly: a DataModule that is no longer referenced is
+    collected (and its loaders' workers stopped) at once, without waiting for a cycle collection.
 
     Args:
         owner: the DataModule (starts epochs, knows a pending resume).
@@ -113,9 +141,22 @@ class EpochLoader:
     def __init__(
         self, owner: _Owner, spec: LoaderSpec, factory: Callable[[LoaderSpec], Any]
     ) -> None:
-        self.owner, self.spec, self.factory = owner, spec, factory
+        self._owner = weakref.ref(owner)
+        self.spec, self.factory = spec, factory
         self.loader: BatchLoader = factory(spec)
         self._stale = False
+        self._active: weakref.ref[Generator[Any, None, None]] | None = None
+
+    @property
+    def owner(self) -> _Owner:
+        """The DataModule; ReferenceError once it was deleted."""
+        owner = self._owner()
+        if owner is None:
+            raise ReferenceError(
+                f"the ShardDataModule of this {self.spec.split!r} loader was deleted (its workers "
+                "were stopped with it): keep a reference to the DataModule while you iterate"
+            )
+        return owner
 
     def __len__(self) -> int:
         pending = self.owner._pending_len(self.spec)
@@ -132,17 +173,40 @@ class EpochLoader:
         # it iterates (data_connector._check_dataloader_iterable drops that iterator), and on
         # resume its first next() comes after the loops are restored, when
         # trainer.current_epoch is the epoch that really runs.
-        return self._batches()
+        batches = self._batches()
+        self._active = weakref.ref(batches)
+        return batches
 
-    def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _batches(self) -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
         if self._stale:
-            close = getattr(self.loader, "close", None)
-            if close is not None:
-                close()
+            self._close_backend()
             self.loader, self._stale = self.factory(self.spec), False
-        epoch, consumed, steps = self.owner._start_epoch(self)
+        owner = self.owner
+        epoch, consumed, steps = owner._start_epoch(self)
         self.loader.set_epoch(epoch, consumed, steps)
-        yield from self.loader
+        kind, train = (TrainBatch, True) if self.spec.train else (EvalBatch, False)
+        for batch in self.loader:
+            owner._yielded(train)
+            yield kind(batch)
+
+    def close(self) -> None:
+        """Stop this loader's worker processes now (iterating it again starts new ones).
+
+        An iteration in progress ends (its generator is closed), so its workers go with it.
+        """
+        active = self._active() if self._active is not None else None
+        self._active = None
+        if active is not None:
+            try:
+                active.close()
+            except ValueError:  # running in another thread: its workers are stopped below
+                pass
+        self._close_backend()
+
+    def _close_backend(self) -> None:
+        close = getattr(self.loader, "close", None)
+        if close is not None:
+            close()
 
     def state_dict(self) -> dict[str, Any]:
         """Empty: the position is `ShardDataModule.state_dict`, which every checkpoint holds.
@@ -166,6 +230,6 @@ class EpochLoader:
     def __getattr__(self, name: str) -> Any:  # the backend's extras (skipped, ...)
         # Not `dataset`: Lightning would then warn that an IterableDataset's length may be
         # inexact with workers, which this plan's is not.
-        if name in ("loader", "dataset"):
+        if name in ("loader", "dataset", "_owner", "_active"):
             raise AttributeError(name)
         return getattr(self.loader, name)

@@ -9,14 +9,25 @@ The epoch and the resume position live in a small shared-memory tensor, so persi
 see a new epoch without being restarted. A persistent training worker decodes its first batch of
 the next epoch in a thread as soon as it has made its last one (`_Ahead`), so its core does not
 idle while the epoch ends; the batch is used only if the next epoch is the one foreseen.
+
+Workers never outlive the training process: each asks Linux to kill it when its parent dies
+(`PR_SET_PDEATHSIG`), and a watchdog thread (every platform) ends it within a second of the
+parent's death, whatever the worker is blocked on. `CpuLoader.close` stops them at once.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
+import os
+import signal
+import sys
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,11 +40,23 @@ from fastdata.read.decode import Geometry, decode_batch, decode_raw, stored_hw
 from fastdata.read.plan import PAD_LABEL, EpochPlan, rows_to_refs, sample_seed, worker_batch_numbers
 from fastdata.read.shardio import ShardReader, ShardReadError
 
-__all__ = ["CpuLoader", "ShardBatchDataset", "decode_geometry", "make_cpu_loader"]
+__all__ = [
+    "CpuLoader",
+    "LoaderTimeoutError",
+    "ShardBatchDataset",
+    "decode_geometry",
+    "make_cpu_loader",
+]
 
 log = logging.getLogger("fastdata")
 
 _EPOCH, _CONSUMED, _STEPS, _SKIPS = 0, 1, 2, 3  # slots of the shared state tensor
+_PARENT_POLL_S = 0.5  # how often a worker's watchdog looks for its parent
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+class LoaderTimeoutError(RuntimeError):
+    """No batch came from a loader worker within the loader's timeout."""
 
 
 def decode_geometry(spec: LoaderSpec) -> tuple[Geometry, int]:
@@ -93,7 +116,8 @@ class ShardBatchDataset(IterableDataset):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         epoch, consumed, steps = (int(v) for v in self.state[:_SKIPS])
         ahead, self._ahead = self._ahead, None
-        ready = ahead.take((epoch, consumed, steps)) if ahead is not None else None
+        wait = self.spec.workers.timeout or None
+        ready = ahead.take((epoch, consumed, steps), wait) if ahead is not None else None
         plan = self.spec.plan(epoch, consumed, steps)
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
@@ -254,11 +278,23 @@ class _Ahead:
         return ahead
 
     def take(
-        self, key: tuple[int, int, int]
+        self, key: tuple[int, int, int], timeout: float | None = None
     ) -> tuple[int, tuple[tuple[torch.Tensor, torch.Tensor], list[_Skip]]] | None:
-        """(batch number, (batch, skips)) when `key` is the epoch foreseen, else None."""
+        """(batch number, (batch, skips)) when `key` is the epoch foreseen, else None.
+
+        Waits at most `timeout` seconds (None: until the thread ends) for the thread; a thread
+        still running then is left behind (a daemon) and the batch is decoded anew.
+        """
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning(
+                    "the next epoch's first batch of worker %d was not decoded after %s s; "
+                    "decoding it again",
+                    self.number,
+                    timeout,
+                )
+                return None
         if key != self.key:
             return None
         if self._error is not None:
@@ -312,11 +348,53 @@ class CpuLoader:
             multiprocessing_context=context if w.num_workers > 0 else None,
         )
 
+        self._iterator: weakref.ref[Any] | None = None
+
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        return iter(self.dataloader)
+        # Read when workers start (the first iteration, or every one without persistence).
+        # The parent-death signal is sent when the *thread* that started the worker ends, so it
+        # is asked for only when that is the main thread; the watchdog covers the rest.
+        main = threading.current_thread() is threading.main_thread()
+        self.dataloader.worker_init_fn = functools.partial(_worker_init, os.getpid(), main)
+        iterator = iter(self.dataloader)
+        self._iterator = weakref.ref(iterator)
+        return self._batches(iterator)
+
+    def _batches(self, iterator: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            except RuntimeError as exc:
+                if "timed out" not in str(exc) or self.spec.workers.num_workers == 0:
+                    raise
+                raise self._timeout_error(iterator) from exc
+            yield batch
+
+    def _timeout_error(self, iterator: Any) -> LoaderTimeoutError:
+        task = getattr(iterator, "_task_info", {}).get(getattr(iterator, "_rcvd_idx", -1))
+        worker = f"worker {task[0]}" if task else "a worker"
+        return LoaderTimeoutError(
+            f"no batch from {worker} of the {self.spec.split!r} loader "
+            f"({self.spec.manifest.root}) within {self.spec.workers.timeout:g} s (loader_timeout):"
+            " the worker is stuck or far slower than expected (a stalled remote read, an "
+            "overloaded machine); raise loader_timeout, or pass 0 to wait forever"
+        )
+
+    def close(self) -> None:
+        """Stop the worker processes now (idempotent; iterating again starts new ones)."""
+        iterators = [self.dataloader._iterator]
+        if self._iterator is not None:
+            iterators.append(self._iterator())
+        self.dataloader._iterator, self._iterator = None, None
+        for iterator in {id(it): it for it in iterators if it is not None}.values():
+            shutdown = getattr(iterator, "_shutdown_workers", None)
+            if shutdown is not None:  # a multiprocessing iterator
+                shutdown()
 
     def set_epoch(self, epoch: int, consumed: int = 0, steps_before: int = 0) -> None:
         """Select the epoch and the position in it to start from (resume)."""
@@ -329,6 +407,49 @@ class CpuLoader:
     def skipped(self) -> int:
         """Samples skipped under on_error='skip' so far (all workers)."""
         return int(self.dataset.state[_SKIPS:].sum())
+
+
+def _worker_init(main_pid: int, death_signal: bool, worker_id: int) -> None:
+    """DataLoader worker start: end this worker when its parent (or `main_pid`) dies.
+
+    Args:
+        main_pid: the training process (the parent, except under "forkserver").
+        death_signal: ask Linux for SIGKILL at the parent's death (only when the main thread
+            started the worker: the signal follows the starting thread, not the process).
+        worker_id: the worker's number (DataLoader's argument).
+    """
+    parent = os.getppid()
+    if death_signal and sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+            log.debug("worker %d: prctl(PR_SET_PDEATHSIG) failed", worker_id)
+    watchdog = threading.Thread(
+        target=_watch_parent, args=(parent, main_pid), name="fastdata-parent-watch", daemon=True
+    )
+    watchdog.start()
+    if not _parents_alive(parent, main_pid):  # died before the signal was asked for
+        os._exit(1)
+
+
+def _watch_parent(parent: int, main_pid: int) -> None:
+    """Poll until the parent or the training process is gone, then end this process at once."""
+    while _parents_alive(parent, main_pid):
+        threading.Event().wait(_PARENT_POLL_S)
+    os._exit(1)  # ends the process whatever its other threads are blocked on
+
+
+def _parents_alive(parent: int, main_pid: int) -> bool:
+    if os.getppid() != parent:  # re-parented: the parent died
+        return False
+    if main_pid == parent or os.name != "posix":
+        return True
+    try:
+        os.kill(main_pid, 0)  # POSIX: a probe, no signal sent
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
 
 
 def make_cpu_loader(spec: LoaderSpec) -> CpuLoader:
