@@ -401,10 +401,18 @@ class ShardDataModule(pl.LightningDataModule):
             return 0, 0, 0
         trainer = self._trainer_or_none()
         epoch = trainer.current_epoch if trainer is not None else None
-        return self._position.start(loader.spec, epoch)
+        return self._position.start(loader.spec, epoch, self._restored_steps())
 
     def _pending_len(self, spec: LoaderSpec) -> int | None:
-        return self._position.pending_len(spec)
+        return self._position.pending_len(spec, self._restored_steps())
+
+    def _restored_steps(self) -> int:
+        """Batches of the current epoch that a Trainer resuming from a checkpoint counts as done
+        (0 when it is not resuming mid-epoch)."""
+        loop = getattr(getattr(self._trainer_or_none(), "fit_loop", None), "epoch_loop", None)
+        if loop is None or not loop.restarting:
+            return 0
+        return int(loop.batch_progress.current.ready)
 
     def _yielded(self, train: bool) -> None:
         """A loader handed out a batch (the mode of batches whose type was lost)."""

@@ -50,6 +50,8 @@ class _Owner(Protocol):
 
     def _pending_len(self, spec: LoaderSpec) -> int | None: ...
 
+    def _restored_steps(self) -> int: ...
+
     def _yielded(self, train: bool) -> None: ...
 
 
@@ -67,12 +69,18 @@ class EpochPosition:
         self.resume: ResumeState | None = None
         self._manual_epoch = -1
 
-    def start(self, spec: LoaderSpec, trainer_epoch: int | None) -> tuple[int, int, int]:
+    def start(
+        self, spec: LoaderSpec, trainer_epoch: int | None, restored_steps: int = 0
+    ) -> tuple[int, int, int]:
         """Begin a training epoch: (epoch, consumed, steps before) the backend must produce.
 
         Args:
             spec: the training loader's spec (its plan is kept for the batch seeds).
             trainer_epoch: the Trainer's current epoch; None without a Trainer (0, 1, 2, ...).
+            restored_steps: batches of this epoch a Trainer restored from a checkpoint counts
+                as taken. Without a data position for the epoch (a checkpoint lacking this
+                DataModule's entry) the whole epoch runs after them, with a warning: its samples
+                before the checkpoint are trained twice, none is skipped.
         """
         if trainer_epoch is None:
             self._manual_epoch += 1
@@ -80,6 +88,17 @@ class EpochPosition:
         consumed = steps = 0
         if self.resume is not None and self.resume.epoch == trainer_epoch:
             consumed, steps = self.resume.consumed, self.resume.steps
+        elif 0 < restored_steps < len(spec.plan(trainer_epoch)):
+            log.warning(
+                "the checkpoint resumes epoch %d after %d batches but holds no data position of "
+                "the ShardDataModule (its entry is missing): the epoch restarts from its first "
+                "sample, so the samples of those %d batches are trained twice and none is "
+                "skipped. Checkpoints saved by Lightning with this DataModule hold the entry.",
+                trainer_epoch,
+                restored_steps,
+                restored_steps,
+            )
+            steps = restored_steps
         self.resume = None
         self.epoch, self.batches = trainer_epoch, steps
         self.plan = spec.plan(trainer_epoch, consumed, steps)
@@ -92,8 +111,11 @@ class EpochPosition:
         # Without a Trainer epochs are counted here: the next one started is the saved one.
         self._manual_epoch = state.epoch - 1
 
-    def pending_len(self, spec: LoaderSpec) -> int | None:
+    def pending_len(self, spec: LoaderSpec, restored_steps: int = 0) -> int | None:
         """len() of the training loader while a resume is pending (before the epoch starts).
+
+        Without a data position but with `restored_steps` (see `start`) restored by a Trainer:
+        those steps and a whole epoch after them.
 
         Lightning reads len() once per `fit` and keeps it for every later epoch, so this is the
         larger of the resumed epoch's batches (steps taken + remaining) and a whole epoch's:
@@ -101,8 +123,11 @@ class EpochPosition:
         smaller and would cut every later epoch short. A loader that ends before len() batches
         just ends Lightning's epoch there.
         """
-        if not spec.train or self.resume is None:
+        if not spec.train:
             return None
+        if self.resume is None:
+            whole = len(spec.plan(spec.epoch))
+            return restored_steps + whole if 0 < restored_steps < whole else None
         state = self.resume
         resumed = len(spec.plan(state.epoch, state.consumed, state.steps))
         return max(resumed, len(spec.plan(state.epoch)))
