@@ -27,7 +27,14 @@ from fastdata._pool import TensorPool
 from fastdata._threads import one_thread_on_cpu
 from fastdata.augment import Preset
 from fastdata.augment.resolve import TransformSpec, resolve_transforms
-from fastdata.epoch_loader import EpochLoader, EpochPosition, EvalBatch, TrainBatch
+from fastdata.epoch_loader import (
+    EpochLoader,
+    EpochPosition,
+    EvalBatch,
+    TrainBatch,
+    close_loaders,
+    restored_steps,
+)
 from fastdata.manifest import Manifest, load_manifest, resolve_splits
 from fastdata.read import BatchLoader, LoaderSpec, WorkerSettings, get_backend
 from fastdata.read.base import DEFAULT_LOADER_TIMEOUT
@@ -151,7 +158,7 @@ class ShardDataModule(pl.LightningDataModule):
         self._pool = TensorPool()  # CPU batches: reuse released memory instead of page-faulting
         # At most one loader (one set of workers) per split; stopped when the module goes.
         self._loaders: dict[str, EpochLoader] = {}
-        weakref.finalize(self, _close_loaders, self._loaders)
+        weakref.finalize(self, close_loaders, self._loaders)
         self._cache: Any = None
 
     # ------------------------------------------------------------------ setup
@@ -263,7 +270,7 @@ class ShardDataModule(pl.LightningDataModule):
 
         The loaders stay usable: iterating one again starts its workers anew.
         """
-        _close_loaders(self._loaders)
+        close_loaders(self._loaders)
 
     def _shard_cache(self) -> Any:
         remote = any("://" in root for root in self.roots)
@@ -363,8 +370,8 @@ class ShardDataModule(pl.LightningDataModule):
         """Resume: the training epoch `epoch`, when it runs, starts after the consumed samples.
 
         Raises:
-            fastdata.resume.ResumeError: the state belongs to another dataset, mix or seed, or
-                was saved by an older fastdata.
+            fastdata.resume.ResumeError: the state belongs to another dataset, mix or seed, was
+                saved by an older fastdata, or is malformed (the message names the field).
         """
         state = ResumeState.from_dict(state_dict)
         self._check_resume(state)
@@ -407,19 +414,8 @@ class ShardDataModule(pl.LightningDataModule):
         return self._position.pending_len(spec, self._restored_steps())
 
     def _restored_steps(self) -> int:
-        """Batches of the current epoch that a Trainer resuming from a checkpoint counts as done
-        (0 when it is not resuming mid-epoch)."""
-        loop = getattr(getattr(self._trainer_or_none(), "fit_loop", None), "epoch_loop", None)
-        if loop is None or not loop.restarting:
-            return 0
-        return int(loop.batch_progress.current.ready)
+        return restored_steps(self._trainer_or_none())
 
     def _yielded(self, train: bool) -> None:
         """A loader handed out a batch (the mode of batches whose type was lost)."""
         self._last_yield_train = train
-
-
-def _close_loaders(loaders: dict[str, EpochLoader]) -> None:
-    """Stop the workers of every loader in `loaders` (also run when the DataModule is collected)."""
-    for loader in list(loaders.values()):
-        loader.close()

@@ -26,7 +26,14 @@ from fastdata.read import BatchLoader, LoaderSpec
 from fastdata.read.plan import EpochPlan, batch_seed
 from fastdata.resume import ResumeState
 
-__all__ = ["EpochLoader", "EpochPosition", "EvalBatch", "TrainBatch"]
+__all__ = [
+    "EpochLoader",
+    "EpochPosition",
+    "EvalBatch",
+    "TrainBatch",
+    "close_loaders",
+    "restored_steps",
+]
 
 log = logging.getLogger("fastdata")
 
@@ -258,3 +265,23 @@ class EpochLoader:
         if name in ("loader", "dataset", "_owner", "_active"):
             raise AttributeError(name)
         return getattr(self.loader, name)
+
+
+def close_loaders(loaders: dict[str, EpochLoader]) -> None:
+    """Stop the workers of every loader in `loaders` (also run when their DataModule is
+    collected: `weakref.finalize`)."""
+    for loader in list(loaders.values()):
+        loader.close()
+
+
+def restored_steps(trainer: Any) -> int:
+    """Batches of the current epoch that a Trainer resuming from a mid-epoch checkpoint counts
+    as done (0 without a Trainer, or when it is not resuming mid-epoch).
+
+    Read while Lightning restarts its loops (from `len()` and the epoch's first batch), when
+    its epoch loop's batch progress holds the restored count.
+    """
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    if loop is None or not loop.restarting:
+        return 0
+    return int(loop.batch_progress.current.ready)

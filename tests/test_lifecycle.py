@@ -12,6 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import lightning.pytorch as pl
 import psutil
 import pytest
 import torch
@@ -20,6 +21,7 @@ from fastdata import ShardDataModule
 from fastdata.read import WorkerSettings
 from fastdata.read.cpu import LoaderTimeoutError, ShardBatchDataset
 from fastdata.tune.sizing import LoaderSettings
+from tests.test_datamodule import SmallCNN
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -45,6 +47,26 @@ def test_train_dataloader_every_epoch_keeps_processes_and_rss_flat(tiny_shards):
     # Flat memory: the last epoch's processes hold no more than the third's, plus slack for
     # allocator noise (a leaked pair of workers is ~2 x 100+ MiB).
     assert rss[-1] - rss[2] < 64 * 2**20, [r // 2**20 for r in rss]
+
+
+class _CountWorkers(pl.Callback):
+    def __init__(self) -> None:
+        self.counts: list[int] = []
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        self.counts.append(len(_children()))
+
+
+def test_trainer_reloading_loaders_every_epoch_keeps_one_set_of_workers(tiny_shards):
+    count = _CountWorkers()
+    trainer = pl.Trainer(
+        max_epochs=4, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_train_batches=2,
+        limit_val_batches=0, reload_dataloaders_every_n_epochs=1, callbacks=[count],
+    )  # fmt: skip
+    trainer.fit(SmallCNN(300), datamodule=_dm(tiny_shards))
+    assert count.counts == [2, 2, 2, 2]
+    assert _children() == []  # Lightning's teardown stopped them
 
 
 def test_teardown_and_collection_stop_workers_within_a_second(tiny_shards):
@@ -117,7 +139,8 @@ def test_a_stalled_worker_times_out_with_an_error_naming_worker_and_split(tiny_s
 _PARENT = textwrap.dedent(
     """
     import sys, threading, time
-    import psutil
+    import lightning.pytorch as pl
+import psutil
     from fastdata import ShardDataModule
     from fastdata.read.cpu import ShardBatchDataset
 

@@ -17,12 +17,9 @@ parent's death, whatever the worker is blocked on. `CpuLoader.close` stops them 
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import logging
 import os
-import signal
-import sys
 import threading
 import weakref
 from collections.abc import Iterator
@@ -39,6 +36,7 @@ from fastdata.read.base import LoaderSpec
 from fastdata.read.decode import Geometry, decode_batch, decode_raw, stored_hw
 from fastdata.read.plan import PAD_LABEL, EpochPlan, rows_to_refs, sample_seed, worker_batch_numbers
 from fastdata.read.shardio import ShardReader, ShardReadError
+from fastdata.read.workers import worker_init
 
 __all__ = [
     "CpuLoader",
@@ -51,8 +49,6 @@ __all__ = [
 log = logging.getLogger("fastdata")
 
 _EPOCH, _CONSUMED, _STEPS, _SKIPS = 0, 1, 2, 3  # slots of the shared state tensor
-_PARENT_POLL_S = 0.5  # how often a worker's watchdog looks for its parent
-_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class LoaderTimeoutError(RuntimeError):
@@ -358,7 +354,7 @@ class CpuLoader:
         # The parent-death signal is sent when the *thread* that started the worker ends, so it
         # is asked for only when that is the main thread; the watchdog covers the rest.
         main = threading.current_thread() is threading.main_thread()
-        self.dataloader.worker_init_fn = functools.partial(_worker_init, os.getpid(), main)
+        self.dataloader.worker_init_fn = functools.partial(worker_init, os.getpid(), main)
         iterator = iter(self.dataloader)
         self._iterator = weakref.ref(iterator)
         return self._batches(iterator)
@@ -407,49 +403,6 @@ class CpuLoader:
     def skipped(self) -> int:
         """Samples skipped under on_error='skip' so far (all workers)."""
         return int(self.dataset.state[_SKIPS:].sum())
-
-
-def _worker_init(main_pid: int, death_signal: bool, worker_id: int) -> None:
-    """DataLoader worker start: end this worker when its parent (or `main_pid`) dies.
-
-    Args:
-        main_pid: the training process (the parent, except under "forkserver").
-        death_signal: ask Linux for SIGKILL at the parent's death (only when the main thread
-            started the worker: the signal follows the starting thread, not the process).
-        worker_id: the worker's number (DataLoader's argument).
-    """
-    parent = os.getppid()
-    if death_signal and sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            log.debug("worker %d: prctl(PR_SET_PDEATHSIG) failed", worker_id)
-    watchdog = threading.Thread(
-        target=_watch_parent, args=(parent, main_pid), name="fastdata-parent-watch", daemon=True
-    )
-    watchdog.start()
-    if not _parents_alive(parent, main_pid):  # died before the signal was asked for
-        os._exit(1)
-
-
-def _watch_parent(parent: int, main_pid: int) -> None:
-    """Poll until the parent or the training process is gone, then end this process at once."""
-    while _parents_alive(parent, main_pid):
-        threading.Event().wait(_PARENT_POLL_S)
-    os._exit(1)  # ends the process whatever its other threads are blocked on
-
-
-def _parents_alive(parent: int, main_pid: int) -> bool:
-    if os.getppid() != parent:  # re-parented: the parent died
-        return False
-    if main_pid == parent or os.name != "posix":
-        return True
-    try:
-        os.kill(main_pid, 0)  # POSIX: a probe, no signal sent
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return True
 
 
 def make_cpu_loader(spec: LoaderSpec) -> CpuLoader:
