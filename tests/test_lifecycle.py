@@ -139,8 +139,7 @@ def test_a_stalled_worker_times_out_with_an_error_naming_worker_and_split(tiny_s
 _PARENT = textwrap.dedent(
     """
     import sys, threading, time
-    import lightning.pytorch as pl
-import psutil
+    import psutil
     from fastdata import ShardDataModule
     from fastdata.read.cpu import ShardBatchDataset
 
@@ -179,16 +178,17 @@ def test_workers_exit_when_the_training_process_is_killed(tiny_shards, tmp_path,
     script = tmp_path / "parent.py"
     script.write_text(_PARENT)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    parent = subprocess.Popen(
-        [sys.executable, str(script), str(tiny_shards), thread],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-    )  # fmt: skip
+    with (tmp_path / "stderr").open("w") as stderr:  # the child keeps its own copy
+        parent = subprocess.Popen(
+            [sys.executable, str(script), str(tiny_shards), thread],
+            stdout=subprocess.PIPE, stderr=stderr, text=True, env=env,
+        )  # fmt: skip
     workers: list[psutil.Process] = []
     try:
         ready, _, _ = select.select([parent.stdout], [], [], 120)
         assert ready, "the training process did not start its workers within 120 s"
         line = parent.stdout.readline()
-        assert line.startswith("WORKERS"), line
+        assert line.startswith("WORKERS"), (tmp_path / "stderr").read_text()
         workers = [psutil.Process(int(pid)) for pid in line.split()[1:]]
         assert len(workers) == 2
         parent.send_signal(signal.SIGKILL)
@@ -198,6 +198,7 @@ def test_workers_exit_when_the_training_process_is_killed(tiny_shards, tmp_path,
     finally:
         parent.kill()
         parent.wait(timeout=10)
+        parent.stdout.close()
         for worker in workers:
             if worker.is_running():
                 worker.kill()
