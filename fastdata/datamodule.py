@@ -54,6 +54,8 @@ log = logging.getLogger("fastdata")
 
 DEFAULT_PHOTO_SIZE = 224
 SMALL_IMAGE_SIDE = 64  # raw data at most this size gets the "cifar" preset by default
+# DataModules whose loaders' workers are stopped when the module is collected.
+_STOPPED_WITH_MODULE: weakref.WeakSet[ShardDataModule] = weakref.WeakSet()
 
 
 class ShardDataModule(pl.LightningDataModule):
@@ -158,7 +160,6 @@ class ShardDataModule(pl.LightningDataModule):
         self._pool = TensorPool()  # CPU batches: reuse released memory instead of page-faulting
         # At most one loader (one set of workers) per split; stopped when the module goes.
         self._loaders: dict[str, EpochLoader] = {}
-        weakref.finalize(self, close_loaders, self._loaders)
         self._cache: Any = None
 
     # ------------------------------------------------------------------ setup
@@ -262,6 +263,9 @@ class ShardDataModule(pl.LightningDataModule):
         if previous is not None:
             previous.close()
         loader = EpochLoader(self, spec, get_backend(self.backend_name).load())
+        if self not in _STOPPED_WITH_MODULE:  # (also an unpickled or copied module)
+            weakref.finalize(self, close_loaders, self._loaders)
+            _STOPPED_WITH_MODULE.add(self)
         self._loaders[spec.split] = loader
         return loader
 

@@ -259,6 +259,17 @@ class EpochLoader:
         self.spec = replace(self.spec, workers=workers)
         self._stale = True
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled (or deep-copied) with its DataModule: the owner travels as a plain reference.
+        state = dict(self.__dict__)
+        state["_owner"], state["_active"] = self._owner(), None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        owner = state.pop("_owner")
+        self.__dict__.update(state)
+        self._owner = weakref.ref(owner) if owner is not None else lambda: None
+
     def __getattr__(self, name: str) -> Any:  # the backend's extras (skipped, ...)
         # Not `dataset`: Lightning would then warn that an IterableDataset's length may be
         # inexact with workers, which this plan's is not.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import pickle
 import select
 import signal
 import subprocess
@@ -216,3 +217,11 @@ def test_loader_is_usable_after_close(tiny_shards):
     labels = torch.cat([y for _, y in loader])
     assert len(labels) == 288 and len(_children()) == 1
     loader.close()
+
+
+def test_a_module_with_loaders_still_pickles_and_its_copy_stops_its_own_workers(tiny_shards):
+    dm = _dm(tiny_shards, num_workers=0)
+    dm.train_dataloader()
+    copy = pickle.loads(pickle.dumps(dm))  # e.g. a launcher sending the module to processes
+    loader = copy.train_dataloader()
+    assert loader.owner is copy and sum(len(y) for _, y in loader) == 288
