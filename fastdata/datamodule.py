@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import weakref
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -28,9 +29,17 @@ from fastdata.augment import Preset
 from fastdata.augment.resolve import TransformSpec, resolve_transforms
 from fastdata.compat import DATAMODULE_BASES
 from fastdata.dataset_info import DatasetInfo
-from fastdata.epoch_loader import EpochLoader, EpochPosition
+from fastdata.epoch_loader import (
+    EpochLoader,
+    EpochPosition,
+    EvalBatch,
+    TrainBatch,
+    close_loaders,
+    restored_steps,
+)
 from fastdata.manifest import VAL_SPLITS, Manifest, load_manifest, resolve_splits
 from fastdata.read import BatchLoader, LoaderSpec, WorkerSettings, get_backend
+from fastdata.read.base import DEFAULT_LOADER_TIMEOUT
 from fastdata.read.carve import Carve, carve_fingerprint, check_fraction
 from fastdata.read.mix import epoch_mix, epoch_size, load_mix, mix_roots
 from fastdata.resume import ResumeState, dataset_fingerprint, mix_description
@@ -49,6 +58,8 @@ log = logging.getLogger("fastdata")
 
 DEFAULT_PHOTO_SIZE = 224
 SMALL_IMAGE_SIDE = 64  # raw data at most this size gets the "cifar" preset by default
+# DataModules whose loaders' workers are stopped when the module is collected.
+_STOPPED_WITH_MODULE: weakref.WeakSet[ShardDataModule] = weakref.WeakSet()
 
 
 class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
@@ -103,7 +114,9 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         weights: a mix's weights, one > 0 per root (default: equal); needs a list `root`.
         epoch_samples: a mix's samples per training epoch (default: the sum of its datasets'
             training sizes); needs a list `root`.
-        loader_timeout: seconds to wait for a worker's batch before raising (0: forever).
+        loader_timeout: seconds to wait for a worker's batch before raising an error that names
+            the worker and split (0: forever). The default, 600, is far above a batch's time on
+            a slow machine (a remote shard's download included) and still ends a hung run.
         mp_context: worker start method ("fork", "spawn", "forkserver"); None: "spawn" once
             CUDA is initialized, else the platform default.
         decoded_cache_dir: where the memory backend caches decoded splits (None:
@@ -139,7 +152,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         preset: str | Preset | None = None,
         weights: Sequence[float] | None = None,
         epoch_samples: int | None = None,
-        loader_timeout: float = 0.0,
+        loader_timeout: float = DEFAULT_LOADER_TIMEOUT,
         mp_context: str | None = None,
         val: str | float | None = None,
         decoded_cache_dir: str | os.PathLike[str] | None = None,
@@ -171,12 +184,13 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         self.manifest: Manifest | None = None
         self.transforms: Preset | None = None  # resolved in setup
         self.backend_name: str | None = None
-        self._train_mode = False
+        self._last_yield_train = False  # mode of the loader that yielded the latest batch
         self._flags: dict[bool, tuple[bool, int]] = {}  # train? -> (normalized, applied_ops)
         self._position = EpochPosition(seed)
         self._generators: dict[torch.device, torch.Generator] = {}
         self._pool = TensorPool()  # CPU batches: reuse released memory instead of page-faulting
-        self._loaders: list[EpochLoader] = []
+        # At most one loader (one set of workers) per split; stopped when the module goes.
+        self._loaders: dict[str, EpochLoader] = {}
         self._cache: Any = None
 
     # ------------------------------------------------------------------ setup
@@ -290,9 +304,25 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
 
     def _loader(self, role: str, train: bool) -> BatchLoader:
         spec = self.loader_spec(role, train)
+        # A new loader of a role replaces the last one: its workers stop now, not at garbage
+        # collection (loaders requested every epoch would otherwise pile up worker processes).
+        # Keyed by role, not split: val= may read the training split (a carve) or the test one.
+        previous = self._loaders.pop(role, None)
+        if previous is not None:
+            previous.close()
         loader = EpochLoader(self, spec, get_backend(self.backend_name).load())
-        self._loaders.append(loader)
+        if self not in _STOPPED_WITH_MODULE:  # (also an unpickled or copied module)
+            weakref.finalize(self, close_loaders, self._loaders)
+            _STOPPED_WITH_MODULE.add(self)
+        self._loaders[role] = loader
         return loader
+
+    def teardown(self, stage: str | None = None) -> None:
+        """Stop every loader's worker processes (Lightning calls this after fit, test, ...).
+
+        The loaders stay usable: iterating one again starts its workers anew.
+        """
+        close_loaders(self._loaders)
 
     def _shard_cache(self) -> Any:
         remote = any("://" in root for root in self.roots)
@@ -315,7 +345,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         self.num_workers = num_workers
         if prefetch_factor is not None:
             self.prefetch_factor = prefetch_factor
-        for loader in self._loaders:
+        for loader in self._loaders.values():
             loader.resize(num_workers, prefetch_factor)
 
     def _size_workers(self, spec: LoaderSpec) -> LoaderSpec:
@@ -347,7 +377,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
             return batch
         x, y = batch
-        train = self._is_training()
+        train = self._is_training(batch)
         seed = self._position.next_batch_seed() if train else self.seed
         normalized, applied = self._flags.get(train, (x.is_floating_point(), 0))
         if normalized or x.is_floating_point():
@@ -357,11 +387,16 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             generator = self._generator(x.device).manual_seed(seed)
             return self.transforms.apply(x, train, generator, self._pool, skip=applied), y
 
-    def _is_training(self) -> bool:
+    def _is_training(self, batch: Any = None) -> bool:
+        """Whether `batch` is a training batch: its type says so (`TrainBatch`, `EvalBatch`);
+        for a tuple rebuilt by other code, the Trainer's state, else the mode of the loader that
+        yielded the latest batch."""
+        if isinstance(batch, (TrainBatch, EvalBatch)):
+            return isinstance(batch, TrainBatch)
         trainer = self._trainer_or_none()
         if trainer is not None:
             return bool(trainer.training)
-        return self._train_mode
+        return self._last_yield_train
 
     def _generator(self, device: torch.device) -> torch.Generator:
         if device not in self._generators:
@@ -393,8 +428,8 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         """Resume: the training epoch `epoch`, when it runs, starts after the consumed samples.
 
         Raises:
-            fastdata.resume.ResumeError: the state belongs to another dataset, mix or seed, or
-                was saved by an older fastdata.
+            fastdata.resume.ResumeError: the state belongs to another dataset, mix or seed, was
+                saved by an older fastdata, or is malformed (the message names the field).
         """
         state = ResumeState.from_dict(state_dict)
         self._check_resume(state)
@@ -444,7 +479,6 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
     def _start_epoch(self, loader: EpochLoader) -> tuple[int, int, int]:
         """Called when a loader is iterated: the (epoch, consumed, steps before) it must produce."""
         train = loader.spec.train
-        self._train_mode = train
         self._flags[train] = (loader.loader.normalized, loader.loader.applied_ops)
         if not train:
             return 0, 0, 0
@@ -452,7 +486,14 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         epoch = trainer.current_epoch if trainer is not None else None
         if trainer is not None and trainer.overfit_batches > 0:
             epoch = 0  # overfit_batches: the first epoch's batches (and augmentation) every epoch
-        return self._position.start(loader.spec, epoch)
+        return self._position.start(loader.spec, epoch, self._restored_steps())
 
     def _pending_len(self, spec: LoaderSpec) -> int | None:
-        return self._position.pending_len(spec)
+        return self._position.pending_len(spec, self._restored_steps())
+
+    def _restored_steps(self) -> int:
+        return restored_steps(self._trainer_or_none())
+
+    def _yielded(self, train: bool) -> None:
+        """A loader handed out a batch (the mode of batches whose type was lost)."""
+        self._last_yield_train = train

@@ -4,11 +4,19 @@
 when iteration starts, which epoch to produce and from which position (a pending resume). The
 `EpochPosition` keeps that position as the epoch plan counts it: batches taken, hence the global
 samples consumed (`EpochPlan.consumed_after`) that `ShardDataModule.state_dict` records.
+
+A batch carries its origin in its type: `TrainBatch` from the training loader, `EvalBatch` from
+an evaluation one (tuple subclasses: Lightning's `transfer_batch_to_device` rebuilds a tuple with
+its own type, dropping only instance attributes). `on_after_batch_transfer` reads the mode, hence
+the transforms and whether the batch counts towards the epoch position, from the batch itself, so
+a validation run in the middle of a training epoch changes neither.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import logging
+import weakref
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -19,7 +27,28 @@ from fastdata.read import BatchLoader, LoaderSpec
 from fastdata.read.plan import EpochPlan, batch_seed
 from fastdata.resume import ResumeState
 
-__all__ = ["EpochLoader", "EpochPosition"]
+__all__ = [
+    "EpochLoader",
+    "EpochPosition",
+    "EvalBatch",
+    "TrainBatch",
+    "close_loaders",
+    "restored_steps",
+]
+
+log = logging.getLogger("fastdata")
+
+
+class TrainBatch(tuple):
+    """(images, labels) yielded by a training loader: augmented and counted as trained on."""
+
+    __slots__ = ()
+
+
+class EvalBatch(tuple):
+    """(images, labels) yielded by an evaluation loader (val, test, predict)."""
+
+    __slots__ = ()
 
 
 class _Owner(Protocol):
@@ -28,6 +57,10 @@ class _Owner(Protocol):
     def _start_epoch(self, loader: EpochLoader) -> tuple[int, int, int]: ...
 
     def _pending_len(self, spec: LoaderSpec) -> int | None: ...
+
+    def _restored_steps(self) -> int: ...
+
+    def _yielded(self, train: bool) -> None: ...
 
 
 class EpochPosition:
@@ -44,12 +77,18 @@ class EpochPosition:
         self.resume: ResumeState | None = None
         self._manual_epoch = -1
 
-    def start(self, spec: LoaderSpec, trainer_epoch: int | None) -> tuple[int, int, int]:
+    def start(
+        self, spec: LoaderSpec, trainer_epoch: int | None, restored_steps: int = 0
+    ) -> tuple[int, int, int]:
         """Begin a training epoch: (epoch, consumed, steps before) the backend must produce.
 
         Args:
             spec: the training loader's spec (its plan is kept for the batch seeds).
             trainer_epoch: the Trainer's current epoch; None without a Trainer (0, 1, 2, ...).
+            restored_steps: batches of this epoch a Trainer restored from a checkpoint counts
+                as taken. Without a data position for the epoch (a checkpoint lacking this
+                DataModule's entry) the whole epoch runs after them, with a warning: its samples
+                before the checkpoint are trained twice, none is skipped.
         """
         if trainer_epoch is None:
             self._manual_epoch += 1
@@ -57,6 +96,17 @@ class EpochPosition:
         consumed = steps = 0
         if self.resume is not None and self.resume.epoch == trainer_epoch:
             consumed, steps = self.resume.consumed, self.resume.steps
+        elif 0 < restored_steps < len(spec.plan(trainer_epoch)):
+            log.warning(
+                "the checkpoint resumes epoch %d after %d batches but holds no data position of "
+                "the ShardDataModule (its entry is missing): the epoch restarts from its first "
+                "sample, so the samples of those %d batches are trained twice and none is "
+                "skipped. Checkpoints saved by Lightning with this DataModule hold the entry.",
+                trainer_epoch,
+                restored_steps,
+                restored_steps,
+            )
+            steps = restored_steps
         self.resume = None
         self.epoch, self.batches = trainer_epoch, steps
         self.plan = spec.plan(trainer_epoch, consumed, steps)
@@ -66,9 +116,14 @@ class EpochPosition:
         """Resume from `state` when its epoch next starts."""
         self.resume = state
         self.epoch, self.batches = state.epoch, state.steps
+        # Without a Trainer epochs are counted here: the next one started is the saved one.
+        self._manual_epoch = state.epoch - 1
 
-    def pending_len(self, spec: LoaderSpec) -> int | None:
+    def pending_len(self, spec: LoaderSpec, restored_steps: int = 0) -> int | None:
         """len() of the training loader while a resume is pending (before the epoch starts).
+
+        Without a data position but with `restored_steps` (see `start`) restored by a Trainer:
+        those steps and a whole epoch after them.
 
         Lightning reads len() once per `fit` and keeps it for every later epoch, so this is the
         larger of the resumed epoch's batches (steps taken + remaining) and a whole epoch's:
@@ -76,8 +131,11 @@ class EpochPosition:
         smaller and would cut every later epoch short. A loader that ends before len() batches
         just ends Lightning's epoch there.
         """
-        if not spec.train or self.resume is None:
+        if not spec.train:
             return None
+        if self.resume is None:
+            whole = len(spec.plan(spec.epoch))
+            return restored_steps + whole if 0 < restored_steps < whole else None
         state = self.resume
         resumed = len(spec.plan(state.epoch, state.consumed, state.steps))
         return max(resumed, len(spec.plan(state.epoch)))
@@ -103,7 +161,9 @@ class EpochLoader:
     """The loader Lightning sees: hands the epoch and resume position to the backend.
 
     The backend loader is reused across epochs (`set_epoch`); it is rebuilt only after
-    `resize` changed its worker settings.
+    `resize` changed its worker settings. Batches come out as `TrainBatch` or `EvalBatch`.
+    The loader holds its DataModule weakly: a DataModule that is no longer referenced is
+    collected (and its loaders' workers stopped) at once, without waiting for a cycle collection.
 
     Args:
         owner: the DataModule (starts epochs, knows a pending resume).
@@ -114,9 +174,22 @@ class EpochLoader:
     def __init__(
         self, owner: _Owner, spec: LoaderSpec, factory: Callable[[LoaderSpec], Any]
     ) -> None:
-        self.owner, self.spec, self.factory = owner, spec, factory
+        self._owner = weakref.ref(owner)
+        self.spec, self.factory = spec, factory
         self.loader: BatchLoader = factory(spec)
         self._stale = False
+        self._active: weakref.ref[Generator[Any, None, None]] | None = None
+
+    @property
+    def owner(self) -> _Owner:
+        """The DataModule; ReferenceError once it was deleted."""
+        owner = self._owner()
+        if owner is None:
+            raise ReferenceError(
+                f"the ShardDataModule of this {self.spec.split!r} loader was deleted (its workers "
+                "were stopped with it): keep a reference to the DataModule while you iterate"
+            )
+        return owner
 
     def __len__(self) -> int:
         pending = self.owner._pending_len(self.spec)
@@ -133,17 +206,40 @@ class EpochLoader:
         # it iterates (data_connector._check_dataloader_iterable drops that iterator), and on
         # resume its first next() comes after the loops are restored, when
         # trainer.current_epoch is the epoch that really runs.
-        return self._batches()
+        batches = self._batches()
+        self._active = weakref.ref(batches)
+        return batches
 
-    def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _batches(self) -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
         if self._stale:
-            close = getattr(self.loader, "close", None)
-            if close is not None:
-                close()
+            self._close_backend()
             self.loader, self._stale = self.factory(self.spec), False
-        epoch, consumed, steps = self.owner._start_epoch(self)
+        owner = self.owner
+        epoch, consumed, steps = owner._start_epoch(self)
         self.loader.set_epoch(epoch, consumed, steps)
-        yield from self.loader
+        kind, train = (TrainBatch, True) if self.spec.train else (EvalBatch, False)
+        for batch in self.loader:
+            owner._yielded(train)
+            yield kind(batch)
+
+    def close(self) -> None:
+        """Stop this loader's worker processes now (iterating it again starts new ones).
+
+        An iteration in progress ends (its generator is closed), so its workers go with it.
+        """
+        active = self._active() if self._active is not None else None
+        self._active = None
+        if active is not None:
+            try:
+                active.close()
+            except ValueError:  # running in another thread: its workers are stopped below
+                pass
+        self._close_backend()
+
+    def _close_backend(self) -> None:
+        close = getattr(self.loader, "close", None)
+        if close is not None:
+            close()
 
     def state_dict(self) -> dict[str, Any]:
         """Empty: the position is `ShardDataModule.state_dict`, which every checkpoint holds.
@@ -174,9 +270,40 @@ class EpochLoader:
 
         return FabricLoader(self)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Pickled (or deep-copied) with its DataModule: the owner travels as a plain reference.
+        state = dict(self.__dict__)
+        state["_owner"], state["_active"] = self._owner(), None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        owner = state.pop("_owner")
+        self.__dict__.update(state)
+        self._owner = weakref.ref(owner) if owner is not None else lambda: None
+
     def __getattr__(self, name: str) -> Any:  # the backend's extras (skipped, ...)
         # Not `dataset`: Lightning would then warn that an IterableDataset's length may be
         # inexact with workers, which this plan's is not.
-        if name in ("loader", "dataset"):
+        if name in ("loader", "dataset", "_owner", "_active"):
             raise AttributeError(name)
         return getattr(self.loader, name)
+
+
+def close_loaders(loaders: dict[str, EpochLoader]) -> None:
+    """Stop the workers of every loader in `loaders` (also run when their DataModule is
+    collected: `weakref.finalize`)."""
+    for loader in list(loaders.values()):
+        loader.close()
+
+
+def restored_steps(trainer: Any) -> int:
+    """Batches of the current epoch that a Trainer resuming from a mid-epoch checkpoint counts
+    as done (0 without a Trainer, or when it is not resuming mid-epoch).
+
+    Read while Lightning restarts its loops (from `len()` and the epoch's first batch), when
+    its epoch loop's batch progress holds the restored count.
+    """
+    loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+    if loop is None or not loop.restarting:
+        return 0
+    return int(loop.batch_progress.current.ready)

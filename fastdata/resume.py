@@ -11,6 +11,9 @@ seed, another split size) is refused with the reason, never silently remapped.
 from __future__ import annotations
 
 import hashlib
+import numbers
+import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,6 +28,18 @@ __all__ = [
 ]
 
 STATE_VERSION = 2
+
+# The least each integer field may be (a state from a checkpoint is untrusted input).
+_MINIMUM = {
+    "epoch": 0,
+    "consumed": 0,
+    "steps": 0,
+    "seed": 0,
+    "world_size": 1,
+    "batch_size": 1,
+    "num_samples": 0,
+}
+_FINGERPRINT = re.compile(r"[0-9a-f]{16}")
 
 
 class ResumeError(ValueError):
@@ -99,8 +114,21 @@ class ResumeState:
         return state
 
     @classmethod
-    def from_dict(cls, state: dict[str, Any]) -> ResumeState:
-        """Parse a `to_dict` result; ResumeError for an older or malformed state."""
+    def from_dict(cls, state: Any) -> ResumeState:
+        """Parse and validate a `to_dict` result.
+
+        Every field is checked (type, range, consistency with the others); `check` then
+        compares it with the dataset and seed.
+
+        Raises:
+            ResumeError: an older or malformed state, naming the field at fault.
+        """
+        if not isinstance(state, Mapping):
+            raise ResumeError(
+                f"the checkpoint's data position is a {type(state).__name__}, not the dict "
+                "ShardDataModule.state_dict() returns: drop the checkpoint's 'ShardDataModule' "
+                "entry to restart the epoch, or resume from a checkpoint Lightning wrote"
+            )
         if state.get("version") != STATE_VERSION:
             raise ResumeError(
                 f"this data position was saved by an older fastdata ({sorted(state)}): it records "
@@ -108,13 +136,48 @@ class ResumeState:
                 "exactly; resume from an end-of-epoch checkpoint, or drop the checkpoint's "
                 "'datamodule' entry to restart the epoch"
             )
-        fields = [name for name in cls.__dataclass_fields__ if name != "mix"]
-        try:
-            values = {name: state[name] for name in fields}
-        except KeyError as exc:
-            raise ResumeError(f"data position {state} lacks {exc}") from exc
-        values = {k: (str(v) if k == "dataset" else int(v)) for k, v in values.items()}
-        return cls(**values, mix=str(state.get("mix", "")))  # no "mix": one dataset
+        values: dict[str, Any] = {}
+        for name, least in _MINIMUM.items():
+            if name not in state:
+                raise ResumeError(f"the data position lacks field {name!r} ({dict(state)})")
+            value = state[name]
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ResumeError(f"data position field {name!r} must be an integer, got {value!r}")
+            if value < least:
+                raise ResumeError(f"data position field {name!r} must be >= {least}, got {value}")
+            values[name] = int(value)
+        for name, pattern in (("dataset", _FINGERPRINT), ("mix", None)):
+            value = state.get(name, "") if name == "mix" else state.get(name)
+            if not isinstance(value, str) or (pattern and not pattern.fullmatch(value)):
+                raise ResumeError(
+                    f"data position field {name!r} must be "
+                    + ("16 hex digits" if pattern else "a string")
+                    + f", got {value!r}"
+                )
+            values[name] = value
+        result = cls(**values)  # no "mix": one dataset
+        result._check_consistent()
+        return result
+
+    def _check_consistent(self) -> None:
+        """The fields agree with each other (ResumeError naming the one that does not)."""
+        if self.consumed > self.num_samples:
+            raise ResumeError(
+                f"data position field 'consumed' ({self.consumed}) exceeds 'num_samples' "
+                f"({self.num_samples})"
+            )
+        # Each step (all ranks together) consumes at least one new sample of the epoch, whatever
+        # the world size and batch size were, so steps never exceed the samples consumed.
+        if self.steps > self.consumed:
+            raise ResumeError(
+                f"data position field 'steps' ({self.steps}) exceeds 'consumed' "
+                f"({self.consumed}): each step consumes at least one sample of the epoch"
+            )
+        if (self.steps == 0) != (self.consumed == 0):
+            raise ResumeError(
+                f"data position fields 'steps' ({self.steps}) and 'consumed' ({self.consumed}) "
+                "disagree: both are 0 at the start of an epoch, neither after it began"
+            )
 
     def check(self, seed: int, num_samples: int, dataset: str, mix: str = "") -> None:
         """ResumeError unless this state belongs to the same dataset (or mix) and seed.
@@ -144,8 +207,7 @@ class ResumeState:
                 f"has seed={seed}: the epoch order differs, so the consumed samples cannot be "
                 f"skipped; pass seed={self.seed}"
             )
-        if not 0 <= self.consumed <= self.num_samples:
-            raise ResumeError(f"consumed={self.consumed} outside [0, {self.num_samples}]")
+        self._check_consistent()
 
 
 def _mix_words(mix: str) -> str:

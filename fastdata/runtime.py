@@ -133,8 +133,12 @@ def size_workers(
     decode_threads: int | Literal["auto"] = 1,
 ) -> LoaderSpec:
     """`spec` with its workers: `settings` with the given counts, "auto" ones measured
-    (`fastdata.tune.auto_loader_settings`, which then also sets pinning and persistence; with
-    `decode_threads="auto"` it times (workers, decode threads) pairs on photo splits)."""
+    (`fastdata.tune.auto_loader_settings`, which then also sets pinning; with
+    `decode_threads="auto"` it times (workers, decode threads) pairs on photo splits).
+
+    Workers persist between epochs whenever there are any: persistence follows the worker count
+    used, never the tuner's verdict on another count (with `num_workers=2` and
+    `prefetch_factor="auto"` the tuner may measure 0 workers best under a busy start-up)."""
     if "auto" in (workers, prefetch, decode_threads):
         from fastdata.tune import auto_loader_settings
 
@@ -148,7 +152,7 @@ def size_workers(
         settings = replace(
             settings,
             pin_memory=auto.pin_memory,
-            persistent_workers=auto.persistent_workers,
+            persistent_workers=None,  # decided by the workers used (`WorkerSettings`)
             decode_threads=auto.decode_threads if decode_threads == "auto" else decode_threads,
         )
     settings = replace(settings, num_workers=int(workers), prefetch_factor=max(1, int(prefetch)))

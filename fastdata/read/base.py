@@ -17,7 +17,11 @@ from fastdata.manifest import Manifest
 from fastdata.read.carve import Carve
 from fastdata.read.plan import EpochMix, EpochPlan, PlanConfig, plan_epoch
 
-__all__ = ["BatchLoader", "LoaderSpec", "WorkerSettings"]
+__all__ = ["DEFAULT_LOADER_TIMEOUT", "BatchLoader", "LoaderSpec", "WorkerSettings"]
+
+# Seconds a loader waits for one worker's batch: far above a batch's time on a slow, busy machine
+# (a large remote shard's first download included), and still an error, not a hang, at a stall.
+DEFAULT_LOADER_TIMEOUT = 600.0
 
 
 @runtime_checkable
@@ -51,7 +55,8 @@ class WorkerSettings:
         decode_threads: threads decoding one batch's images inside each worker / process.
         pin_memory: pin batches for faster host-to-GPU copies; None: when CUDA is available.
         persistent_workers: keep workers between epochs; None: when there are workers.
-        timeout: seconds a DataLoader waits for a worker's batch before raising (0: forever).
+        timeout: seconds a DataLoader waits for a worker's batch before raising (0: forever;
+            default `DEFAULT_LOADER_TIMEOUT`).
         mp_context: worker start method ("fork", "spawn", "forkserver"); None: "spawn" once CUDA
             is initialized in this process (forking it is unsafe), else the platform default.
     """
@@ -61,7 +66,7 @@ class WorkerSettings:
     decode_threads: int = 1
     pin_memory: bool | None = None
     persistent_workers: bool | None = None
-    timeout: float = 0.0
+    timeout: float = DEFAULT_LOADER_TIMEOUT
     mp_context: str | None = None
 
 

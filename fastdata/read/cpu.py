@@ -9,14 +9,22 @@ The epoch and the resume position live in a small shared-memory tensor, so persi
 see a new epoch without being restarted. A persistent training worker decodes its first batch of
 the next epoch in a thread as soon as it has made its last one (`_Ahead`), so its core does not
 idle while the epoch ends; the batch is used only if the next epoch is the one foreseen.
+
+Workers never outlive the training process: each asks Linux to kill it when its parent dies
+(`PR_SET_PDEATHSIG`), and a watchdog thread (every platform) ends it within a second of the
+parent's death, whatever the worker is blocked on. `CpuLoader.close` stops them at once.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import threading
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -28,12 +36,23 @@ from fastdata.read.base import LoaderSpec
 from fastdata.read.decode import Geometry, decode_batch, decode_raw, stored_hw
 from fastdata.read.plan import PAD_LABEL, EpochPlan, rows_to_refs, sample_seed, worker_batch_numbers
 from fastdata.read.shardio import ShardReader, ShardReadError
+from fastdata.read.workers import worker_init
 
-__all__ = ["CpuLoader", "ShardBatchDataset", "decode_geometry", "make_cpu_loader"]
+__all__ = [
+    "CpuLoader",
+    "LoaderTimeoutError",
+    "ShardBatchDataset",
+    "decode_geometry",
+    "make_cpu_loader",
+]
 
 log = logging.getLogger("fastdata")
 
 _EPOCH, _CONSUMED, _STEPS, _SKIPS = 0, 1, 2, 3  # slots of the shared state tensor
+
+
+class LoaderTimeoutError(RuntimeError):
+    """No batch came from a loader worker within the loader's timeout."""
 
 
 def decode_geometry(spec: LoaderSpec) -> tuple[Geometry, int]:
@@ -93,7 +112,8 @@ class ShardBatchDataset(IterableDataset):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         epoch, consumed, steps = (int(v) for v in self.state[:_SKIPS])
         ahead, self._ahead = self._ahead, None
-        ready = ahead.take((epoch, consumed, steps)) if ahead is not None else None
+        wait = self.spec.workers.timeout or None
+        ready = ahead.take((epoch, consumed, steps), wait) if ahead is not None else None
         plan = self.spec.plan(epoch, consumed, steps)
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
@@ -254,11 +274,23 @@ class _Ahead:
         return ahead
 
     def take(
-        self, key: tuple[int, int, int]
+        self, key: tuple[int, int, int], timeout: float | None = None
     ) -> tuple[int, tuple[tuple[torch.Tensor, torch.Tensor], list[_Skip]]] | None:
-        """(batch number, (batch, skips)) when `key` is the epoch foreseen, else None."""
+        """(batch number, (batch, skips)) when `key` is the epoch foreseen, else None.
+
+        Waits at most `timeout` seconds (None: until the thread ends) for the thread; a thread
+        still running then is left behind (a daemon) and the batch is decoded anew.
+        """
         if self._thread is not None:
-            self._thread.join()
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                log.warning(
+                    "the next epoch's first batch of worker %d was not decoded after %s s; "
+                    "decoding it again",
+                    self.number,
+                    timeout,
+                )
+                return None
         if key != self.key:
             return None
         if self._error is not None:
@@ -312,11 +344,53 @@ class CpuLoader:
             multiprocessing_context=context if w.num_workers > 0 else None,
         )
 
+        self._iterator: weakref.ref[Any] | None = None
+
     def __len__(self) -> int:
         return len(self.dataset)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        return iter(self.dataloader)
+        # Read when workers start (the first iteration, or every one without persistence).
+        # The parent-death signal is sent when the *thread* that started the worker ends, so it
+        # is asked for only when that is the main thread; the watchdog covers the rest.
+        main = threading.current_thread() is threading.main_thread()
+        self.dataloader.worker_init_fn = functools.partial(worker_init, os.getpid(), main)
+        iterator = iter(self.dataloader)
+        self._iterator = weakref.ref(iterator)
+        return self._batches(iterator)
+
+    def _batches(self, iterator: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        while True:
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            except RuntimeError as exc:
+                if "timed out" not in str(exc) or self.spec.workers.num_workers == 0:
+                    raise
+                raise self._timeout_error(iterator) from exc
+            yield batch
+
+    def _timeout_error(self, iterator: Any) -> LoaderTimeoutError:
+        task = getattr(iterator, "_task_info", {}).get(getattr(iterator, "_rcvd_idx", -1))
+        worker = f"worker {task[0]}" if task else "a worker"
+        return LoaderTimeoutError(
+            f"no batch from {worker} of the {self.spec.split!r} loader "
+            f"({self.spec.manifest.root}) within {self.spec.workers.timeout:g} s (loader_timeout):"
+            " the worker is stuck or far slower than expected (a stalled remote read, an "
+            "overloaded machine); raise loader_timeout, or pass 0 to wait forever"
+        )
+
+    def close(self) -> None:
+        """Stop the worker processes now (idempotent; iterating again starts new ones)."""
+        iterators = [self.dataloader._iterator]
+        if self._iterator is not None:
+            iterators.append(self._iterator())
+        self.dataloader._iterator, self._iterator = None, None
+        for iterator in {id(it): it for it in iterators if it is not None}.values():
+            shutdown = getattr(iterator, "_shutdown_workers", None)
+            if shutdown is not None:  # a multiprocessing iterator
+                shutdown()
 
     def set_epoch(self, epoch: int, consumed: int = 0, steps_before: int = 0) -> None:
         """Select the epoch and the position in it to start from (resume)."""
