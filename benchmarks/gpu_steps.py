@@ -314,10 +314,11 @@ def _release(loader: Any, dm: Any, device: torch.device) -> None:
     for obj in (loader, getattr(loader, "loader", None), getattr(loader, "_loader", None)):
         if obj is not None and hasattr(obj, "close"):
             obj.close()
-    # The DataModule keeps its loaders (for resize_workers): drop them, or the store stays.
-    for name in ("_loaders",):
-        if isinstance(getattr(dm, name, None), list):
-            getattr(dm, name).clear()
+    # The DataModule keeps its loaders (one per role, for resize_workers): stop and drop them,
+    # or the store stays.
+    if dm is not None:
+        dm.teardown()
+        dm._loaders.clear()
 
 
 def _collect(device: torch.device) -> None:
