@@ -65,6 +65,7 @@ from fastdata.augment.presets import (
     RandomResizedCrop,
     ResizeCenterCrop,
     get_preset,
+    image_seed,
 )
 
 __all__ = [
@@ -87,6 +88,7 @@ __all__ = [
     "crop_with_padding",
     "flip_horizontal",
     "get_preset",
+    "image_seed",
     "normalize",
     "pad_crop_params",
     "random_crop_with_padding",

@@ -189,7 +189,8 @@ def build_graph(spec: LoaderSpec, gpu: bool) -> Callable[[Any], Any]:
     if kind in ("rrc", "center"):
         size = (spec.preset.image_size,) * 2
     else:
-        size = stored_hw(info, spec.image_size)  # ValueError for photos of varying size
+        # ValueError for photos of varying size
+        size = stored_hw(info, spec.image_size, margin=spec.preset.resizes(spec.train))
     preset = spec.preset
     graph = _Graph(
         kind,
