@@ -69,9 +69,9 @@ def check_sizes(preset: Preset, splits: Mapping[str, SplitInfo], image_size: int
     """Refuse, before any batch, a preset whose output size its ops cannot reach.
 
     Encoded images are decoded at the output size (`fastdata.read.decode.stored_hw`), but raw
-    samples keep theirs: a preset with an `image_size` whose ops for a split keep the input size
-    (no `RandomResizedCrop` / `ResizeCenterCrop`, no user callable) cannot turn them into
-    ``image_size`` squared images.
+    samples keep theirs: a preset with an `image_size` whose ops for a split do not crop to it
+    (no `RandomResizedCrop` / `ResizeCenterCrop`) cannot turn them into ``image_size`` squared
+    images, and a user callable would not get the output size it is promised.
 
     Args:
         preset: the resolved preset.
@@ -88,7 +88,7 @@ def check_sizes(preset: Preset, splits: Mapping[str, SplitInfo], image_size: int
     for role, info in splits.items():
         train = role == "train"
         ops = preset.ops(train)
-        if size is None or preset.resizes(train) or any(isinstance(o, BatchTransform) for o in ops):
+        if size is None or preset.resizes(train):
             continue
         h, w = stored_hw(info, image_size, margin=False)
         if (h, w) != (size, size):
@@ -96,7 +96,7 @@ def check_sizes(preset: Preset, splits: Mapping[str, SplitInfo], image_size: int
             raise ValueError(
                 f"the {role} split holds {info.encoding} images of {h}x{w}, which are not "
                 f"resized, and the {preset.name!r} {'train' if train else 'eval'} ops [{names}] "
-                f"keep that size, so they cannot make image_size={size}: pass image_size=None "
+                f"do not crop to image_size={size}: pass image_size=None "
                 "(keep the data's size), transforms that crop to image_size ('photo'), or "
                 "re-shard with `fastdata shard --encoding png` (encoded images are resized to "
                 "image_size while decoding)"
