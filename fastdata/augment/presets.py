@@ -127,11 +127,11 @@ class BatchTransform:
             seed = int(torch.randint(0, 2**62, (1,)))
         with torch.random.fork_rng(devices=devices):
             if not self.per_sample:
-                torch.manual_seed(seed)
+                _seed_global(seed, x.device)
                 return self.fn(x)
             outs = []
             for i in range(x.shape[0]):
-                torch.manual_seed(image_seed(seed, i))
+                _seed_global(image_seed(seed, i), x.device)
                 outs.append(self.fn(x[i : i + 1]))
         return _stack(outs, self.fn, x)
 
@@ -139,6 +139,15 @@ class BatchTransform:
     def name(self) -> str:
         """The callable's name (for messages)."""
         return getattr(self.fn, "__name__", type(self.fn).__name__)
+
+
+def _seed_global(seed: int, device: torch.device) -> None:
+    """Seed torch's global CPU generator and, for a CUDA batch, its device's generator (what
+    `torch.manual_seed` does for them, without its ~0.3 ms of seeding every other backend)."""
+    torch.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        torch.cuda.default_generators[index].manual_seed(seed)
 
 
 def image_seed(batch_seed: int, index: int) -> int:
