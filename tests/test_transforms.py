@@ -178,3 +178,15 @@ def test_a_callable_returning_images_of_different_sizes_is_named():
     x = torch.zeros((8, 3, 4, 4), dtype=torch.uint8)
     with pytest.raises(ValueError, match="'ragged'.*same size"):
         BatchTransform(ragged)(x, None, torch.Generator().manual_seed(0))
+
+
+def test_photos_are_stored_with_room_only_for_presets_that_crop(photos):
+    from fastdata.augment import get_preset
+    from fastdata.manifest import load_manifest
+    from fastdata.read.memory import resident_nbytes
+
+    info = load_manifest(photos).split("train")
+    n = info.num_samples
+    assert resident_nbytes(info, 224, get_preset("photo", 224)) == n * 3 * 256 * 256
+    assert resident_nbytes(info, 224, get_preset("none", 224)) == n * 3 * 224 * 224
+    assert resident_nbytes(info, 224, get_preset("cifar", 224), train=False) == n * 3 * 224 * 224
