@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -100,14 +101,6 @@ def test_a_callable_without_eval_transforms_validates_photos(photos, backend):
         assert x.shape == (4, 3, 32, 32) and x.dtype == torch.float32
 
 
-def _first_raw_batches(root: Path, **kw) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    out = {}
-    for backend in BACKENDS:
-        dm = _dm(root, backend, seed=5, **kw)
-        out[backend] = next(iter(dm.train_dataloader()))
-    return out
-
-
 @pytest.mark.parametrize(
     ("data", "kw", "hw"),
     [
@@ -116,21 +109,18 @@ def _first_raw_batches(root: Path, **kw) -> dict[str, tuple[torch.Tensor, torch.
     ],
 )
 def test_every_backend_loader_yields_uint8_at_the_output_size(request, data, kw, hw):
-    batches = _first_raw_batches(request.getfixturevalue(data), **kw)
-    for backend, (x, y) in batches.items():
+    root, raw, done = request.getfixturevalue(data), {}, {}
+    for backend in BACKENDS:
+        raw[backend] = next(iter(_dm(root, backend, seed=5, **kw).train_dataloader()))
+        dm = _dm(root, backend, seed=5, **kw)
+        done[backend] = next(iter(dm.prepared(dm.train_dataloader())))
+    for backend, (x, y) in raw.items():
         assert (x.dtype, tuple(x.shape[1:]), y.dtype) == (torch.uint8, (3, *hw), torch.int64), (
             backend
         )
-    assert torch.equal(batches["cpu"][1], batches["memory"][1])
-
-
-def test_prepared_batches_are_the_same_on_cpu_and_memory(raw8):
-    out = {}
-    for backend in BACKENDS:
-        dm = _dm(raw8, backend, seed=5, train_transforms="cifar")
-        out[backend] = [x for x, _ in dm.prepared(dm.train_dataloader())][:3]
-    for a, b in zip(out["cpu"], out["memory"], strict=True):
-        assert a.dtype == torch.float32 and torch.allclose(a, b, atol=1e-5)
+    assert torch.equal(raw["cpu"][1], raw["memory"][1])
+    if data == "raw8":  # the same pixels in the end: memory's fused crop, cpu's on the device
+        assert torch.allclose(done["cpu"][0], done["memory"][0], atol=1e-5)
 
 
 # ---------------------------------------------------------------- case 5: per-image draws
@@ -190,3 +180,19 @@ def test_photos_are_stored_with_room_only_for_presets_that_crop(photos):
     assert resident_nbytes(info, 224, get_preset("photo", 224)) == n * 3 * 256 * 256
     assert resident_nbytes(info, 224, get_preset("none", 224)) == n * 3 * 224 * 224
     assert resident_nbytes(info, 224, get_preset("cifar", 224), train=False) == n * 3 * 224 * 224
+
+
+def test_a_resumed_run_repeats_the_per_image_draws(raw8):
+    kw = dict(train_transforms=coin_flip, mean=(0,) * 3, std=(1,) * 3, seed=4)
+    dm = _dm(raw8, "cpu", **kw)
+    batches = list(itertools.islice(dm.prepared(dm.train_dataloader(), CPU), 3))
+    state = ShardDataModule(raw8, num_workers=0, batch_size=10, **kw)
+    state.setup("fit")
+    list(itertools.islice(state.prepared(state.train_dataloader(), CPU), 2))
+    resumed = ShardDataModule(raw8, num_workers=0, batch_size=10, **kw)
+    resumed.load_state_dict(state.state_dict())
+    resumed.setup("fit")
+    raw, y = next(iter(resumed.train_dataloader()))
+    x, labels = resumed.on_after_batch_transfer((raw, y), 0)
+    assert torch.equal(labels, batches[2][1]) and torch.equal(x, batches[2][0])
+    assert 0 < sum(_flipped(raw, x)) < len(raw)
