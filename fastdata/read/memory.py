@@ -70,7 +70,7 @@ class FusedPadCrop:
     """A preset whose training ops the memory backend runs inside its gather.
 
     Attributes:
-        preset: the preset (its mean, std, dtype and memory format normalize the batch).
+        preset: the preset (the DataModule normalizes the uint8 windows with it).
         pad: the pad-crop's padding.
         flip_p: the pad-crop's mirror probability.
     """
