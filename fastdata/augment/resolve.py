@@ -96,8 +96,8 @@ def check_sizes(preset: Preset, splits: Mapping[str, SplitInfo], image_size: int
             raise ValueError(
                 f"the {role} split holds {info.encoding} images of {h}x{w}, which are not "
                 f"resized, and the {preset.name!r} {'train' if train else 'eval'} ops [{names}] "
-                f"do not crop to image_size={size}: pass image_size=None "
-                "(keep the data's size), transforms that crop to image_size ('photo'), or "
+                f"do not crop to image_size={size}: pass image_size=None (keep the data's "
+                "size; a Preset's own image_size too), transforms that crop to it ('photo'), or "
                 "re-shard with `fastdata shard --encoding png` (encoded images are resized to "
                 "image_size while decoding)"
             )
