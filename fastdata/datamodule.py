@@ -4,10 +4,9 @@
     trainer.fit(model, datamodule=dm)          # the model's code does not change
 
 Every backend reads the same epoch plan (`fastdata.read.plan`) and yields uint8 batches, not
-normalized, at the output size for the built-in presets (`dali`, which fuses the whole preset
-into its graph: normalized floats); `on_after_batch_transfer` runs the rest of the transforms
-batched on the training device, after the cheap uint8 copy, seeded per batch from the plan
-(`prepared`: both, for code that iterates a loader itself). The module keeps its position in
+normalized, at the output size for the built-in presets; `on_after_batch_transfer` runs the rest
+of the transforms and the normalization batched on the training device, after the cheap uint8
+copy, seeded per batch from the plan (`prepared`: both, for code that iterates a loader itself). The module keeps its position in
 the epoch as global samples consumed (`state_dict`), so a run resumed from a mid-epoch
 checkpoint, even with another world size or batch size, continues with exactly the samples not
 yet trained on. A list of roots is a mix of datasets
@@ -313,7 +312,7 @@ class ShardDataModule(pl.LightningDataModule):
     def prepared(
         self, loader: Iterable[Any], device: torch.device | str | None = None
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """`loader`'s batches as the model gets them (moved to `device`, default the training
+        """`loader`'s uint8 batches as the model gets them (moved to `device`, default the training
         device, and finished by `on_after_batch_transfer`), for code that iterates a loader itself:
         ``torch.optim.swa_utils.update_bn(dm.prepared(dm.train_dataloader()), model)``."""
         target = torch.device(device) if device is not None else self._device()
