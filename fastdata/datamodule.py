@@ -3,12 +3,13 @@
     dm = ShardDataModule("shards/cifar100", batch_size=256, num_workers=2)
     trainer.fit(model, datamodule=dm)          # the model's code does not change
 
-Every backend reads the same epoch plan (`fastdata.read.plan`) and yields uint8 batches (or,
-where it fuses the whole preset, normalized ones); `on_after_batch_transfer` runs the rest of the
-transforms batched on the training device, after the cheap uint8 copy, seeded per batch from the
-plan. The module keeps its position in the epoch as global samples consumed (`state_dict`), so a
-run resumed from a mid-epoch checkpoint, even with another world size or batch size, continues
-with exactly the samples not yet trained on. A list of roots is a mix of datasets
+Every backend reads the same epoch plan (`fastdata.read.plan`) and yields uint8 batches, not
+normalized, at the output size for the built-in presets; `on_after_batch_transfer` runs the rest
+of the transforms and the normalization batched on the training device, after the cheap uint8
+copy, seeded per batch from the plan (`prepared`: both, for code that iterates a loader itself). The module keeps its position in
+the epoch as global samples consumed (`state_dict`), so a run resumed from a mid-epoch
+checkpoint, even with another world size or batch size, continues with exactly the samples not
+yet trained on. A list of roots is a mix of datasets
 (`fastdata.read.mix`): each training epoch draws from each in proportion to its weight.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -26,7 +27,7 @@ import torch
 from fastdata._pool import TensorPool
 from fastdata._threads import one_thread_on_cpu
 from fastdata.augment import Preset
-from fastdata.augment.resolve import TransformSpec, resolve_transforms
+from fastdata.augment.resolve import TransformSpec, check_sizes, resolve_transforms
 from fastdata.compat import DATAMODULE_BASES
 from fastdata.dataset_info import DatasetInfo
 from fastdata.epoch_loader import (
@@ -86,8 +87,10 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             if its store of the training split fits a share of the device's free memory, else a
             GPU decoder with a GPU, else cpu).
         train_transforms: a preset name ("cifar", "photo", "none"), a `fastdata.augment.Preset`,
-            or a callable on uint8 (N, 3, H, W) batches on the device (e.g. torchvision
-            transforms v2, kornia); None: "cifar" for small fixed-size images, else "photo".
+            or a callable on uint8 (N, 3, H, W) images on the device (e.g. torchvision
+            transforms v2, kornia), called per image (own draws, seeded from the plan) at the
+            output size (`fastdata.augment.BatchTransform(fn, per_sample=False)`: per batch);
+            None: "cifar" for small fixed-size images, else "photo".
         eval_transforms: the same for val/test batches; None: the train preset's eval ops (for a
             callable: none, i.e. normalization only).
         mean: per-channel mean on the 0..255 scale; None: a `Preset` object's own, else the
@@ -229,6 +232,8 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         self.transforms = resolve_transforms(
             chosen, self.eval_transforms_spec, self.image_size, mean, std
         )
+        roles = {role: self.manifest.split(name) for role, name in self.split_names.items()}
+        check_sizes(self.transforms, roles, self.image_size)
         self.backend_name = self._choose_backend()
         if self._position.resume is not None:
             self._check_resume(self._position.resume)
@@ -386,6 +391,16 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         with one_thread_on_cpu(x.device):
             generator = self._generator(x.device).manual_seed(seed)
             return self.transforms.apply(x, train, generator, self._pool, skip=applied), y
+
+    def prepared(
+        self, loader: Iterable[Any], device: torch.device | str | None = None
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """`loader`'s uint8 batches as the model gets them (moved to `device`, default the training
+        device, and finished by `on_after_batch_transfer`), for code that iterates a loader itself:
+        ``torch.optim.swa_utils.update_bn(dm.prepared(dm.train_dataloader()), model)``."""
+        target = torch.device(device) if device is not None else self._device()
+        for batch in loader:
+            yield self.on_after_batch_transfer(self.transfer_batch_to_device(batch, target, 0), 0)
 
     def _is_training(self, batch: Any = None) -> bool:
         """Whether `batch` is a training batch: its type says so (`TrainBatch`, `EvalBatch`);

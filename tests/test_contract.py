@@ -151,4 +151,5 @@ def test_typed_preset_and_dataset_statistics(tiny_shards):
     custom = Preset("mine", None, (1.0, 2.0, 3.0), (4.0, 5.0, 6.0), get_preset("cifar").train_ops)
     dm2 = _dm(tiny_shards, "memory", train_transforms=custom)
     assert dm2.transforms.mean == (1.0, 2.0, 3.0)
-    assert dm2.train_dataloader().loader.normalized  # the memory backend fused the PadCrop
+    loader = dm2.train_dataloader().loader
+    assert loader.applied_ops == 1 and not loader.normalized  # the memory backend fused the PadCrop

@@ -136,9 +136,9 @@ class RangeRecorder(SmallCNN):
 
 
 def test_memory_backend_fused_training_batches_with_validation_mid_epoch(tiny_shards):
-    # The fused cifar loader yields normalized float training batches; a validation run in the
-    # middle of the epoch yields uint8 batches the data module normalizes. Each must be
-    # normalized exactly once, before and after the validation run.
+    # The fused cifar loader yields cropped uint8 training batches; a validation run in the
+    # middle of the epoch yields plain uint8 batches. The data module must normalize each
+    # exactly once (and crop only the plain ones), before and after the validation run.
     dm = ShardDataModule(
         tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="memory",
         preset="cifar", splits={"val": "test"},
@@ -149,7 +149,7 @@ def test_memory_backend_fused_training_batches_with_validation_mid_epoch(tiny_sh
         enable_progress_bar=False, enable_model_summary=False, val_check_interval=0.5,
     )  # fmt: skip
     trainer.fit(model, datamodule=dm)
-    assert dm.train_dataloader().normalized and not dm.val_dataloader().normalized
+    assert dm.train_dataloader().loader.applied_ops == 1 and not dm.train_dataloader().normalized
     assert len(model.ranges["train"]) == 9 and len(model.ranges["val"]) >= 4
     # CIFAR-100 mean/std on uint8 pixels: about [-1.9, 2.2]; twice-normalized values stay near -1.9.
     for low, high in model.ranges["train"] + model.ranges["val"]:

@@ -7,8 +7,9 @@ them (torchvision v2 style), on the device of the ``torch.Generator`` when one i
 batch's device) and then moved to the batch: a CPU generator with a fixed seed gives the same
 augmentation for a CPU batch and for a CUDA batch.
 
-Presets (`get_preset(name)`, typed `Preset` objects; a user's own batched callable is wrapped as a
-`BatchTransform` op); every backend gives the same semantics:
+Presets (`get_preset(name)`, typed `Preset` objects; a user's own callable is wrapped as a
+`BatchTransform` op, called once per image with its own seed, `image_seed`, or with
+``per_sample=False`` once per batch); every backend gives the same semantics:
 
 - ``"cifar"``: train = random 32x32 crop (the input size) of the input zero-padded by 4 pixels on
   every side, offsets ``(dy, dx)`` uniform in ``[0, 8]`` each (torchvision
@@ -65,6 +66,7 @@ from fastdata.augment.presets import (
     RandomResizedCrop,
     ResizeCenterCrop,
     get_preset,
+    image_seed,
 )
 
 __all__ = [
@@ -87,6 +89,7 @@ __all__ = [
     "crop_with_padding",
     "flip_horizontal",
     "get_preset",
+    "image_seed",
     "normalize",
     "pad_crop_params",
     "random_crop_with_padding",

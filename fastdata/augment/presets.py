@@ -42,6 +42,7 @@ __all__ = [
     "RandomResizedCrop",
     "ResizeCenterCrop",
     "get_preset",
+    "image_seed",
 ]
 
 
@@ -96,20 +97,82 @@ class ResizeCenterCrop:
 
 @dataclass(frozen=True)
 class BatchTransform:
-    """A user's callable on a uint8 (N, 3, H, W) batch on the device, returning (N, 3, H', W')
-    on the 0..255 scale (uint8 or float), e.g. a `torchvision.transforms.v2` pipeline or a kornia
-    augmentation. The DataModule seeds torch's global generator per batch around the call (on
-    the batch's device), so its random draws repeat on a resumed run."""
+    """A user's callable on uint8 (N, 3, H, W) images on the device, returning (N, 3, H', W') on
+    the 0..255 scale (uint8 or float): a `torchvision.transforms.v2` pipeline, a kornia
+    augmentation, or plain torch.
+
+    With `per_sample` (the default) the callable is called once per image, on a (1, 3, H, W)
+    slice, with torch's global generator seeded for that image from the batch's seed and the
+    image's index (`image_seed`): every image gets its own random draws (a v2 transform called
+    on a whole batch draws once for all of it), and a resumed run repeats them. With
+    ``per_sample=False`` it is called once on the whole batch, seeded with the batch's seed: for
+    callables that already draw per image (e.g. kornia's, or the README's ``jitter_and_erase``),
+    which then run without the per-image loop.
+
+    Args:
+        fn: the callable.
+        per_sample: call it once per image (True) or once per batch (False).
+    """
 
     fn: Callable[[Tensor], Tensor]
+    per_sample: bool = True
 
     def __call__(self, x: Tensor, size: int | None, generator: torch.Generator | None) -> Tensor:
-        if generator is None:
+        if generator is None and not self.per_sample:
             return self.fn(x)
         devices = [x.device] if x.device.type == "cuda" else []
+        if generator is not None:
+            seed = generator.initial_seed()
+        else:  # unseeded: a fresh base seed from torch's generator
+            seed = int(torch.randint(0, 2**62, (1,)))
         with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(generator.initial_seed())
-            return self.fn(x)
+            if not self.per_sample:
+                _seed_global(seed, x.device)
+                return self.fn(x)
+            outs = []
+            for i in range(x.shape[0]):
+                _seed_global(image_seed(seed, i), x.device)
+                outs.append(self.fn(x[i : i + 1]))
+        return _stack(outs, self.fn, x)
+
+    @property
+    def name(self) -> str:
+        """The callable's name (for messages)."""
+        return getattr(self.fn, "__name__", type(self.fn).__name__)
+
+
+def _seed_global(seed: int, device: torch.device) -> None:
+    """Seed torch's global CPU generator and, for a CUDA batch, its device's generator (what
+    `torch.manual_seed` does for them, without its ~0.3 ms of seeding every other backend)."""
+    torch.default_generator.manual_seed(seed)
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        torch.cuda.default_generators[index].manual_seed(seed)
+
+
+def image_seed(batch_seed: int, index: int) -> int:
+    """The seed of image `index` of a batch (splitmix64 of the pair; < 2**63)."""
+    z = (batch_seed * 0x9E3779B97F4A7C15 + index + 1) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (z ^ (z >> 31)) >> 1
+
+
+def _stack(outs: list[Tensor], fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    """The per-image results as one batch (ValueError naming the callable when they differ)."""
+    if not outs:
+        return x
+    outs = [o if o.dim() == 4 else o.unsqueeze(0) for o in outs]  # a v2 transform may squeeze
+    shapes = {tuple(o.shape[1:]) for o in outs}
+    if len(shapes) > 1 or outs[0].shape[0] != 1:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        raise ValueError(
+            f"transform {name!r} called per image on (1, C, H, W) slices returned shapes "
+            f"{sorted(shapes)}: it must return one (1, C, H', W') image of the same size for "
+            "every image (crop or resize to a fixed size), or be wrapped as "
+            "fastdata.augment.BatchTransform(fn, per_sample=False) if it works on whole batches"
+        )
+    return torch.cat(outs)
 
 
 Op = Union[PadCrop, Flip, RandomResizedCrop, ResizeCenterCrop, BatchTransform]  # noqa: UP007
@@ -166,6 +229,12 @@ class Preset:
             return ops[0], ops[1].p, 2
         return ops[0], 0.0, 1
 
+    def resizes(self, train: bool) -> bool:
+        """Whether the split's ops crop to `image_size` themselves (`RandomResizedCrop`,
+        `ResizeCenterCrop`): then images are decoded with room around that size
+        (`fastdata.read.decode.stored_hw`); otherwise straight at the output size."""
+        return any(isinstance(op, _SIZED) for op in self.ops(train))
+
     def pad_crop(self, train: bool) -> PadCrop | None:
         """The pad-crop the memory backend fuses with normalization, when the ops are just that."""
         ops = self.ops(train)
@@ -202,16 +271,18 @@ class Preset:
                 f"preset {self.name!r} expects an (N, {len(self.mean)}, H, W) batch, "
                 f"got shape {tuple(x.shape)}"
             )
-        ops = self.ops(train)
+        ops, in_hw = self.ops(train), tuple(x.shape[-2:])
         for op in ops[skip:]:
             x = op(x, self.image_size, generator)
         size = self.image_size
         custom = any(isinstance(op, BatchTransform) for op in ops)  # the user's size is theirs
         if size is not None and not custom and tuple(x.shape[-2:]) != (size, size):
+            names = ", ".join(type(op).__name__ for op in ops[skip:]) or "none"
             raise ValueError(
-                f"preset {self.name!r} expects {size}x{size} images, "
-                f"got {x.shape[-2]}x{x.shape[-1]}; decode at that size or pass the matching "
-                "image_size"
+                f"preset {self.name!r} has image_size={size} but its "
+                f"{'train' if train else 'eval'} ops [{names}] turned the loader's "
+                f"{in_hw[0]}x{in_hw[1]} batch into {x.shape[-2]}x{x.shape[-1]} images; end the ops with one that crops or resizes to "
+                "image_size (RandomResizedCrop, ResizeCenterCrop), or use image_size=None"
             )
         out = None
         if pool is not None:

@@ -91,7 +91,7 @@ def choose_backend(
     free = free_memory(device)
     budget = int(free * memory_share)
     try:
-        h, w = stored_hw(info, image_size)
+        h, w = stored_hw(info, image_size, preset.resizes(True))
     except ValueError as exc:  # photos of varying size and no image_size: no fixed-size store
         size, need = f"cannot be sized ({exc})", None
     else:
@@ -99,7 +99,8 @@ def choose_backend(
         size = (
             f"takes {_human(need)} ({info.num_samples} images of {h}x{w}, {preset.name!r} preset)"
         )
-        private = need != decoded_nbytes(info, image_size)  # the padded layout: a copy per rank
+        # the padded layout: a copy per rank
+        private = need != decoded_nbytes(info, image_size, preset.resizes(True))
         if not on_gpu and private and ranks_per_node > 1:
             need *= ranks_per_node
             size += f", x{ranks_per_node} ranks on this machine = {_human(need)}"

@@ -30,7 +30,8 @@ class BatchLoader(Protocol):
 
     Attributes:
         normalized: True when the batches are already augmented and normalized floats (nothing
-            is left for `ShardDataModule.on_after_batch_transfer`).
+            is left for `ShardDataModule.on_after_batch_transfer`). The built-in backends never
+            are: every one yields uint8 batches, the one rule users see.
         applied_ops: when not `normalized`, how many leading ops of the preset's op list for the
             split the backend applied (fused at decode time); the DataModule applies the rest.
     """

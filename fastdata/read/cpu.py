@@ -60,7 +60,8 @@ def decode_geometry(spec: LoaderSpec) -> tuple[Geometry, int]:
 
     The preset's leading random-resized crop (and flip) or centre crop is fused into decoding;
     without one, photos are decoded to the stored size (`decode.stored_hw`: the centre square at
-    ``floor(image_size * 256 / 224)``, or the common size), as the memory backend stores them.
+    ``floor(image_size * 256 / 224)`` when the preset crops on the device, else at `image_size`,
+    or the common size), as the memory backend stores them.
     Raw splits: no decode-time geometry (every op runs on the device).
     """
     info = spec.manifest.split(spec.split)
@@ -73,7 +74,8 @@ def decode_geometry(spec: LoaderSpec) -> tuple[Geometry, int]:
         else:
             geometry = Geometry("center", spec.image_size, resize_ratio=crop.ratio)
         return geometry, covered
-    return Geometry("cover", hw=stored_hw(info, spec.image_size)), 0
+    hw = stored_hw(info, spec.image_size, margin=spec.preset.resizes(spec.train))
+    return Geometry("cover", hw=hw), 0
 
 
 class ShardBatchDataset(IterableDataset):

@@ -15,7 +15,8 @@ given their decode-time geometry here, because it is cheaper to shrink while dec
 - "center" (evaluation): resize the shorter side to `size * 256 / 224` and take the centre
   `size` x `size` crop, through the same two paths.
 - "cover": resize so the image just covers `hw` and take the centre `hw` window (the stored size
-  of photos when no crop is fused: `stored_hw`; the memory backend's store uses it too).
+  of photos when no crop is fused: `stored_hw`, with room around `image_size` only when the
+  preset's ops crop on the device; the memory backend's store uses it too).
 - "none": decode at the stored size (every image of the split must then share one size).
 
 PNG, WebP, CMYK JPEGs, and every JPEG when nvImageCodec is not installed, take the Pillow-SIMD
@@ -59,12 +60,22 @@ EVAL_RESIZE_RATIO = 256 / 224
 _CROP_RATIO = (256, 224)  # stored side / output side for photos
 
 
-def stored_hw(info: SplitInfo, image_size: int | tuple[int, int] | None) -> tuple[int, int]:
+def stored_hw(
+    info: SplitInfo, image_size: int | tuple[int, int] | None, margin: bool = True
+) -> tuple[int, int]:
     """(H, W) of a split's decoded images when no crop is fused at decode time.
 
-    Raw samples, and encoded ones of one common size without `image_size`, keep their size;
-    photos with `image_size` S: the centre square at floor(S * 256 / 224) (256 for 224), the usual
-    resize-256 / crop-224 ratio, so a device random-resized crop or centre crop of S has room.
+    Raw samples, and encoded ones of one common size without `image_size`, keep their size.
+    Encoded images with `image_size` S are resized to cover a centre square and cropped to it:
+    with `margin` (the preset's ops crop to S themselves: `Preset.resizes`) the square is
+    floor(S * 256 / 224) (256 for 224), the usual resize-256 / crop-224 ratio, so a device
+    random-resized crop or centre crop of S has room; without, the square is S itself (the
+    output size: "cifar", "none", user callables).
+
+    Args:
+        info: the split.
+        image_size: the output side S (or (H, W)); None keeps the images' common size.
+        margin: store room around S for a crop on the device.
 
     Raises:
         ValueError: for photos of varying size without an `image_size`.
@@ -81,6 +92,8 @@ def stored_hw(info: SplitInfo, image_size: int | tuple[int, int] | None) -> tupl
     h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
     if h <= 0 or w <= 0:
         raise ValueError(f"image_size must be positive, got {image_size!r}")
+    if not margin:
+        return h, w
     num, den = _CROP_RATIO  # floor, as fastdata.augment.center_crop_params: 224 -> 256
     return h * num // den, w * num // den
 

@@ -82,9 +82,9 @@ DecodedSplit = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 # ---------------------------------------------------------------- geometry
 
 
-def decoded_nbytes(info: SplitInfo, image_size: ImageSize) -> int:
-    """Bytes of the decoded split as uint8 (N, 3, H, W) at its stored size."""
-    h, w = stored_hw(info, image_size)
+def decoded_nbytes(info: SplitInfo, image_size: ImageSize, margin: bool = True) -> int:
+    """Bytes of the decoded split as uint8 (N, 3, H, W) at its stored size (`stored_hw`)."""
+    h, w = stored_hw(info, image_size, margin)
     return info.num_samples * 3 * h * w
 
 
@@ -161,6 +161,7 @@ def decode_split(
     cache_dir: str | os.PathLike[str] | None = None,
     on_error: str = "raise",
     progress: bool | None = None,
+    margin: bool = True,
 ) -> DecodedSplit:
     """Decode every sample of a split once (or load it from the cache).
 
@@ -174,6 +175,7 @@ def decode_split(
         progress: a progress bar on stderr while decoding. None: only for a split of at least
             `PROGRESS_MIN_SAMPLES` samples (by encoding) and only when stderr is a terminal;
             True: always; False: never.
+        margin: photos with `image_size` are stored with room around it (see `stored_hw`).
 
     Returns:
         (images uint8 (N, 3, H, W), labels int64 (N,), sample_ids int64 (N,), ok bool (N,)), CPU
@@ -182,7 +184,7 @@ def decode_split(
     """
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-    hw = stored_hw(manifest.split(split), image_size)
+    hw = stored_hw(manifest.split(split), image_size, margin)
     stem = resolve_cache_dir(manifest, cache_dir) / f"{split}-{cache_key(manifest, split, hw)}"
     cached = _load_cached(stem)
     if cached is None:

@@ -10,13 +10,17 @@ runs in threads; on large splits local rank 0 shows a progress bar (`decode_spli
 - Fused pad-crop (training with a preset whose train ops are exactly one `PadCrop`:
   `Preset.pad_crop`): the store is `fastdata.read.padded.PaddedImages`, pre-padded and mirrored,
   and the loader itself draws the crop offsets and flips (`fastdata.augment.pad_crop_params`) from
-  the plan's batch seed, gathers the windows in one pass and normalizes with the preset: it yields
-  normalized float batches (`normalized = True`), equal to the preset's `apply` on the selected
-  images with a generator seeded with the same batch seed (tested), i.e. to what the DataModule
-  makes of the cpu backend's batch.
-- Otherwise: the decoded uint8 (N, C, H, W) tensor itself; batches are an `index_select`, and
-  `ShardDataModule.on_after_batch_transfer` runs the preset's ops on the device (photos: the
-  random-resized crop from the stored centre square).
+  the plan's batch seed and gathers the windows in one pass: it yields the augmented uint8 batch
+  (``applied_ops = 1``), and `ShardDataModule.on_after_batch_transfer` normalizes it; the result
+  equals the preset's `apply` on the selected images with a generator seeded with the same batch
+  seed (tested), i.e. what the DataModule makes of the cpu backend's batch.
+- Otherwise: the decoded uint8 (N, C, H, W) tensor itself; batches are an `index_select`, then a
+  preset's leading crop (photos: the random-resized crop and flip from the stored centre square,
+  or the eval centre crop) runs on the device, rounded to uint8, and
+  `ShardDataModule.on_after_batch_transfer` runs the rest of the ops.
+
+Like every backend that hands over uint8 batches, it yields uint8 images at the output size
+(built-in presets), never normalized floats (`MemoryLoader`).
 
 On the CPU the NCHW store is the memory-mapped cache (RAM via the page cache, shared between
 ranks); the padded store is a private copy (3.1 times the NCHW size for CIFAR). Samples skipped
@@ -35,7 +39,7 @@ import torch
 
 from fastdata._pool import TensorPool
 from fastdata._threads import one_thread_on_cpu
-from fastdata.augment import Preset, normalize, pad_crop_params
+from fastdata.augment import Preset, pad_crop_params
 from fastdata.manifest import SplitInfo
 from fastdata.read.base import BatchLoader, LoaderSpec
 from fastdata.read.decode import stored_hw
@@ -66,7 +70,7 @@ class FusedPadCrop:
     """A preset whose training ops the memory backend runs inside its gather.
 
     Attributes:
-        preset: the preset (its mean, std, dtype and memory format normalize the batch).
+        preset: the preset (the DataModule normalizes the uint8 windows with it).
         pad: the pad-crop's padding.
         flip_p: the pad-crop's mirror probability.
     """
@@ -91,7 +95,8 @@ def fused_pad_crop(preset: Preset, train: bool, hw: tuple[int, int]) -> FusedPad
 
 
 def _store_layout(spec: LoaderSpec) -> tuple[tuple[int, int], FusedPadCrop | None]:
-    hw = stored_hw(spec.manifest.split(spec.split), spec.image_size)
+    margin = spec.preset.resizes(spec.train)
+    hw = stored_hw(spec.manifest.split(spec.split), spec.image_size, margin)
     return hw, fused_pad_crop(spec.preset, spec.train, hw)
 
 
@@ -99,10 +104,11 @@ def resident_nbytes(
     info: SplitInfo, image_size: ImageSize, preset: Preset, train: bool = True
 ) -> int:
     """Device bytes of the memory backend's store of a split (padded when the preset fuses)."""
-    hw = stored_hw(info, image_size)
+    margin = preset.resizes(train)
+    hw = stored_hw(info, image_size, margin)
     fused = fused_pad_crop(preset, train, hw)
     if fused is None:
-        return decoded_nbytes(info, image_size)
+        return decoded_nbytes(info, image_size, margin)
     # Decoded splits are always RGB (`fastdata.read.decoded_cache`): 3 channels.
     return padded_nbytes(info.num_samples, 3, *hw, fused.pad, fused.flip_p > 0)
 
@@ -114,9 +120,13 @@ class MemoryLoader:
     """Batches of one split on one rank, gathered from a device-resident store.
 
     Iterating yields the batches of the selected epoch's plan from the selected position, as
-    (images, int64 labels (B,)) on the store's device. Images are uint8 (B, C, H, W) from an NCHW
-    store, or normalized float batches from a `PaddedImages` store with a `fused` plan (then
-    `normalized` is True). `len` counts the batches taken before a resume, as every backend.
+    (uint8 images (B, C, H, W), int64 labels (B,)) on the store's device, never normalized (the
+    rule of every backend that hands over uint8 batches): from a `PaddedImages` store with a
+    `fused` plan the pad-crop and flip are already applied (``applied_ops == 1``); from an NCHW
+    store a preset's leading crop (`Preset.decode_crop`: random-resized crop and flip, or the
+    eval centre crop) is applied on the device and rounded to uint8, as the cpu backend applies
+    it while decoding (``applied_ops`` counts it), so both hand over images at the output size.
+    `len` counts the batches taken before a resume, as every backend.
 
     Args:
         images: uint8 (N, C, H, W) store on the training device, or a `PaddedImages` store.
@@ -126,7 +136,7 @@ class MemoryLoader:
         ok: bool (N,) rows decoded (False: skipped as corrupt); None: all.
     """
 
-    applied_ops = 0
+    normalized = False
 
     def __init__(
         self,
@@ -151,7 +161,11 @@ class MemoryLoader:
             raise ValueError(f"the store is padded by {images.pad}, the preset by {fused.pad}")
         self.images, self.labels, self.spec, self.fused = images, labels, spec, fused
         self.ok = None if ok is None or bool(ok.all()) else ok.to(labels.device)
-        self.normalized = fused is not None
+        crop, _, covered = spec.preset.decode_crop(spec.train)
+        self._crop_ops = spec.preset.ops(spec.train)[:covered] if crop is not None else ()
+        if fused is not None:
+            self._crop_ops = ()
+        self.applied_ops = 1 if fused is not None else len(self._crop_ops)
         self._pool = TensorPool()  # CPU batches: reuse released memory instead of page-faulting
         self.device = labels.device
         self.set_epoch(spec.epoch, spec.consumed, spec.steps_before)
@@ -181,10 +195,12 @@ class MemoryLoader:
                 idx = idx[keep]
                 pad = pad[keep] if pad is not None else None
             with one_thread_on_cpu(self.device):
-                if self.fused is None:
-                    images = self.images.index_select(0, idx)
-                else:
+                if self.fused is not None:
                     images = self.augment(idx, self.batch_generator(plan.seeds[b]))
+                else:
+                    images = self.images.index_select(0, idx)
+                    if self._crop_ops:
+                        images = self._crop(images, self.batch_generator(plan.seeds[b]))
                 labels = self.labels.index_select(0, idx)
                 if pad is not None:
                     labels = labels.masked_fill(pad, PAD_LABEL)
@@ -198,22 +214,26 @@ class MemoryLoader:
         return generator.manual_seed(seed)
 
     def augment(self, rows: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-        """The fused pad-crop, flip and normalization of the store's `rows` (a float batch).
+        """The fused pad-crop and flip of the store's `rows` (a uint8 batch).
 
-        Equals ``fused.preset.apply(images[rows], train=True, generator=generator)``.
+        Equals ``fused.preset.train_ops[0](images[rows], None, generator)``, so that
+        ``preset.apply(batch, True, skip=1)`` equals ``preset.apply(images[rows], True,
+        generator)``.
         """
         fused, store = self.fused, self.images
         assert fused is not None and isinstance(store, PaddedImages)
         offsets, flip = pad_crop_params(len(rows), fused.pad, generator, self.device, fused.flip_p)
         shape = (len(rows), store.channels, store.height, store.width)
-        buffer = getattr(self, "_buffer", None)
-        if buffer is None or buffer.shape != shape:  # reused: never handed out (normalize copies)
-            buffer = self._buffer = torch.empty(shape, dtype=torch.uint8, device=self.device)
-        windows = store.windows(rows, offsets, flip, out=buffer)
-        preset = fused.preset
-        fmt = torch.channels_last if preset.channels_last else torch.contiguous_format
-        out = self._pool.empty(shape, preset.dtype, self.device, fmt)
-        return normalize(windows, preset.mean, preset.std, preset.dtype, preset.channels_last, out)
+        out = self._pool.empty(shape, torch.uint8, self.device, torch.contiguous_format)
+        return store.windows(rows, offsets, flip, out=out)
+
+    def _crop(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+        """The preset's leading crop (and flip) of a batch, rounded to uint8 as a decoder would."""
+        size = self.spec.preset.image_size
+        x = images
+        for op in self._crop_ops:
+            x = op(x, size, generator)
+        return x.round().clamp_(0, 255).to(torch.uint8) if x.is_floating_point() else x
 
 
 # ---------------------------------------------------------------- placement
@@ -270,6 +290,7 @@ def make_memory_loader(spec: LoaderSpec) -> BatchLoader:
             cache_dir=spec.decoded_cache_dir,
             on_error=spec.on_error,
             progress=None if local_rank(spec.rank) == 0 else False,
+            margin=spec.preset.resizes(spec.train),
         )
         if fused is not None:
             store = PaddedImages.build(images, fused.pad, device, mirrored=fused.flip_p > 0)

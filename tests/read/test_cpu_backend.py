@@ -132,9 +132,10 @@ def test_photo_geometry_gives_fixed_size_batches(tmp_path):
             )
         )
         assert all(x.shape == (4, 3, 24, 24) for x, _ in batches)
-        # Without a decode-time crop, photos decode to the stored size: floor(24 * 256 / 224).
+        # A preset that does not crop ("none") gets photos decoded straight at image_size (no
+        # room for a device crop: floor(24 * 256 / 224) = 27 only when the ops crop).
         plain = _spec(tmp_path / "out", split=split, train=train, image_size=24, batch_size=4)
-        assert all(x.shape == (4, 3, 27, 27) for x, _ in make_cpu_loader(plain))
+        assert all(x.shape == (4, 3, 24, 24) for x, _ in make_cpu_loader(plain))
 
 
 def _identity_photo_preset() -> Preset:

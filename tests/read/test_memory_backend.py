@@ -172,17 +172,19 @@ def _cifar_and_plain(manifest: Manifest, **kw) -> tuple[BatchLoader, BatchLoader
 def test_cifar_training_fuses_the_crop_into_the_gather(raw_shards):
     manifest, _ = raw_shards
     fused, plain = _cifar_and_plain(manifest, drop_last=False)
-    assert fused.normalized and isinstance(fused.images, PaddedImages) and fused.images.pad == 4
-    assert not plain.normalized
+    assert isinstance(fused.images, PaddedImages) and fused.images.pad == 4
+    assert (fused.normalized, fused.applied_ops, plain.normalized, plain.applied_ops) == (
+        False, 1, False, 0,
+    )  # fmt: skip
     cifar = get_preset("cifar")
     batches = list(fused)
     assert len(batches) == len(plain)
     for b, ((x, y), (raw, raw_y)) in enumerate(zip(batches, plain, strict=True)):
-        assert x.dtype == torch.float32 and x.shape == raw.shape and torch.equal(y, raw_y)
-        # Exactly what on_after_batch_transfer would make of the uint8 batch with that generator.
+        assert x.dtype == torch.uint8 and x.shape == raw.shape and torch.equal(y, raw_y)
+        # Exactly what on_after_batch_transfer would make of the plain batch with that generator.
         generator = fused.batch_generator(fused.plan.seeds[b])
         expected = cifar.apply(raw, train=True, generator=generator)
-        assert torch.equal(x, expected)
+        assert torch.equal(cifar.apply(x, train=True, skip=1), expected)
 
 
 def test_fused_augmentation_is_replayed_on_resume_and_new_each_epoch(raw_shards):

@@ -1,9 +1,10 @@
 """The DALI backend: NVIDIA DALI reads the shards, decodes and augments (GPU, or CPU operators).
 
 With a CUDA training device, JPEG/PNG are decoded by DALI's ``mixed`` decoders (nvJPEG and the
-hardware JPEG decoder) and every crop, resize, flip and normalization runs on the GPU, so the
-batches come out already augmented (``augmented = True``): float32 NCHW normalized images on the
-training device and int64 labels. Without a GPU the same graph is built from DALI's CPU operators
+hardware JPEG decoder) and every crop, resize and flip runs on the GPU, so the batches come out
+already augmented (``applied_ops`` = all the preset's ops): uint8 NCHW images on the training
+device, normalized there by `ShardDataModule.on_after_batch_transfer` like every backend's, and
+int64 labels. Without a GPU the same graph is built from DALI's CPU operators
 (pipeline ``device_id=None``), which is what the tests exercise.
 
 Presets: `build_graph` maps the preset's typed ops to a DALI graph (the semantics of

@@ -61,8 +61,9 @@ def _dali() -> Any:
 class DaliLoader:
     """Batches of one split on one rank, decoded and augmented by a DALI pipeline.
 
-    Iterating yields the plan's batches of (float32 (B, 3, H, W) normalized, int64 (B,)), on the
-    training GPU when `spec.device` is CUDA and one is present, else on the CPU. `set_epoch`
+    Iterating yields the plan's batches of (uint8 (B, 3, H, W) augmented by every op of the
+    preset (``applied_ops``), not normalized, as every backend's; int64 (B,)), on the training GPU
+    when `spec.device` is CUDA and one is present, else on the CPU. `set_epoch`
     selects the epoch and the resume position (the plan then starts after the consumed samples;
     nothing is decoded for them). Each pass builds its own pipeline and deletes it at the end;
     `close()` also returns DALI's pooled memory.
@@ -74,8 +75,7 @@ class DaliLoader:
         spec: the loader spec (split, batch size, seed, epoch, rank, world size, preset, device).
     """
 
-    normalized = True
-    applied_ops = 0
+    normalized = False
 
     def __init__(self, spec: LoaderSpec) -> None:
         self._dali = _dali()
@@ -87,6 +87,7 @@ class DaliLoader:
         self.spec = spec
         self.gpu = spec.device.startswith("cuda") and torch.cuda.is_available()
         self._graph = build_graph(spec, self.gpu)  # ValueError for what DALI cannot fuse
+        self.applied_ops = len(spec.preset.ops(spec.train))  # all of them: only normalizing is left
         self._active: list[Any] = []  # the pass's [pipeline, iterator], deleted at its end
         self.set_epoch(spec.epoch, spec.consumed, spec.steps_before)
 

@@ -1,9 +1,11 @@
-"""DALI graphs of the presets' typed ops: encoded or raw samples -> normalized float CHW images.
+"""DALI graphs of the presets' typed ops: encoded or raw samples -> augmented uint8 CHW images.
 
 `build_graph` reads the preset's ops (never its name): a single `PadCrop` (the cifar graph), a
 `RandomResizedCrop` optionally followed by a `Flip` (decode-and-crop), a `ResizeCenterCrop`, or no
 op. Other ops (user callables among them) cannot run inside a DALI graph: ValueError. The
-semantics are those of `fastdata.augment`. `nvidia.dali` is imported inside the builders only, so
+semantics are those of `fastdata.augment`. The graph runs every op of the preset but not the
+normalization: its images are uint8, as every backend's (`ShardDataModule.on_after_batch_transfer`
+normalizes them on the training device). `nvidia.dali` is imported inside the builders only, so
 importing this module never needs DALI.
 """
 
@@ -30,8 +32,6 @@ class _Graph:
     encoding: str
     raw_shape: tuple[int, int, int] | None
     size: tuple[int, int]  # output (H, W)
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
     gpu: bool
     op: Any = None  # the fused op (PadCrop, RandomResizedCrop, ResizeCenterCrop) or None
     flip_p: float = 0.0
@@ -55,17 +55,16 @@ def _decode(data: Any, g: _Graph) -> Any:
     return fn.decoders.image(data, device=g.decoder_device, output_type=types.RGB)
 
 
-def _normalize(images: Any, g: _Graph, **crop: Any) -> Any:
+def _finish(images: Any, g: _Graph, **crop: Any) -> Any:
+    """The last crop and the flip, to uint8 CHW (no normalization: the DataModule's)."""
     from nvidia.dali import fn, types
 
     mirror = fn.random.coin_flip(probability=g.flip_p) if g.flip_p > 0 else 0
     return fn.crop_mirror_normalize(
         images,
         device=g.op_device,
-        dtype=types.FLOAT,
+        dtype=types.UINT8,
         output_layout="CHW",
-        mean=list(g.mean),
-        std=list(g.std),
         mirror=mirror,
         **crop,
     )
@@ -99,7 +98,7 @@ def _cifar_graph(data: Any, g: _Graph) -> Any:
     # crop_pos p places the window at p * (padded - crop) = p * 2 * pad: p = k / (2 * pad) gives
     # the integer offset k, uniform over 0..2 * pad like `augment.random_crop_with_padding`.
     offsets = [k / (2 * pad) for k in range(2 * pad + 1)]
-    return _normalize(
+    return _finish(
         padded,
         g,
         crop=(h, w),
@@ -121,7 +120,7 @@ def _rrc_graph(data: Any, g: _Graph) -> Any:
             random_area=area,
             random_aspect_ratio=ratio,
         )
-        return _normalize(images, g)
+        return _finish(images, g)
     # Fused decode + crop: only the crop window's part of the JPEG is decoded.
     images = fn.decoders.image_random_crop(
         data,
@@ -132,7 +131,7 @@ def _rrc_graph(data: Any, g: _Graph) -> Any:
         num_attempts=10,
     )
     images = fn.resize(images, device=g.op_device, resize_y=h, resize_x=w)
-    return _normalize(images, g)
+    return _finish(images, g)
 
 
 def _center_graph(data: Any, g: _Graph) -> Any:
@@ -142,14 +141,14 @@ def _center_graph(data: Any, g: _Graph) -> Any:
     # floor(S * ratio) like `augment.center_crop_params` (the epsilon keeps 224 -> 256).
     shorter = math.floor(min(h, w) * g.op.ratio + 1e-6)
     images = fn.resize(_decode(data, g), device=g.op_device, resize_shorter=shorter)
-    return _normalize(images, g, crop=(h, w))
+    return _finish(images, g, crop=(h, w))
 
 
 def _plain_graph(data: Any, g: _Graph) -> Any:
-    return _normalize(_cover(_decode(data, g), g), g)
+    return _finish(_cover(_decode(data, g), g), g)
 
 
-#: Graph kind -> builder ``(encoded or raw sample, _Graph) -> float CHW images``.
+#: Graph kind -> builder ``(encoded or raw sample, _Graph) -> uint8 CHW images``.
 GRAPHS: dict[str, Callable[[Any, _Graph], Any]] = {
     "pad_crop": _cifar_graph,
     "rrc": _rrc_graph,
@@ -189,16 +188,14 @@ def build_graph(spec: LoaderSpec, gpu: bool) -> Callable[[Any], Any]:
     if kind in ("rrc", "center"):
         size = (spec.preset.image_size,) * 2
     else:
-        size = stored_hw(info, spec.image_size)  # ValueError for photos of varying size
-    preset = spec.preset
+        # ValueError for photos of varying size
+        size = stored_hw(info, spec.image_size, margin=spec.preset.resizes(spec.train))
     graph = _Graph(
         kind,
         spec.train,
         info.encoding,
         raw_shape,
         tuple(size),
-        preset.mean,
-        preset.std,
         gpu,
         op,
         flip_p,
