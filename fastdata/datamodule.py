@@ -92,6 +92,9 @@ class ShardDataModule(pl.LightningDataModule):
         loader_timeout: seconds to wait for a worker's batch before raising (0: forever).
         mp_context: worker start method ("fork", "spawn", "forkserver"); None: "spawn" once
             CUDA is initialized, else the platform default.
+        verify_samples: hash every sample read and compare it with its digest written at shard
+            time (cpu and memory backends; shards without digests are read with a warning).
+            Off by default: index checksums, tar headers and labels are checked on every read.
     """
 
     def __init__(
@@ -120,9 +123,11 @@ class ShardDataModule(pl.LightningDataModule):
         epoch_samples: int | None = None,
         loader_timeout: float = 0.0,
         mp_context: str | None = None,
+        verify_samples: bool = False,
     ) -> None:
         super().__init__()
         self.loader_timeout, self.mp_context = loader_timeout, mp_context
+        self.verify_samples = verify_samples
         self.batch_size, self.seed, self.on_error = batch_size, seed, on_error
         self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
         self.backend, self.image_size, self.drop_last = backend, image_size, drop_last
@@ -238,6 +243,7 @@ class ShardDataModule(pl.LightningDataModule):
             drop_last=self.drop_last and train,
             cache=self._shard_cache(),
             mix=epoch_mix(self.manifest, split) if train else None,
+            verify_samples=self.verify_samples,
         )
         return self._size_workers(spec)
 

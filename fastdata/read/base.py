@@ -91,6 +91,8 @@ class LoaderSpec:
             default cache for a remote manifest).
         mix: for the training split of a mix of datasets (`fastdata.read.mix`), the rows each
             epoch draws from each dataset (plan rule 0); None: every row once per epoch.
+        verify_samples: hash every sample read and compare it with its digest written at shard
+            time (`fastdata.read.integrity`); cpu and memory backends only.
     """
 
     manifest: Manifest
@@ -111,6 +113,7 @@ class LoaderSpec:
     workers: WorkerSettings = field(default_factory=WorkerSettings)
     cache: Any = None
     mix: EpochMix | None = None
+    verify_samples: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.preset, str):

@@ -37,7 +37,7 @@ from fastdata.write.results import (
     report_skipped,
 )
 from fastdata.write.stats import PixelStats
-from fastdata.write.tarshard import ShardTarWriter
+from fastdata.write.tarshard import ShardTarWriter, sha256_file
 
 __all__ = ["ShardOptions", "ShardingError", "write_shards"]
 
@@ -238,13 +238,14 @@ def same_identity(recorded: dict[str, Any], identity: dict[str, Any]) -> bool:
     return all(recorded.get(k) == identity.get(k) for k in keys)
 
 
+SUMS_SUFFIX = ".sum"  # per-sample digests beside each shard (fastdata.read.integrity)
 CACHE_DIR = ".fastdata-cache"  # decoded splits of the memory backend (fastdata.read.memory)
 
 
 def _is_ours(path: Path) -> bool:
     return (
         path.name in (MANIFEST_NAME, WORK_DIR, CACHE_DIR)
-        or path.suffix in (".tar", ".idx")
+        or path.suffix in (".tar", ".idx", SUMS_SUFFIX)
         or ".tmp-" in path.name
     )
 
@@ -321,6 +322,9 @@ def _write_job(job: ShardJob) -> int:
     widths: list[int] = []
     exts: set[str] = set()
     pixels = PixelStats()  # streamed per-channel statistics (the default normalization)
+    keys: list[str] = []
+    digests: list[str] = []  # per sample, for verify_samples=True
+    sums_path = out_dir / f"{job.stem}{SUMS_SUFFIX}"
     try:
         for sample_id in job.sample_ids:
             item = source.item(job.split, sample_id)
@@ -331,7 +335,10 @@ def _write_job(job: ShardJob) -> int:
                     raise ShardingError(f"bad sample (strict mode): {exc}") from exc
                 result.skipped.append([exc.origin, exc.reason])
                 continue
-            writer.write(_key(job.split, item), _components(item, encoded.ext, encoded.data))
+            key, components = _key(job.split, item), _components(item, encoded.ext, encoded.data)
+            writer.write(key, components)
+            keys.append(key)
+            digests.append(schema.sample_digest(components))
             heights.append(encoded.height)
             widths.append(encoded.width)
             exts.add(encoded.ext)
@@ -346,7 +353,15 @@ def _write_job(job: ShardJob) -> int:
         writer.abort()
         result.name = result.index = ""
     else:
-        result.bytes, result.sha256 = writer.commit()
+        # The digests first: a shard whose tar is in place always has its sums file.
+        atomic_write(sums_path, schema.sums_text(keys, digests))
+        try:
+            result.bytes, result.sha256 = writer.commit()
+        except BaseException:
+            sums_path.unlink(missing_ok=True)
+            raise
+        result.index_sha256 = sha256_file(writer.index_path)
+        result.sums, result.sums_sha256 = sums_path.name, sha256_file(sums_path)
     result.num_samples = writer.num_samples
     result.heights = [min(heights), max(heights), sum(heights)] if heights else []
     result.widths = [min(widths), max(widths), sum(widths)] if widths else []

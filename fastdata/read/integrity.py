@@ -1,0 +1,182 @@
+"""Checks a reader can afford on every read, and the opt-in per-sample digests.
+
+A manifest and its files may come from anyone (a shared folder, a web server), so the reader
+trusts nothing it has not checked:
+
+- files are opened only as regular files (`open_regular`: a FIFO never blocks a reader);
+- an index file is hashed when it is loaded and compared with the manifest's `index_sha256`
+  (`read_index_text`: a few KB a shard, once per shard opened);
+- every component read is matched with its tar header, the 512 bytes before its data: member
+  name = sample key + "." + component, size = the index's size (`check_header`, ~1 us);
+- with `verify_samples=True`, each sample's components are hashed (BLAKE2b-128) and compared with
+  the shard's digest list, the `sums` file written beside the shard (`SampleSums`). Shards written
+  without one (other tools, older fastdata) still load; the check is then skipped for them with
+  one warning.
+
+The `sums` file is text: a header line ``fastdata-sums v1 blake2b-128 N``, then ``KEY HEX`` for
+each of the N samples, in the shard's order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import stat
+from collections.abc import Mapping
+
+from fastdata.manifest import Manifest, ShardInfo
+from fastdata.schema import SUMS_HEADER, sample_digest
+
+__all__ = [
+    "IntegrityError",
+    "SampleSums",
+    "check_header",
+    "check_indexes",
+    "load_sums",
+    "open_regular",
+    "read_checked",
+]
+
+log = logging.getLogger("fastdata")
+
+_BLOCK = 512
+
+
+class IntegrityError(ValueError):
+    """A file or sample does not match what the manifest or the tar header says."""
+
+
+def open_regular(path: str) -> int:
+    """A read-only descriptor of `path`, refusing anything but a regular file.
+
+    Opened non-blocking, so a FIFO in place of a shard or index never blocks the reader.
+
+    Raises:
+        FileNotFoundError: no such file.
+        IntegrityError: the path is a FIFO, device, socket or folder.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise IntegrityError(f"{path} is not a regular file (a FIFO, device or folder)")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_checked(path: str, sha256: str | None, what: str) -> bytes:
+    """The bytes of a local file, checked against `sha256` when given.
+
+    Raises:
+        FileNotFoundError: no such file.
+        IntegrityError: not a regular file, or its digest differs (names `what` and the file).
+    """
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read()
+    check_digest(data, sha256, what, path)
+    return data
+
+
+def check_digest(data: bytes, sha256: str | None, what: str, path: str) -> None:
+    """Raise IntegrityError unless `data` hashes to `sha256` (None: nothing to check)."""
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        raise IntegrityError(
+            f"{what} {path} differs from the manifest's sha256 (changed, truncated or replaced "
+            "after sharding)"
+        )
+
+
+def check_header(data: bytes | memoryview, offset: int, size: int, member: str) -> str | None:
+    """None when the tar header before `offset` names `member` with `size` bytes; else why not.
+
+    The header is the 512 bytes before a member's data. The fast path compares the name and the
+    size field as this project's writer (and Python's tarfile, GNU tar) write them; other
+    spellings of the same values (ustar prefix, space-terminated octal) are parsed.
+    """
+    if offset < _BLOCK or offset % _BLOCK:
+        return f"index offset {offset} of {member!r} is not just after a tar header"
+    start = offset - _BLOCK
+    name = member.encode()
+    if len(name) < 100:
+        name_ok = data[start : start + len(name) + 1] == name + b"\0"
+    else:
+        name_ok = data[start : start + 100] == name[:100]
+    if name_ok and data[start + 124 : start + 136] == b"%011o\x00" % size:
+        return None
+    header = bytes(data[start:offset])
+    found = header[:100].split(b"\0", 1)[0]
+    if header[257:262] == b"ustar" and header[345]:
+        found = header[345:500].split(b"\0", 1)[0] + b"/" + found
+    try:
+        found_size = int(header[124:136].strip(b"\0 ") or b"0", 8)
+    except ValueError:
+        found_size = -1
+    if found != name:
+        return (
+            f"tar header names {found.decode(errors='replace')!r} where the index places "
+            f"{member!r} (index and tar disagree: a wrong or shifted index)"
+        )
+    if found_size != size:
+        return f"tar header gives {member!r} {found_size} bytes, the index {size}"
+    return None
+
+
+class SampleSums:
+    """A shard's per-sample digests, parsed and checked against its index's keys."""
+
+    def __init__(self, text: str, keys: list[str], where: str) -> None:
+        lines = text.splitlines()
+        head = lines[0].rsplit(" ", 1) if lines else []
+        if len(head) != 2 or head[0] != SUMS_HEADER or head[1] != str(len(lines) - 1):
+            raise IntegrityError(f"{where}: not a {SUMS_HEADER!r} file")
+        pairs = [line.split(" ") for line in lines[1:]]
+        if [p[0] for p in pairs] != keys or any(len(p) != 2 for p in pairs):
+            raise IntegrityError(f"{where}: its keys differ from the shard index's")
+        self.digests = [p[1] for p in pairs]
+
+    def check(self, index: int, parts: Mapping[str, bytes | memoryview]) -> str | None:
+        """None when sample `index` hashes to its recorded digest; else why not."""
+        if sample_digest(parts) != self.digests[index]:
+            return "sample bytes differ from the digest written at shard time (verify_samples)"
+        return None
+
+
+def check_indexes(manifest: Manifest, split: str) -> None:
+    """Check every local index file of a split against the manifest (for readers that hand the
+    index files to another library, such as DALI, instead of loading them through
+    `fastdata.read.shardio`).
+
+    Raises:
+        ShardReadError: an index file is not a regular file or differs from its sha256.
+    """
+    from fastdata.read.shardio import ShardReadError
+
+    for info in manifest.split(split).shards:
+        url = manifest.index_url(info)
+        if "://" in url:
+            continue  # remote shards are read from the cache, whose index the reader checks
+        try:
+            read_checked(url, info.index_sha256, "index file")
+        except FileNotFoundError:
+            continue  # DALI then scans the tar
+        except (OSError, IntegrityError) as exc:
+            raise ShardReadError(info.name, None, str(exc)) from exc
+
+
+def load_sums(
+    info: ShardInfo, url: str, keys: list[str], storage_options: Mapping | None = None
+) -> SampleSums:
+    """The shard's `sums` file (local or remote), checked against the manifest's digest."""
+    if "://" in url:
+        from fastdata.remote.fs import read_bytes
+
+        data = read_bytes(url, storage_options)
+        check_digest(data, info.sums_sha256, "sums file", url)
+    else:
+        data = read_checked(url, info.sums_sha256, "sums file")
+    return SampleSums(data.decode("utf-8", errors="replace"), keys, f"sums file {url}")
