@@ -45,13 +45,6 @@ def _garbage_index(root: Path) -> None:
 
 
 @pytest.mark.parametrize("command", ["verify", "inspect"])
-def test_a_clean_dataset_is_ok(tiny_shards, capsys, command):
-    code, out = _run(command, tiny_shards, capsys)
-    assert code == 0, out
-    assert "problem" not in out and "bad" not in out
-
-
-@pytest.mark.parametrize("command", ["verify", "inspect"])
 def test_a_json_list_manifest_is_a_finding(tiny_shards, capsys, command):
     (tiny_shards / "manifest.json").write_text("[1, 2, 3]\n")
     code, out = _run(command, tiny_shards, capsys)
@@ -87,6 +80,8 @@ def test_a_garbage_index_is_a_finding(tiny_shards, capsys, command, vouched):
 
 @pytest.mark.parametrize("vouched", [False, True])
 def test_a_shifted_index_is_a_finding(tiny_shards, capsys, vouched):
+    code, out = _run("verify", tiny_shards, capsys)
+    assert code == 0 and "checked 6 shards, 350 samples: OK" in out
     _shift_index(tiny_shards)
     if vouched:  # a wrong index whose checksum matches: only the tar headers disagree
         rehash_indexes(tiny_shards)
@@ -99,6 +94,8 @@ def test_a_shifted_index_is_a_finding(tiny_shards, capsys, vouched):
 
 
 def test_inspect_reports_a_shifted_index_by_its_checksum(tiny_shards, capsys):
+    code, out = _run("inspect", tiny_shards, capsys)
+    assert code == 0 and "problem" not in out
     _shift_index(tiny_shards)
     code, out = _run("inspect", tiny_shards, capsys)
     assert code == 1 and "problem: train-000001.tar: index file" in out
