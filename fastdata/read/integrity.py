@@ -7,7 +7,11 @@ trusts nothing it has not checked:
 - an index file is hashed when it is loaded and compared with the manifest's `index_sha256`
   (`read_index_text`: a few KB a shard, once per shard opened);
 - every component read is matched with its tar header, the 512 bytes before its data: member
-  name = sample key + "." + component, size = the index's size (`check_header`, ~1 us);
+  name = sample key + "." + component, size = the index's size, and every `lid` label with the
+  class list. When a shard is opened, `scan_shard` compares all its headers and labels in a few
+  array operations (~2 ms for 5,000 samples) and marks the samples that do not match; reading a
+  marked sample (or any sample of an index `scan_shard` cannot vectorize) runs the per-sample
+  check (`check_header`, ~1 us a component), whose error names the sample;
 - with `verify_samples=True`, each sample's components are hashed (BLAKE2b-128) and compared with
   the shard's digest list, the `sums` file written beside the shard (`SampleSums`). Shards written
   without one (other tools, older fastdata) still load; the check is then skipped for them with
@@ -21,9 +25,13 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import mmap
 import os
 import stat
 from collections.abc import Mapping
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from fastdata.manifest import Manifest, ShardInfo
 from fastdata.schema import SUMS_HEADER, sample_digest
@@ -33,6 +41,8 @@ __all__ = [
     "SampleSums",
     "check_header",
     "check_indexes",
+    "scan_shard",
+    "uniform_layout",
     "load_sums",
     "open_regular",
     "read_checked",
@@ -124,6 +134,87 @@ def check_header(data: bytes | memoryview, offset: int, size: int, member: str) 
     if found_size != size:
         return f"tar header gives {member!r} {found_size} bytes, the index {size}"
     return None
+
+
+def uniform_layout(text: str, n: int) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+    """ext -> (offsets, sizes) of a DALI index whose lines all list the same components.
+
+    None when the index is not like that (`fastdata.read.shardio.parse_index` then reads it line
+    by line and says what is wrong).
+    """
+    return layout_of_tokens(text.split(), n)
+
+
+def layout_of_tokens(tokens: list[str], n: int) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
+    """`uniform_layout` of an index already split into tokens."""
+    if n < 1 or len(tokens) < 2 or not tokens[0].startswith("v1.") or tokens[1] != str(n):
+        return None
+    body = tokens[2:]
+    fields = len(body) // n
+    if len(body) % n or fields % 4 or not fields:
+        return None
+    exts = body[0:fields:4]
+    if len(set(exts)) != len(exts) or body[0::4] != exts * n:
+        return None
+    try:  # int() of each number: ~4 ms for 10,000 lines (numpy's string conversions are slower)
+        offsets = np.array(list(map(int, body[1::4])), dtype=np.int64).reshape(n, -1)
+        sizes = np.array(list(map(int, body[2::4])), dtype=np.int64).reshape(n, -1)
+    except ValueError:
+        return None
+    return {e: (offsets[:, k], sizes[:, k]) for k, e in enumerate(exts)}
+
+
+_OCTAL = 8 ** np.arange(10, -1, -1, dtype=np.int64)
+
+
+def scan_shard(
+    data: bytes | memoryview | mmap.mmap | np.ndarray,
+    keys: list[str],
+    layout: dict[str, tuple[np.ndarray, np.ndarray]],
+    classes: int,
+) -> np.ndarray | None:
+    """Which samples of a shard fail the every-read checks, all compared at once (~1 us a
+    sample).
+
+    Args:
+        data: the tar's bytes.
+        keys: each sample's key, from the index.
+        layout: ext -> (offsets, sizes) from the index (`uniform_layout`).
+        classes: labels must lie in 0..classes-1.
+
+    Returns:
+        bool (n,), True for a sample whose component headers (member name = key + "." +
+        component, size field, offset just after a header) or `lid` label do not match; None
+        when the index holds no `lid` or a key is not ASCII: the caller then checks each sample
+        as it reads it.
+    """
+    if "lid" not in layout:
+        return None
+    n = len(keys)
+    array = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
+    if len(array) < _BLOCK:
+        return np.ones(n, dtype=bool)
+    rows = as_strided(array, (len(array) - _BLOCK + 1, 136), (1, 1), writeable=False)
+    try:
+        key_bytes = np.array(keys, dtype="S100")
+    except UnicodeEncodeError:
+        return None
+    bad = np.zeros(n, dtype=bool)
+    for ext, (offsets, sizes) in layout.items():
+        placed = (offsets >= _BLOCK) & (offsets % _BLOCK == 0) & (offsets + sizes <= len(array))
+        bad |= ~placed
+        headers = rows[np.where(placed, offsets, _BLOCK) - _BLOCK]  # (n, 136): name .. size
+        wanted = np.strings.add(key_bytes, f".{ext}".encode())
+        bad |= headers[:, :100].copy().view("S100").ravel() != wanted
+        bad |= headers[:, 135] != 0
+        same = (sizes == sizes[0]).all()
+        digits = ((sizes[:1] if same else sizes)[:, None] // _OCTAL % 8 + 48).astype(np.uint8)
+        bad |= (headers[:, 124:135] != digits).any(axis=1)
+    offsets, sizes = layout["lid"]
+    usable = ~bad & (sizes == 16)
+    labels = rows[np.where(usable, offsets, 0)][:, :8].copy().view("<i8").ravel()
+    bad |= (sizes != 16) | (labels < 0) | (labels >= classes)
+    return bad
 
 
 class SampleSums:

@@ -22,14 +22,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from fastdata.manifest import Manifest, ShardInfo
 from fastdata.read.integrity import (
     IntegrityError,
     SampleSums,
     check_header,
+    layout_of_tokens,
     load_sums,
     open_regular,
     read_checked,
+    scan_shard,
 )
 
 if TYPE_CHECKING:  # fastdata.remote is imported only for remote datasets
@@ -65,17 +69,31 @@ class ShardReadError(RuntimeError):
 
 @dataclass(frozen=True)
 class ShardIndex:
-    """A parsed index: the key of each sample and its components' (offset, size) by extension."""
+    """A parsed index: the key of each sample and its components' (offset, size) by extension.
+
+    `layout`: ext -> (offsets, sizes) arrays when every line lists the same components (what
+    `fastdata.read.integrity.scan_shard` checks at once); None otherwise.
+    """
 
     keys: list[str]
     components: list[dict[str, tuple[int, int]]]
+    layout: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
 
 
 def parse_index(text: str, shard: str) -> ShardIndex:
-    """Parse DALI's `v1.2` webdataset index (see fastdata.write.tarshard)."""
+    """Parse DALI's `v1.2` webdataset index (see fastdata.write.tarshard).
+
+    An index whose lines all list the same components is parsed with array operations; any
+    other goes line by line, and an error names the shard and the line. (That each component's
+    tar header names the sample's key + "." + component is checked against the tar by
+    `ShardReader`, not here.)
+    """
+    fast = _parse_uniform(text)
+    if fast is not None:
+        return fast
     lines = text.splitlines()
     if not lines or not lines[0].startswith("v1."):
         raise ShardReadError(shard, None, "index file has no 'v1.x N' header")
@@ -107,6 +125,27 @@ def parse_index(text: str, shard: str) -> ShardIndex:
             shard, None, f"index declares {declared} samples but lists {len(keys)}"
         )
     return ShardIndex(keys, components)
+
+
+def _parse_uniform(text: str) -> ShardIndex | None:
+    """`parse_index` of an index whose lines all list the same components; None for any other
+    (or anything wrong: the line-by-line parser then says what)."""
+    tokens = text.split()
+    if len(tokens) < 2 or not tokens[1].isdigit():
+        return None
+    n = int(tokens[1])
+    layout = layout_of_tokens(tokens, n)
+    if layout is None or text.strip().count("\n") != n:
+        return None
+    exts = list(layout)
+    # The key of a line is its last member's (as the line parser takes it); whether each
+    # member's tar header names key + "." + component is checked against the tar itself.
+    keys = [m.partition(".")[0] for m in tokens[2:][4 * len(exts) - 1 :: 4 * len(exts)]]
+    if min(min(o.min(), s.min()) for o, s in layout.values()) < 0:
+        return None
+    columns = [zip(o.tolist(), s.tolist(), strict=False) for o, s in layout.values()]
+    components = [dict(zip(exts, row, strict=False)) for row in zip(*columns, strict=False)]
+    return ShardIndex(keys, components, layout)
 
 
 def index_from_tar(data: bytes | mmap.mmap, shard: str) -> ShardIndex:
@@ -177,7 +216,7 @@ class ShardReader:
                 not match its tar header, a label is outside the class list, or (verify_samples)
                 the sample's bytes differ from their digest.
         """
-        shard_index, data, _, sums = self._get(shard)
+        shard_index, data, _, sums, suspects = self._get(shard)
         key = shard_index.keys[index]
         entry = shard_index.components[index]
         wanted = exts if exts is not None else tuple(entry)
@@ -196,11 +235,13 @@ class ShardReader:
                     key,
                     f"shard is truncated ({len(data)} bytes; '{ext}' needs bytes up to {offset + size})",
                 )
-            problem = check_header(data, offset, size, f"{key}.{ext}")
-            if problem is not None:
-                raise ShardReadError(name, key, problem)
+            if suspects is None or index in suspects:
+                problem = check_header(data, offset, size, f"{key}.{ext}")
+                if problem is not None:
+                    raise ShardReadError(name, key, problem)
             out[ext] = view[offset : offset + size]
-        self._check_label(shard, key, out)
+        if suspects is None or index in suspects:
+            self._check_label(shard, key, out)
         if sums is not None:
             every = out if exts is None else {e: view[o : o + n] for e, (o, n) in entry.items()}
             problem = sums.check(index, every)
@@ -240,7 +281,7 @@ class ShardReader:
         self.cache.prefetch(self.manifest, remote, ahead)
 
     def close(self) -> None:
-        for _, data, pin, _ in self._open.values():
+        for _, data, pin, _, _ in self._open.values():
             _close(data, pin)
         self._open.clear()
 
@@ -264,14 +305,26 @@ class ShardReader:
                     f"index lists {len(index)} samples but the manifest says {info.num_samples}",
                 )
             sums = self._sums(info, index) if self.verify_samples else None
+            suspects = self._suspects(info, data, index)
         except BaseException:
             _close(data, pin)
             raise
-        self._open[shard] = (index, data, pin, sums)
+        self._open[shard] = (index, data, pin, sums, suspects)
         while len(self._open) > self.max_open:
-            _, (_, old, old_pin, _) = self._open.popitem(last=False)
+            _, (_, old, old_pin, _, _) = self._open.popitem(last=False)
             _close(old, old_pin)
         return self._open[shard]
+
+    def _suspects(
+        self, info: ShardInfo, data: bytes | mmap.mmap, index: ShardIndex
+    ) -> set[int] | None:
+        """Samples whose headers or label `scan_shard` found wrong (each is checked again, and
+        named, when read); None: check every sample as it is read."""
+        if index.layout is None:
+            return None
+        classes = len(info.label_map) if info.label_map is not None else self.manifest.num_classes
+        bad = scan_shard(data, index.keys, index.layout, classes)
+        return None if bad is None else set(np.flatnonzero(bad).tolist())
 
     def _sums(self, info: ShardInfo, index: ShardIndex) -> SampleSums | None:
         """The shard's per-sample digests (verify_samples); None, with a warning, without any."""
@@ -315,7 +368,9 @@ def read_sample(
         reader.close()
 
 
-_OpenShard = tuple[ShardIndex, "bytes | mmap.mmap", "CachedShard | None", SampleSums | None]
+_OpenShard = tuple[
+    ShardIndex, "bytes | mmap.mmap", "CachedShard | None", SampleSums | None, set[int] | None
+]
 
 
 def _stored_labels(parts: dict[str, memoryview]) -> list[tuple[str, int]]:

@@ -192,6 +192,20 @@ def test_a_shifted_index_the_manifest_vouches_for_is_caught_by_the_tar_headers(t
         decode_split(load_manifest(tiny_shards), "train", cache_dir=tiny_shards / "cache")
 
 
+def test_an_index_line_mixing_two_samples_is_caught_by_the_tar_headers(tiny_shards):
+    index = tiny_shards / "train-000000.idx"
+    lines = index.read_text().splitlines()
+    first, second = lines[1].split(), lines[2].split()
+    first[4:8], second[4:8] = second[4:8], first[4:8]  # swap the samples' lid entries
+    lines[1], lines[2] = " ".join(first), " ".join(second)
+    index.write_text("\n".join(lines) + "\n")
+    rehash_indexes(tiny_shards)
+    with pytest.raises(ShardReadError, match=r"names 'train_\d{8}\.lid' where the index places"):
+        list(make_cpu_loader(_spec(tiny_shards)))
+    with pytest.raises(ShardReadError, match=r"sample 'train_\d{8}': tar header names"):
+        decode_split(load_manifest(tiny_shards), "train", cache_dir=tiny_shards / "cache")
+
+
 def test_a_garbage_index_names_the_shard_on_the_memory_backend(tiny_shards):
     index = tiny_shards / "train-000000.idx"
     lines = index.read_text().splitlines()
