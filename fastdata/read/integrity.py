@@ -167,6 +167,40 @@ def layout_of_tokens(tokens: list[str], n: int) -> dict[str, tuple[np.ndarray, n
 _OCTAL = 8 ** np.arange(10, -1, -1, dtype=np.int64)
 
 
+def _window(array: np.ndarray, width: int) -> np.ndarray:
+    """A (len - width + 1, width) view: row i is array[i : i + width] (no copy)."""
+    return as_strided(array, (len(array) - width + 1, width), (1, 1), writeable=False)
+
+
+def _expected_names(keys: list[str]):
+    """A function (array, header starts, ext) -> bool (n,): True where a header's name field is
+    not key + "." + ext. None when a key is not ASCII."""
+    try:
+        joined = "".join(keys).encode("ascii")
+    except UnicodeEncodeError:
+        return None
+    width = len(keys[0]) if keys else 0
+    if all(len(k) == width for k in keys):
+        # Keys of one length (`schema.sample_key`): compare bytes, no string arrays.
+        key_bytes = np.frombuffer(joined, dtype=np.uint8).reshape(len(keys), width)
+
+        def differs(array: np.ndarray, starts: np.ndarray, ext: str) -> np.ndarray:
+            tail = np.frombuffer(f".{ext}".encode() + b"\0", dtype=np.uint8)
+            if width + len(tail) > 100:
+                return np.ones(len(keys), dtype=bool)
+            got = _window(array, width + len(tail))[starts]
+            return (got[:, :width] != key_bytes).any(axis=1) | (got[:, width:] != tail).any(axis=1)
+
+        return differs
+    key_strings = np.array(keys, dtype="S100")
+
+    def differs_varied(array: np.ndarray, starts: np.ndarray, ext: str) -> np.ndarray:
+        wanted = np.strings.add(key_strings, f".{ext}".encode())
+        return _window(array, 100)[starts].view("S100").ravel() != wanted
+
+    return differs_varied
+
+
 def scan_shard(
     data: bytes | memoryview | mmap.mmap | np.ndarray,
     keys: list[str],
@@ -194,25 +228,23 @@ def scan_shard(
     array = data if isinstance(data, np.ndarray) else np.frombuffer(data, dtype=np.uint8)
     if len(array) < _BLOCK:
         return np.ones(n, dtype=bool)
-    rows = as_strided(array, (len(array) - _BLOCK + 1, 136), (1, 1), writeable=False)
-    try:
-        key_bytes = np.array(keys, dtype="S100")
-    except UnicodeEncodeError:
+    names = _expected_names(keys)
+    if names is None:
         return None
+    size_fields = _window(array[124:], 12)  # row i: the size field of a header at i
     bad = np.zeros(n, dtype=bool)
     for ext, (offsets, sizes) in layout.items():
         placed = (offsets >= _BLOCK) & (offsets % _BLOCK == 0) & (offsets + sizes <= len(array))
         bad |= ~placed
-        headers = rows[np.where(placed, offsets, _BLOCK) - _BLOCK]  # (n, 136): name .. size
-        wanted = np.strings.add(key_bytes, f".{ext}".encode())
-        bad |= headers[:, :100].copy().view("S100").ravel() != wanted
-        bad |= headers[:, 135] != 0
+        starts = np.where(placed, offsets, _BLOCK) - _BLOCK
+        bad |= names(array, starts, ext)
+        field = size_fields[starts]
         same = (sizes == sizes[0]).all()
         digits = ((sizes[:1] if same else sizes)[:, None] // _OCTAL % 8 + 48).astype(np.uint8)
-        bad |= (headers[:, 124:135] != digits).any(axis=1)
+        bad |= (field[:, :11] != digits).any(axis=1) | (field[:, 11] != 0)
     offsets, sizes = layout["lid"]
     usable = ~bad & (sizes == 16)
-    labels = rows[np.where(usable, offsets, 0)][:, :8].copy().view("<i8").ravel()
+    labels = _window(array, 8)[np.where(usable, offsets, 0)].view("<i8").ravel()
     bad |= (sizes != 16) | (labels < 0) | (labels >= classes)
     return bad
 
