@@ -23,6 +23,7 @@ each of the N samples, in the shard's order.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import mmap
@@ -41,6 +42,7 @@ __all__ = [
     "SampleSums",
     "check_header",
     "check_indexes",
+    "label_problem",
     "scan_shard",
     "uniform_layout",
     "load_sums",
@@ -249,6 +251,24 @@ def scan_shard(
     return bad
 
 
+def label_problem(parts: Mapping[str, bytes | memoryview], classes: int) -> str | None:
+    """None when the labels a sample stores (`lid`'s first int64, `cls`'s decimal) lie in
+    0..classes-1; else what is wrong (an unreadable `cls` is left to `schema.label_and_id`)."""
+    found = []
+    if "lid" in parts and len(parts["lid"]) >= 8:
+        found.append(("lid", int.from_bytes(parts["lid"][:8], "little", signed=True)))
+    if "cls" in parts:
+        with contextlib.suppress(ValueError):
+            found.append(("cls", int(bytes(parts["cls"]))))
+    for ext, label in found:
+        if not 0 <= label < classes:
+            return (
+                f"'{ext}' label {label} is outside the manifest's {classes} classes "
+                "(a corrupt or tampered sample)"
+            )
+    return None
+
+
 class SampleSums:
     """A shard's per-sample digests, parsed and checked against its index's keys."""
 
@@ -291,10 +311,30 @@ def check_indexes(manifest: Manifest, split: str) -> None:
             raise ShardReadError(info.name, None, str(exc)) from exc
 
 
+_WARNED_NO_SUMS: set[str] = set()
+
+
 def load_sums(
-    info: ShardInfo, url: str, keys: list[str], storage_options: Mapping | None = None
-) -> SampleSums:
-    """The shard's `sums` file (local or remote), checked against the manifest's digest."""
+    manifest: Manifest, info: ShardInfo, keys: list[str], storage_options: Mapping | None = None
+) -> SampleSums | None:
+    """The shard's `sums` file (local or remote), checked against the manifest's digest; None,
+    with one warning per dataset, for a shard written without one.
+
+    Raises:
+        OSError: the file cannot be read.
+        IntegrityError: it differs from its sha256, or lists other keys than the index.
+    """
+    url = manifest.sums_url(info)
+    if url is None:
+        if manifest.root not in _WARNED_NO_SUMS:
+            _WARNED_NO_SUMS.add(manifest.root)
+            log.warning(
+                "verify_samples: shard %s of %s has no per-sample digests (written by another "
+                "tool or an older fastdata); such shards are read unchecked",
+                info.name,
+                manifest.root,
+            )
+        return None
     if "://" in url:
         from fastdata.remote.fs import read_bytes
 

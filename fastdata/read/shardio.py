@@ -13,7 +13,6 @@ component against its tar header, each label against the class list, and with
 
 from __future__ import annotations
 
-import logging
 import mmap
 import os
 import tarfile
@@ -29,6 +28,7 @@ from fastdata.read.integrity import (
     IntegrityError,
     SampleSums,
     check_header,
+    label_problem,
     layout_of_tokens,
     load_sums,
     open_regular,
@@ -40,8 +40,6 @@ if TYPE_CHECKING:  # fastdata.remote is imported only for remote datasets
     from fastdata.remote import CachedShard, ShardCache
 
 __all__ = ["ShardIndex", "ShardReadError", "ShardReader", "parse_index", "read_sample"]
-
-log = logging.getLogger("fastdata")
 
 
 class ShardReadError(RuntimeError):
@@ -253,14 +251,9 @@ class ShardReader:
         """Refuse a stored label outside the shard's dataset's classes (names shard and key)."""
         info = self.shards[shard]
         classes = len(info.label_map) if info.label_map is not None else self.manifest.num_classes
-        for ext, label in _stored_labels(parts):
-            if not 0 <= label < classes:
-                raise ShardReadError(
-                    info.name,
-                    key,
-                    f"'{ext}' label {label} is outside the manifest's {classes} classes "
-                    "(a corrupt or tampered sample)",
-                )
+        problem = label_problem(parts, classes)
+        if problem is not None:
+            raise ShardReadError(info.name, key, problem)
 
     def prefetch(self, shards: Sequence[int], ahead: int = 2) -> None:
         """Have the remote cache download shards ahead of the reads (`ShardCache.prefetch`).
@@ -328,20 +321,9 @@ class ShardReader:
 
     def _sums(self, info: ShardInfo, index: ShardIndex) -> SampleSums | None:
         """The shard's per-sample digests (verify_samples); None, with a warning, without any."""
-        if info.sums is None:
-            if not getattr(self, "_warned_no_sums", False):
-                self._warned_no_sums = True
-                log.warning(
-                    "verify_samples: shard %s of %s has no per-sample digests (written by another "
-                    "tool or an older fastdata); its samples are read unchecked",
-                    info.name,
-                    self.manifest.root,
-                )
-            return None
-        url = self.manifest.sums_url(info)
         options = self.cache.storage_options if self.cache is not None else None
         try:
-            return load_sums(info, url, index.keys, options)
+            return load_sums(self.manifest, info, index.keys, options)
         except (OSError, IntegrityError) as exc:
             raise ShardReadError(info.name, None, f"per-sample digests unreadable: {exc}") from exc
 
@@ -371,19 +353,6 @@ def read_sample(
 _OpenShard = tuple[
     ShardIndex, "bytes | mmap.mmap", "CachedShard | None", SampleSums | None, set[int] | None
 ]
-
-
-def _stored_labels(parts: dict[str, memoryview]) -> list[tuple[str, int]]:
-    """The labels a sample's components store (`lid`'s first int64, `cls`'s decimal)."""
-    found = []
-    if "lid" in parts and len(parts["lid"]) >= 8:
-        found.append(("lid", int.from_bytes(parts["lid"][:8], "little", signed=True)))
-    if "cls" in parts:
-        try:
-            found.append(("cls", int(bytes(parts["cls"]))))
-        except ValueError:
-            pass  # reported by schema.label_and_id when the label is needed
-    return found
 
 
 def _close(data: bytes | mmap.mmap, pin: CachedShard | None = None) -> None:

@@ -270,7 +270,11 @@ def test_verify_samples_catches_an_in_range_label_flip(tiny_shards):
         list(make_cpu_loader(_spec(tiny_shards, verify_samples=True)))
 
 
-def test_shards_without_digests_still_load_with_verify_samples(tiny_shards, caplog):
+def test_shards_without_digests_still_load_with_verify_samples(tiny_shards, caplog, monkeypatch):
+    from fastdata.read import integrity
+
+    monkeypatch.setattr(integrity, "_WARNED_NO_SUMS", set())
+
     def drop_sums(data: dict) -> None:
         for shard in data["splits"]["train"]["shards"]:
             shard["sums"] = shard["sums_sha256"] = None
