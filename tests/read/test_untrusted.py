@@ -318,3 +318,14 @@ def test_a_clean_dataset_reads_the_same_with_every_check(tmp_path):
     row = labels.tolist().index(7)  # labels are sample ids: row of sample 7
     source = unique_label_source().item("train", 7).pixels
     assert np.array_equal(images[row].permute(1, 2, 0).numpy(), source)
+
+
+def test_the_dali_backend_refuses_a_changed_index_and_verify_samples(tiny_shards):
+    pytest.importorskip("nvidia.dali")
+    from fastdata.read.dali import make_dali_loader
+
+    with pytest.raises(ValueError, match="dali backend cannot check per-sample digests"):
+        make_dali_loader(_spec(tiny_shards, verify_samples=True))
+    _shift_index(tiny_shards)
+    with pytest.raises(ShardReadError, match=r"train-000000\.tar: index file .* differs"):
+        make_dali_loader(_spec(tiny_shards))
