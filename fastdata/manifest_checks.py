@@ -127,8 +127,8 @@ def check_name(root: str, name: Any, what: str) -> None:
         ):
             raise ManifestError(
                 f"{what}: {name!r} leaves the dataset (every file a manifest names must be a "
-                "relative path inside its folder, without '..', '/', '\\' or a URL scheme); "
-                "refusing a tampered or hand-edited manifest"
+                "relative path inside its folder: no leading '/', no '..', no '\\', no URL "
+                "scheme); refusing a tampered or hand-edited manifest: re-run `fastdata shard`"
             )
 
 
