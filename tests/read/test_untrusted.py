@@ -263,6 +263,20 @@ def test_verify_samples_catches_a_flipped_pixel_that_every_read_check_lets_throu
         )
 
 
+@pytest.mark.parametrize("backend", ["cpu", "memory"])
+def test_the_datamodule_passes_verify_samples_down(tiny_shards, backend):
+    from fastdata import ShardDataModule
+
+    offset, size, _ = _component(tiny_shards, 4, "rgb")
+    _flip(tiny_shards / "train-000000.tar", offset + size // 2)
+    dm = ShardDataModule(
+        tiny_shards, batch_size=32, num_workers=0, backend=backend, verify_samples=True
+    )
+    dm.setup("fit")
+    with pytest.raises(ShardReadError, match="differ from the digest"):
+        list(dm.train_dataloader())
+
+
 def test_verify_samples_catches_an_in_range_label_flip(tiny_shards):
     offset, _, _ = _component(tiny_shards, 2, "lid")
     _flip(tiny_shards / "train-000000.tar", offset)  # label k -> k ^ 1: still a class
