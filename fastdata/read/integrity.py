@@ -188,10 +188,13 @@ def _expected_names(keys: list[str]):
 
         def differs(array: np.ndarray, starts: np.ndarray, ext: str) -> np.ndarray:
             tail = np.frombuffer(f".{ext}".encode() + b"\0", dtype=np.uint8)
-            if width + len(tail) > 100:
+            span = width + len(tail)
+            if span > 100:
                 return np.ones(len(keys), dtype=bool)
-            got = _window(array, width + len(tail))[starts]
-            return (got[:, :width] != key_bytes).any(axis=1) | (got[:, width:] != tail).any(axis=1)
+            wanted = np.empty((len(keys), span), dtype=np.uint8)
+            wanted[:, :width], wanted[:, width:] = key_bytes, tail
+            got = _window(array, span)[starts]  # a copy: contiguous rows
+            return (got.view(f"V{span}") != wanted.view(f"V{span}")).ravel()
 
         return differs
     key_strings = np.array(keys, dtype="S100")
@@ -240,10 +243,10 @@ def scan_shard(
         bad |= ~placed
         starts = np.where(placed, offsets, _BLOCK) - _BLOCK
         bad |= names(array, starts, ext)
-        field = size_fields[starts]
         same = (sizes == sizes[0]).all()
-        digits = ((sizes[:1] if same else sizes)[:, None] // _OCTAL % 8 + 48).astype(np.uint8)
-        bad |= (field[:, :11] != digits).any(axis=1) | (field[:, 11] != 0)
+        wanted = np.zeros((1 if same else n, 12), dtype=np.uint8)  # 11 octal digits, then NUL
+        wanted[:, :11] = (sizes[:1] if same else sizes)[:, None] // _OCTAL % 8 + 48
+        bad |= (size_fields[starts].view("V12") != wanted.view("V12")).ravel()
     offsets, sizes = layout["lid"]
     usable = ~bad & (sizes == 16)
     labels = _window(array, 8)[np.where(usable, offsets, 0)].view("<i8").ravel()

@@ -23,10 +23,10 @@ from fastdata.read.decoded_cache import decode_split
 from fastdata.read.memory import make_memory_loader
 from fastdata.read.padded import PaddedImages
 from fastdata.read.shardio import ShardReader, ShardReadError
-from tests.conftest import rehash_indexes
 from fastdata.sources.arrays import ArraySource
 from fastdata.sources.folder import FolderSource
 from fastdata.write import ShardOptions, write_shards
+from tests.conftest import rehash_indexes
 
 N_TRAIN, N_TEST = 51, 13  # odd: two ranks need the plan's padding (repeats of the first samples)
 OPTIONS = ShardOptions(max_count=8, workers=1, progress=False)
