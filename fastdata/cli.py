@@ -250,11 +250,21 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from fastdata.manifest import load_manifest
-    from fastdata.verify import summarize
+    from fastdata.manifest import ManifestError, load_manifest
+    from fastdata.verify import inspect_findings, summarize
 
-    print(summarize(load_manifest(args.out)))
-    return 0
+    try:
+        manifest = load_manifest(args.out)
+    except ManifestError as exc:
+        print(f"bad manifest: {exc}")
+        return 1
+    print(summarize(manifest))
+    findings = inspect_findings(manifest)
+    for finding in findings:
+        print(f"  problem: {finding}")
+    if findings:
+        print(f"{len(findings)} problem(s); run `fastdata verify {args.out}` for every sample")
+    return 1 if findings else 0
 
 
 def _verify(args: argparse.Namespace) -> int:

@@ -125,6 +125,9 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         decoded_cache_dir: where the memory backend caches decoded splits (None:
             $FASTDATA_CACHE_DIR, else ~/.cache/fastdata/decoded; never the shard folder unless
             passed here).
+        verify_samples: hash every sample read and compare it with its digest written at shard
+            time (cpu and memory backends; shards without digests are read with a warning).
+            Off by default: index checksums, tar headers and labels are checked on every read.
 
     Raises:
         ValueError: a `val` that is neither a split name nor a fraction in (0, 1), or a
@@ -159,9 +162,11 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         mp_context: str | None = None,
         val: str | float | None = None,
         decoded_cache_dir: str | os.PathLike[str] | None = None,
+        verify_samples: bool = False,
     ) -> None:
         super().__init__()
         self.loader_timeout, self.mp_context = loader_timeout, mp_context
+        self.verify_samples = verify_samples
         self.batch_size, self.seed, self.on_error = batch_size, seed, on_error
         self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
         self.backend, self.image_size, self.drop_last = backend, image_size, drop_last
@@ -304,6 +309,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             mix=epoch_mix(self.manifest, split) if train else None,
             carve=self._carve(role),
             decoded_cache_dir=self.decoded_cache_dir,
+            verify_samples=self.verify_samples,
         )
         return self._size_workers(spec)
 

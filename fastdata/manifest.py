@@ -8,6 +8,7 @@ counts, byte sizes, checksums, classes and the sample encoding all come from her
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -27,8 +28,11 @@ __all__ = [
     "resolve_splits",
 ]
 
+log = logging.getLogger("fastdata")
+
 FORMAT = "fastdata-shards"
-FORMAT_VERSION = 1
+# 2: shards carry `index_sha256` (and `sums` / `sums_sha256`); version 1 manifests still load.
+FORMAT_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 VAL_SPLITS = ("val", "validation")  # the names a validation split is looked up under
 
@@ -49,6 +53,11 @@ class ShardInfo:
         sha256: hex digest of the tar file.
         label_map: only in a mix of datasets (`fastdata.read.mix`, never saved): the mix's label
             of each label stored in this shard (classes merged by name); None: labels as stored.
+        index_sha256: hex digest of the index file, checked whenever a reader loads it; None in
+            manifests written before it existed (format_version 1).
+        sums: file name of the per-sample digest list (`fastdata.read.integrity`) checked by
+            `verify_samples=True`; None for shards written without one.
+        sums_sha256: hex digest of the `sums` file.
     """
 
     name: str
@@ -57,6 +66,9 @@ class ShardInfo:
     bytes: int
     sha256: str
     label_map: tuple[int, ...] | None = None
+    index_sha256: str | None = None
+    sums: str | None = None
+    sums_sha256: str | None = None
 
     def map_label(self, label: int) -> int:
         """The manifest's label of a label stored in this shard (unchanged outside a mix).
@@ -159,6 +171,10 @@ class Manifest:
         """Path or URL of a shard's DALI index file."""
         return _join(self.root, shard.index)
 
+    def sums_url(self, shard: ShardInfo) -> str | None:
+        """Path or URL of a shard's per-sample digest file (None: the shard has none)."""
+        return _join(self.root, shard.sums) if shard.sums else None
+
     def to_json(self) -> str:
         """Serialize (without `root`), with sorted keys so the file is deterministic.
 
@@ -186,8 +202,19 @@ class Manifest:
         return path
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any], root: str) -> Manifest:
-        """Build from parsed JSON; raises ManifestError naming `root` on an unknown format."""
+    def from_dict(cls, data: Any, root: str) -> Manifest:
+        """Build from parsed JSON, checking every field a reader relies on.
+
+        Raises:
+            ManifestError: an unknown format, or a malformed field (names the split or shard,
+                and the root), including a file name that leaves the dataset
+                (`fastdata.manifest_checks.check_name`).
+        """
+        if not isinstance(data, dict):
+            raise ManifestError(
+                f"{root}: manifest is a JSON {type(data).__name__}, not an object; re-run "
+                "`fastdata shard`"
+            )
         if data.get("format") != FORMAT:
             raise ManifestError(f"{root}: not a fastdata manifest (format={data.get('format')!r})")
         version = data.get("format_version")
@@ -197,22 +224,20 @@ class Manifest:
                 f"({FORMAT_VERSION}); upgrade fastdata"
             )
         try:
+            classes = data["classes"]
+            if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+                raise ManifestError(f"{root}: 'classes' must be a list of names")
+            if not isinstance(data["splits"], dict):
+                raise ManifestError(f"{root}: 'splits' must be an object of split name -> split")
+            from fastdata.manifest_checks import split_from_dict  # it builds this module's classes
+
             splits = {
-                name: SplitInfo(
-                    shards=[ShardInfo(**s) for s in sp["shards"]],
-                    class_counts=list(sp["class_counts"]),
-                    encoding=sp["encoding"],
-                    raw_shape=sp.get("raw_shape"),
-                    image_stats=dict(sp.get("image_stats", {})),
-                    skipped=[SkippedSample(**s) for s in sp.get("skipped", [])],
-                    pixel_mean=sp.get("pixel_mean"),  # absent from older manifests: None
-                    pixel_std=sp.get("pixel_std"),
-                )
+                name: split_from_dict(root, name, sp, len(classes))
                 for name, sp in data["splits"].items()
             }
             return cls(
                 root=root,
-                classes=list(data["classes"]),
+                classes=list(classes),
                 splits=splits,
                 source=dict(data["source"]),
                 seed=int(data["seed"]),
@@ -220,10 +245,15 @@ class Manifest:
                 format=data["format"],
                 format_version=version,
             )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, ManifestError):
+                raise
             raise ManifestError(
                 f"{root}: manifest is missing or has a malformed field: {exc}"
             ) from exc
+
+
+_WARNED_NO_INDEX_SUMS: set[str] = set()
 
 
 def load_manifest(
@@ -260,7 +290,21 @@ def load_manifest(
         ) from exc
     except json.JSONDecodeError as exc:
         raise ManifestError(f"{url} is not valid JSON ({exc}); re-run `fastdata shard`") from exc
-    return Manifest.from_dict(data, root=text_root)
+    manifest = Manifest.from_dict(data, root=text_root)
+    from fastdata.manifest_checks import check_files  # it imports this module's classes
+
+    check_files(manifest)
+    shards = [s for split in manifest.splits.values() for s in split.shards]
+    if any(s.index_sha256 is None for s in shards) and text_root not in _WARNED_NO_INDEX_SUMS:
+        _WARNED_NO_INDEX_SUMS.add(text_root)
+        log.warning(
+            "%s: the manifest (format_version %d) carries no index checksums, so a changed "
+            "index file goes unnoticed until it misplaces a sample; re-run `fastdata shard` "
+            "with this fastdata to add them",
+            text_root,
+            manifest.format_version,
+        )
+    return manifest
 
 
 def resolve_splits(

@@ -12,10 +12,15 @@ A sample ``<split>_<sample_id:08d>`` has these components (tar members ``<key>.<
 | ``rgb``   | raw uint8 pixels, HWC, shape given by the split's ``raw_shape`` in the manifest |
 | ``cls``   | the label as ASCII decimal (the WebDataset convention) |
 | ``lid``   | 16 bytes: little-endian int64 label, then int64 sample id (binary readers, DALI) |
+
+Beside each shard, a ``sums`` file lists a BLAKE2b-128 digest of every sample's components
+(`sample_digest`), for readers that check samples (`verify_samples=True`): a header line
+``fastdata-sums v1 blake2b-128 N``, then ``KEY HEX`` for each of the N samples in shard order.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 
 import numpy as np
@@ -26,6 +31,7 @@ __all__ = [
     "LABEL_EXT",
     "LABEL_TEXT_EXT",
     "RAW_EXT",
+    "SUMS_HEADER",
     "MissingComponentError",
     "components",
     "decode_lid",
@@ -34,7 +40,9 @@ __all__ = [
     "exts_of_encoding",
     "image_component",
     "label_and_id",
+    "sample_digest",
     "sample_key",
+    "sums_text",
 ]
 
 RAW_EXT = "rgb"
@@ -43,6 +51,7 @@ ENCODED_EXTS: tuple[str, ...] = ("jpg", "png", "jpeg", "webp")
 IMAGE_EXTS: tuple[str, ...] = (RAW_EXT, *ENCODED_EXTS)
 LABEL_EXT = "lid"
 LABEL_TEXT_EXT = "cls"
+SUMS_HEADER = "fastdata-sums v1 blake2b-128"
 
 # A split's manifest "encoding" <-> the image components its shards hold.
 _ENCODING_EXTS: dict[str, tuple[str, ...]] = {
@@ -126,3 +135,21 @@ def encoding_of_exts(exts: list[str] | tuple[str, ...]) -> str:
         if found == tuple(sorted(expected)) and encoding != "mixed":
             return encoding
     return "mixed"
+
+
+def sample_digest(parts: Mapping[str, bytes | memoryview]) -> str:
+    """Hex BLAKE2b-128 of a sample's components (sorted by extension, each framed by name
+    and size), as written to the `sums` file."""
+    digest = hashlib.blake2b(digest_size=16)
+    for ext in sorted(parts):
+        data = parts[ext]
+        digest.update(b"%s\0%d\0" % (ext.encode(), len(data)))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def sums_text(keys: list[str], digests: list[str]) -> str:
+    """The `sums` file of a shard whose samples have these keys and digests."""
+    lines = [f"{SUMS_HEADER} {len(keys)}"]
+    lines += [f"{k} {d}" for k, d in zip(keys, digests, strict=True)]
+    return "\n".join(lines) + "\n"

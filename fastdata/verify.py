@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from fastdata.manifest import Manifest, load_manifest
+from fastdata.manifest import Manifest, ManifestError, ShardInfo, load_manifest
 from fastdata.read.decode import Geometry, decode_image, decode_raw
-from fastdata.read.shardio import ShardReader, ShardReadError, _close, _open_bytes
+from fastdata.read.integrity import IntegrityError, check_digest, open_regular, read_checked
+from fastdata.read.shardio import ShardReader, ShardReadError, _close, _open_bytes, parse_index
 
-__all__ = ["VerifyReport", "summarize", "verify"]
+__all__ = ["VerifyReport", "inspect_findings", "summarize", "verify"]
 
 
 def summarize(manifest: Manifest) -> str:
@@ -46,18 +47,22 @@ def summarize(manifest: Manifest) -> str:
 
 @dataclass
 class VerifyReport:
-    """What `verify` found: shards whose bytes changed, and samples that cannot be read."""
+    """What `verify` found: a manifest that cannot be read, shards whose bytes or index changed,
+    and samples that cannot be read."""
 
     shards_checked: int = 0
     samples_checked: int = 0
     bad_shards: list[str] = field(default_factory=list)
     bad_samples: list[str] = field(default_factory=list)
+    bad_manifest: str | None = None
 
     @property
     def ok(self) -> bool:
-        return not self.bad_shards and not self.bad_samples
+        return not self.bad_shards and not self.bad_samples and self.bad_manifest is None
 
     def __str__(self) -> str:
+        if self.bad_manifest is not None:
+            return f"bad manifest: {self.bad_manifest}"
         head = f"checked {self.shards_checked} shards, {self.samples_checked:,} samples: " + (
             "OK"
             if self.ok
@@ -72,35 +77,97 @@ class VerifyReport:
         )
 
 
+def inspect_findings(manifest: Manifest) -> list[str]:
+    """Cheap checks of a local shard folder (what `fastdata inspect` adds to the summary): each
+    tar is a regular file of the manifest's size, each index matches its sha256, parses, and
+    lists the manifest's sample count. Remote datasets: nothing is fetched (use `verify`)."""
+    findings: list[str] = []
+    if "://" in manifest.root:
+        return findings
+    for split in manifest.splits.values():
+        for shard in split.shards:
+            try:
+                fd = open_regular(manifest.shard_url(shard))
+                size = os.fstat(fd).st_size
+                os.close(fd)
+                if size != shard.bytes:
+                    findings.append(f"{shard.name}: {size} bytes, the manifest says {shard.bytes}")
+                _read_index(manifest, shard)
+            except (OSError, IntegrityError, ShardReadError) as exc:
+                reason = exc.reason if isinstance(exc, ShardReadError) else str(exc)
+                findings.append(f"{shard.name}: {reason}")
+    return findings
+
+
 def verify(root: str | os.PathLike[str], progress: bool = True) -> VerifyReport:
-    """Re-hash every shard against the manifest and decode every sample; list what is bad."""
-    manifest = load_manifest(root)
+    """Re-hash every shard and index against the manifest and read every sample (tar header,
+    label, per-sample digest when the shard has one) and decode it; list what is bad.
+
+    A manifest that cannot be loaded is reported (`VerifyReport.bad_manifest`), not raised.
+    """
     report = VerifyReport()
+    try:
+        manifest = load_manifest(root)
+    except ManifestError as exc:
+        report.bad_manifest = str(exc)
+        return report
     total = sum(split.num_samples for split in manifest.splits.values())
     bar = tqdm(total=total, unit="img", desc=f"verifying {root}", disable=not progress)
     for split_name, split in manifest.splits.items():
-        reader = ShardReader(manifest, split_name, max_open=1)
+        reader = ShardReader(manifest, split_name, max_open=1, verify_samples=True)
         shape = tuple(split.raw_shape) if split.encoding == "raw" and split.raw_shape else None
         for number, shard in enumerate(split.shards):
             report.shards_checked += 1
             try:
-                data = _open_bytes(manifest.shard_url(shard), shard.name)  # local or remote
-            except ShardReadError as exc:
-                report.bad_shards.append(f"{shard.name}: {exc.reason}")
-                bar.update(shard.num_samples)
-                continue
-            digest = hashlib.sha256(data).hexdigest()
-            size = len(data)
-            _close(data)
-            if digest != shard.sha256 or size != shard.bytes:
-                report.bad_shards.append(
-                    f"{shard.name}: sha256/size differ from the manifest (file changed or truncated)"
-                )
-            _check_samples(reader, number, shard.num_samples, shape, report)
+                _check_shard(manifest, shard, report)
+                _check_samples(reader, number, shard.num_samples, shape, report)
+            except (ShardReadError, OSError, IntegrityError) as exc:
+                reason = exc.reason if isinstance(exc, ShardReadError) else str(exc)
+                report.bad_shards.append(f"{shard.name}: {reason}")
             bar.update(shard.num_samples)
         reader.close()
     bar.close()
     return report
+
+
+def _check_shard(manifest: Manifest, shard: ShardInfo, report: VerifyReport) -> None:
+    """The whole tar's sha256 and size, and the index's sha256 (a finding each)."""
+    data = _open_bytes(manifest.shard_url(shard), shard.name)  # local or remote
+    digest = hashlib.sha256(data).hexdigest()
+    size = len(data)
+    _close(data)
+    if digest != shard.sha256 or size != shard.bytes:
+        report.bad_shards.append(
+            f"{shard.name}: sha256/size differ from the manifest (file changed or truncated)"
+        )
+    try:
+        _read_index(manifest, shard)
+    except ShardReadError as exc:
+        report.bad_shards.append(f"{shard.name}: {exc.reason}")
+
+
+def _read_index(manifest: Manifest, shard: ShardInfo) -> None:
+    """Load, check and parse the shard's index (FileNotFoundError is fine: the tar is scanned)."""
+    url = manifest.index_url(shard)
+    try:
+        if "://" in url:
+            from fastdata.remote.fs import read_bytes
+
+            data = read_bytes(url)
+            check_digest(data, shard.index_sha256, "index file", url)
+        else:
+            data = read_checked(url, shard.index_sha256, "index file")
+    except FileNotFoundError:
+        return
+    except IntegrityError as exc:
+        raise ShardReadError(shard.name, None, str(exc)) from exc
+    index = parse_index(data.decode("utf-8", errors="replace"), shard.name)
+    if len(index) != shard.num_samples:
+        raise ShardReadError(
+            shard.name,
+            None,
+            f"index lists {len(index)} samples but the manifest says {shard.num_samples}",
+        )
 
 
 def _check_samples(
@@ -111,7 +178,8 @@ def _check_samples(
     try:
         reader.key(shard, 0)
     except ShardReadError as exc:
-        report.bad_shards.append(f"{name}: {exc.reason}")
+        if not any(b.startswith(f"{name}: ") for b in report.bad_shards):
+            report.bad_shards.append(f"{name}: {exc.reason}")
         return
     for index in range(count):
         report.samples_checked += 1

@@ -31,6 +31,23 @@ def unique_label_source(n_train: int = 300, n_test: int = 50, side: int = 8) -> 
     )
 
 
+def rehash_indexes(root: Path):
+    """Record each index file's current sha256 in ROOT's manifest (a test that edits an index
+    on purpose, to reach the checks behind the index checksum); returns the reloaded manifest."""
+    import hashlib
+    import json
+
+    from fastdata.manifest import load_manifest
+
+    path = root / "manifest.json"
+    data = json.loads(path.read_text())
+    for split in data["splits"].values():
+        for shard in split["shards"]:
+            shard["index_sha256"] = hashlib.sha256((root / shard["index"]).read_bytes()).hexdigest()
+    path.write_text(json.dumps(data))
+    return load_manifest(root)
+
+
 @pytest.fixture
 def tiny_shards(tmp_path: Path) -> Path:
     """300 train + 50 test 8x8 raw samples in shards of 64, labels == sample ids."""

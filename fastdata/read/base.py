@@ -102,6 +102,8 @@ class LoaderSpec:
             training rows or the carved val rows; None: every row.
         decoded_cache_dir: where the memory backend caches decoded splits
             (`fastdata.read.decoded_cache.resolve_cache_dir`); None: its default.
+        verify_samples: hash every sample read and compare it with its digest written at shard
+            time (`fastdata.read.integrity`); cpu and memory backends only.
     """
 
     manifest: Manifest
@@ -124,6 +126,7 @@ class LoaderSpec:
     mix: EpochMix | None = None
     carve: Carve | None = None
     decoded_cache_dir: str | None = None
+    verify_samples: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.preset, str):

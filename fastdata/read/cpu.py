@@ -119,7 +119,12 @@ class ShardBatchDataset(IterableDataset):
         plan = self.spec.plan(epoch, consumed, steps)
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        reader = ShardReader(self.spec.manifest, self.spec.split, cache=self.spec.cache)
+        reader = ShardReader(
+            self.spec.manifest,
+            self.spec.split,
+            cache=self.spec.cache,
+            verify_samples=self.spec.verify_samples,
+        )
         numbers = worker_batch_numbers(len(plan.rows), 0, worker, workers)
         try:
             if numbers:  # remote shards: downloaded ahead, in this worker's order of reading
@@ -258,7 +263,10 @@ class _Ahead:
 
         def run() -> None:
             reader = ShardReader(
-                dataset.spec.manifest, dataset.spec.split, cache=dataset.spec.cache
+                dataset.spec.manifest,
+                dataset.spec.split,
+                cache=dataset.spec.cache,
+                verify_samples=dataset.spec.verify_samples,
             )
             try:
                 plan = dataset.spec.plan(epoch)

@@ -162,6 +162,7 @@ def decode_split(
     on_error: str = "raise",
     progress: bool | None = None,
     margin: bool = True,
+    verify_samples: bool = False,
 ) -> DecodedSplit:
     """Decode every sample of a split once (or load it from the cache).
 
@@ -176,6 +177,8 @@ def decode_split(
             `PROGRESS_MIN_SAMPLES` samples (by encoding) and only when stderr is a terminal;
             True: always; False: never.
         margin: photos with `image_size` are stored with room around it (see `stored_hw`).
+        verify_samples: check every sample against its digest written at shard time while
+            decoding (a cache entry decoded without that check is decoded again).
 
     Returns:
         (images uint8 (N, 3, H, W), labels int64 (N,), sample_ids int64 (N,), ok bool (N,)), CPU
@@ -187,8 +190,9 @@ def decode_split(
     hw = stored_hw(manifest.split(split), image_size, margin)
     stem = resolve_cache_dir(manifest, cache_dir) / f"{split}-{cache_key(manifest, split, hw)}"
     cached = _load_cached(stem)
-    if cached is None:
-        _build_cache(manifest, split, hw, stem, _DecodeOptions(workers, on_error, progress))
+    if cached is None or (verify_samples and not cached[2].get("verified")):
+        options = _DecodeOptions(workers, on_error, progress, verify_samples)
+        _build_cache(manifest, split, hw, stem, options)
         cached = _load_cached(stem)
         assert cached is not None, f"cache entry {stem} vanished right after it was written"
     images, meta, header = cached
@@ -196,6 +200,17 @@ def decode_split(
         raise ValueError(
             f"{len(header['skipped'])} corrupt samples in split {split!r} of {manifest.root} "
             f"(first: {header['skipped'][0]}); pass on_error='skip' or re-write the shards"
+        )
+    if header["skipped"]:
+        shown = "\n".join(f"  {s}" for s in header["skipped"][:20])
+        more = len(header["skipped"]) - 20
+        _log.warning(
+            "skipped %d bad sample(s) of split %r of %s (on_error='skip'):\n%s%s",
+            len(header["skipped"]),
+            split,
+            manifest.root,
+            shown,
+            f"\n  ... and {more} more" if more > 0 else "",
         )
     ok = torch.from_numpy(meta[:, 2].astype(bool))
     return torch.from_numpy(images), torch.from_numpy(meta[:, 0]), torch.from_numpy(meta[:, 1]), ok
@@ -206,6 +221,7 @@ class _DecodeOptions:
     workers: int | None
     on_error: str
     progress: bool | None
+    verify_samples: bool = False
 
 
 def _build_cache(
@@ -234,7 +250,14 @@ def _build_cache(
         images.flush()
         del images
         np.save(tmp[".meta.npy"], meta)
-        header = dict(split=split, root=manifest.root, num_samples=n, stored_hw=hw, skipped=skipped)
+        header = dict(
+            split=split,
+            root=manifest.root,
+            num_samples=n,
+            stored_hw=hw,
+            skipped=skipped,
+            verified=options.verify_samples,
+        )
         tmp[".json"].write_text(json.dumps(header, indent=1) + "\n")
         for part in (".npy", ".meta.npy", ".json"):  # the header last: marks the entry complete
             os.replace(tmp[part], final[part])
@@ -281,10 +304,12 @@ def _decode_all(
     def run(job: tuple[int, int, int, int]) -> list[str]:
         reader = getattr(local, "reader", None)
         if reader is None:  # one per thread: readers are not shared
-            reader = local.reader = ShardReader(manifest, split, max_open=2)
+            reader = local.reader = ShardReader(
+                manifest, split, max_open=2, verify_samples=options.verify_samples
+            )
             with lock:
                 readers.append(reader)
-        skipped = _decode_rows(manifest, reader, info, job, images, meta, options.on_error)
+        skipped = _decode_rows(manifest, reader, info, job, images, meta, options)
         with lock:
             bar.update(job[3] - job[2])
         return skipped
@@ -323,11 +348,13 @@ def _decode_rows(
     job: tuple[int, int, int, int],
     images: np.ndarray,
     meta: np.ndarray,
-    on_error: str,
+    options: _DecodeOptions,
 ) -> list[str]:
     """Decode samples [start, end) of a shard into their rows; returns the skipped samples."""
     shard, row, start, end = job
-    if info.encoding == "raw" and (start, end) == (0, info.shards[shard].num_samples):
+    on_error = options.on_error
+    whole = (start, end) == (0, info.shards[shard].num_samples)
+    if info.encoding == "raw" and whole and not options.verify_samples:
         if read_raw_shard(manifest, info, shard, row, images, meta):
             return []
     geometry = Geometry("cover", hw=tuple(images.shape[2:]))

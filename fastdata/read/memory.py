@@ -170,6 +170,12 @@ class MemoryLoader:
         self.device = labels.device
         self.set_epoch(spec.epoch, spec.consumed, spec.steps_before)
 
+    @property
+    def skipped(self) -> int:
+        """Samples skipped under on_error='skip' (rows left out of every batch; each was logged
+        with its shard and key when the split was decoded)."""
+        return 0 if self.ok is None else int((~self.ok).sum())
+
     def set_epoch(self, epoch: int, consumed: int = 0, steps_before: int = 0) -> None:
         """Select epoch `epoch`'s plan from `consumed` samples on (resume)."""
         self.plan: EpochPlan = self.spec.plan(epoch, consumed, steps_before)
@@ -279,6 +285,7 @@ def make_memory_loader(spec: LoaderSpec) -> BatchLoader:
         spec.manifest.root,
         cache_key(spec.manifest, spec.split, hw),
         spec.on_error,
+        spec.verify_samples,
         str(device),
         layout,
     )
@@ -291,6 +298,7 @@ def make_memory_loader(spec: LoaderSpec) -> BatchLoader:
             on_error=spec.on_error,
             progress=None if local_rank(spec.rank) == 0 else False,
             margin=spec.preset.resizes(spec.train),
+            verify_samples=spec.verify_samples,
         )
         if fused is not None:
             store = PaddedImages.build(images, fused.pad, device, mirrored=fused.flip_p > 0)

@@ -258,8 +258,19 @@ def _merge_split(
         for shard in info.shards:
             name = _absolute(manifest.shard_url(shard))
             index = _absolute(manifest.index_url(shard))
+            sums = manifest.sums_url(shard)
             shards.append(
-                ShardInfo(name, index, shard.num_samples, shard.bytes, shard.sha256, label_map)
+                ShardInfo(
+                    name,
+                    index,
+                    shard.num_samples,
+                    shard.bytes,
+                    shard.sha256,
+                    label_map,
+                    shard.index_sha256,
+                    _absolute(sums) if sums else None,
+                    shard.sums_sha256,
+                )
             )
         for label, count in enumerate(info.class_counts):
             counts[label_map[label]] += count

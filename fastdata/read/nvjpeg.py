@@ -232,7 +232,12 @@ class NvjpegLoader:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         plan = self.spec.plan(*self._position)
-        reader = ShardReader(self.spec.manifest, self.spec.split, cache=self.spec.cache)
+        reader = ShardReader(
+            self.spec.manifest,
+            self.spec.split,
+            cache=self.spec.cache,
+            verify_samples=self.spec.verify_samples,
+        )
         # One thread reads batch k + 1 from the shards while the GPU decodes batch k.
         with ThreadPoolExecutor(1, thread_name_prefix="fastdata-nvjpeg-read") as pool:
             try:

@@ -4,6 +4,11 @@ The DALI index written beside each shard gives every component's byte offset and
 sample is one slice of a memory-mapped file. Remote shards (s3://, gs://, https://) are read
 the same way from a node-local `fastdata.remote.ShardCache`: downloaded once per node, checked
 against the manifest's sha256, then memory-mapped like local shards.
+
+Every read is checked against untrusted files (`fastdata.read.integrity`): files are opened only
+as regular files, the index against the manifest's `index_sha256` when it is loaded, each
+component against its tar header, each label against the class list, and with
+`verify_samples=True` each sample against its digest written at shard time.
 """
 
 from __future__ import annotations
@@ -16,7 +21,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from fastdata.manifest import Manifest, ShardInfo
+from fastdata.read.integrity import (
+    IntegrityError,
+    SampleSums,
+    check_header,
+    label_problem,
+    layout_of_tokens,
+    load_sums,
+    open_regular,
+    read_checked,
+    scan_shard,
+)
 
 if TYPE_CHECKING:  # fastdata.remote is imported only for remote datasets
     from fastdata.remote import CachedShard, ShardCache
@@ -49,17 +67,31 @@ class ShardReadError(RuntimeError):
 
 @dataclass(frozen=True)
 class ShardIndex:
-    """A parsed index: the key of each sample and its components' (offset, size) by extension."""
+    """A parsed index: the key of each sample and its components' (offset, size) by extension.
+
+    `layout`: ext -> (offsets, sizes) arrays when every line lists the same components (what
+    `fastdata.read.integrity.scan_shard` checks at once); None otherwise.
+    """
 
     keys: list[str]
     components: list[dict[str, tuple[int, int]]]
+    layout: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
 
     def __len__(self) -> int:
         return len(self.keys)
 
 
 def parse_index(text: str, shard: str) -> ShardIndex:
-    """Parse DALI's `v1.2` webdataset index (see fastdata.write.tarshard)."""
+    """Parse DALI's `v1.2` webdataset index (see fastdata.write.tarshard).
+
+    An index whose lines all list the same components is parsed with array operations; any
+    other goes line by line, and an error names the shard and the line. (That each component's
+    tar header names the sample's key + "." + component is checked against the tar by
+    `ShardReader`, not here.)
+    """
+    fast = _parse_uniform(text)
+    if fast is not None:
+        return fast
     lines = text.splitlines()
     if not lines or not lines[0].startswith("v1."):
         raise ShardReadError(shard, None, "index file has no 'v1.x N' header")
@@ -70,17 +102,48 @@ def parse_index(text: str, shard: str) -> ShardIndex:
         if not fields or len(fields) % 4:
             raise ShardReadError(shard, None, f"index line {number} is malformed: {line[:80]!r}")
         entry = {}
-        for i in range(0, len(fields), 4):
-            ext, offset, size, name = fields[i : i + 4]
-            entry[ext] = (int(offset), int(size))
+        try:
+            for i in range(0, len(fields), 4):
+                ext, offset, size, name = fields[i : i + 4]
+                entry[ext] = (int(offset), int(size))
+        except ValueError:
+            raise ShardReadError(
+                shard, None, f"index line {number} has a non-number offset or size: {line[:80]!r}"
+            ) from None
+        if min(min(pair) for pair in entry.values()) < 0:
+            raise ShardReadError(shard, None, f"index line {number} has a negative number")
         keys.append(name.split(".", 1)[0])
         components.append(entry)
-    declared = int(lines[0].split()[1])
+    head = lines[0].split()
+    if len(head) != 2 or not head[1].isdigit():
+        raise ShardReadError(shard, None, f"index header {lines[0][:80]!r} is not 'v1.x N'")
+    declared = int(head[1])
     if declared != len(keys):
         raise ShardReadError(
             shard, None, f"index declares {declared} samples but lists {len(keys)}"
         )
     return ShardIndex(keys, components)
+
+
+def _parse_uniform(text: str) -> ShardIndex | None:
+    """`parse_index` of an index whose lines all list the same components; None for any other
+    (or anything wrong: the line-by-line parser then says what)."""
+    tokens = text.split()
+    if len(tokens) < 2 or not tokens[1].isdigit():
+        return None
+    n = int(tokens[1])
+    layout = layout_of_tokens(tokens, n)
+    if layout is None or text.strip().count("\n") != n:
+        return None
+    exts = list(layout)
+    # The key of a line is its last member's (as the line parser takes it); whether each
+    # member's tar header names key + "." + component is checked against the tar itself.
+    keys = [m.partition(".")[0] for m in tokens[2:][4 * len(exts) - 1 :: 4 * len(exts)]]
+    if min(min(o.min(), s.min()) for o, s in layout.values()) < 0:
+        return None
+    columns = [zip(o.tolist(), s.tolist(), strict=False) for o, s in layout.values()]
+    components = [dict(zip(exts, row, strict=False)) for row in zip(*columns, strict=False)]
+    return ShardIndex(keys, components, layout)
 
 
 def index_from_tar(data: bytes | mmap.mmap, shard: str) -> ShardIndex:
@@ -117,6 +180,9 @@ class ShardReader:
             the cache, so the cache must hold at least max_open shards per reader).
         cache: the node-local cache for a remote dataset; None means `ShardCache.default()`
             (`$FASTDATA_CACHE_DIR` or ~/.cache/fastdata/shards, 50 GB). Unused for local shards.
+        verify_samples: also hash every sample read and compare it with the digest written at
+            shard time (the shard's `sums` file; shards without one are read unchecked, with a
+            warning).
     """
 
     def __init__(
@@ -125,14 +191,15 @@ class ShardReader:
         split: str,
         max_open: int = 8,
         cache: ShardCache | None = None,
+        verify_samples: bool = False,
     ) -> None:
         self.manifest = manifest
         self.shards: list[ShardInfo] = manifest.split(split).shards
         self.max_open = max_open
         self.cache = cache
+        self.verify_samples = verify_samples
         self._remote = "://" in manifest.root
-        self._open: OrderedDict[int, tuple[ShardIndex, bytes | mmap.mmap, CachedShard | None]]
-        self._open = OrderedDict()
+        self._open: OrderedDict[int, _OpenShard] = OrderedDict()
 
     def key(self, shard: int, index: int) -> str:
         return self._get(shard)[0].keys[index]
@@ -143,30 +210,50 @@ class ShardReader:
         """The components of one sample (all of them, or those in `exts`), as zero-copy views.
 
         Raises:
-            ShardReadError: a component is missing or lies past the end of a truncated shard.
+            ShardReadError: a component is missing, lies past the end of a truncated shard, does
+                not match its tar header, a label is outside the class list, or (verify_samples)
+                the sample's bytes differ from their digest.
         """
-        shard_index, data, _ = self._get(shard)
+        shard_index, data, _, sums, suspects = self._get(shard)
         key = shard_index.keys[index]
         entry = shard_index.components[index]
         wanted = exts if exts is not None else tuple(entry)
         view = memoryview(data)
         out: dict[str, memoryview] = {}
+        name = self.shards[shard].name
         for ext in wanted:
             if ext not in entry:
                 raise ShardReadError(
-                    self.shards[shard].name,
-                    key,
-                    f"sample has no '{ext}' component (has {sorted(entry)})",
+                    name, key, f"sample has no '{ext}' component (has {sorted(entry)})"
                 )
             offset, size = entry[ext]
             if offset + size > len(data):
                 raise ShardReadError(
-                    self.shards[shard].name,
+                    name,
                     key,
                     f"shard is truncated ({len(data)} bytes; '{ext}' needs bytes up to {offset + size})",
                 )
+            if suspects is None or index in suspects:
+                problem = check_header(data, offset, size, f"{key}.{ext}")
+                if problem is not None:
+                    raise ShardReadError(name, key, problem)
             out[ext] = view[offset : offset + size]
+        if suspects is None or index in suspects:
+            self._check_label(shard, key, out)
+        if sums is not None:
+            every = out if exts is None else {e: view[o : o + n] for e, (o, n) in entry.items()}
+            problem = sums.check(index, every)
+            if problem is not None:
+                raise ShardReadError(name, key, problem)
         return out
+
+    def _check_label(self, shard: int, key: str, parts: dict[str, memoryview]) -> None:
+        """Refuse a stored label outside the shard's dataset's classes (names shard and key)."""
+        info = self.shards[shard]
+        classes = len(info.label_map) if info.label_map is not None else self.manifest.num_classes
+        problem = label_problem(parts, classes)
+        if problem is not None:
+            raise ShardReadError(info.name, key, problem)
 
     def prefetch(self, shards: Sequence[int], ahead: int = 2) -> None:
         """Have the remote cache download shards ahead of the reads (`ShardCache.prefetch`).
@@ -187,38 +274,58 @@ class ShardReader:
         self.cache.prefetch(self.manifest, remote, ahead)
 
     def close(self) -> None:
-        for _, data, pin in self._open.values():
+        for _, data, pin, _, _ in self._open.values():
             _close(data, pin)
         self._open.clear()
 
-    def _get(self, shard: int) -> tuple[ShardIndex, bytes | mmap.mmap, CachedShard | None]:
+    def _get(self, shard: int) -> _OpenShard:
         if shard in self._open:
             self._open.move_to_end(shard)
             return self._open[shard]
         info = self.shards[shard]
         # Per shard: a mix (`fastdata.read.mix`) may hold local and remote datasets.
         pin = self._acquire(info) if "://" in self.manifest.shard_url(info) else None
+        data: bytes | mmap.mmap = b""
         try:
             tar = str(pin.tar) if pin else self.manifest.shard_url(info)
             data = _open_bytes(tar, info.name)
             index_path = self.manifest.index_url(info) if pin is None else pin.index
-            index = _load_index(str(index_path) if index_path else None, info.name, data)
+            index = _load_index(str(index_path) if index_path else None, info, data)
+            if len(index) != info.num_samples:
+                raise ShardReadError(
+                    info.name,
+                    None,
+                    f"index lists {len(index)} samples but the manifest says {info.num_samples}",
+                )
+            sums = self._sums(info, index) if self.verify_samples else None
+            suspects = self._suspects(info, data, index)
         except BaseException:
-            if pin is not None:
-                pin.release()
-            raise
-        if len(index) != info.num_samples:
             _close(data, pin)
-            raise ShardReadError(
-                info.name,
-                None,
-                f"index lists {len(index)} samples but the manifest says {info.num_samples}",
-            )
-        self._open[shard] = (index, data, pin)
+            raise
+        self._open[shard] = (index, data, pin, sums, suspects)
         while len(self._open) > self.max_open:
-            _, (_, old, old_pin) = self._open.popitem(last=False)
+            _, (_, old, old_pin, _, _) = self._open.popitem(last=False)
             _close(old, old_pin)
         return self._open[shard]
+
+    def _suspects(
+        self, info: ShardInfo, data: bytes | mmap.mmap, index: ShardIndex
+    ) -> set[int] | None:
+        """Samples whose headers or label `scan_shard` found wrong (each is checked again, and
+        named, when read); None: check every sample as it is read."""
+        if index.layout is None:
+            return None
+        classes = len(info.label_map) if info.label_map is not None else self.manifest.num_classes
+        bad = scan_shard(data, index.keys, index.layout, classes)
+        return None if bad is None else set(np.flatnonzero(bad).tolist())
+
+    def _sums(self, info: ShardInfo, index: ShardIndex) -> SampleSums | None:
+        """The shard's per-sample digests (verify_samples); None, with a warning, without any."""
+        options = self.cache.storage_options if self.cache is not None else None
+        try:
+            return load_sums(self.manifest, info, index.keys, options)
+        except (OSError, IntegrityError) as exc:
+            raise ShardReadError(info.name, None, f"per-sample digests unreadable: {exc}") from exc
 
     def _acquire(self, info: ShardInfo) -> CachedShard:
         """The remote shard's cached files, pinned while this reader has the shard open."""
@@ -241,6 +348,11 @@ def read_sample(
         return {ext: bytes(view) for ext, view in reader.sample(shard, index).items()}
     finally:
         reader.close()
+
+
+_OpenShard = tuple[
+    ShardIndex, "bytes | mmap.mmap", "CachedShard | None", SampleSums | None, set[int] | None
+]
 
 
 def _close(data: bytes | mmap.mmap, pin: CachedShard | None = None) -> None:
@@ -266,21 +378,25 @@ def _open_bytes(url: str, name: str) -> bytes | mmap.mmap:
         except Exception as exc:
             raise ShardReadError(name, None, f"cannot fetch {url} ({exc})") from exc
     try:
-        with open(url, "rb") as f:
+        with os.fdopen(open_regular(url), "rb") as f:
             if os.fstat(f.fileno()).st_size == 0:
                 return b""
             return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     except FileNotFoundError as exc:
         raise ShardReadError(name, None, f"shard file {url} is missing") from exc
+    except IntegrityError as exc:
+        raise ShardReadError(name, None, str(exc)) from exc
 
 
-def _load_index(path: str | None, name: str, data: bytes | mmap.mmap) -> ShardIndex:
-    """Parse the local index file at `path`; scan the tar when there is none."""
+def _load_index(path: str | None, info: ShardInfo, data: bytes | mmap.mmap) -> ShardIndex:
+    """Parse the local index file at `path`, checked against the manifest's `index_sha256`;
+    scan the tar when there is none."""
     if path is None:
-        return index_from_tar(data, name)
+        return index_from_tar(data, info.name)
     try:
-        with open(path) as f:
-            text = f.read()
-    except OSError:
-        return index_from_tar(data, name)
-    return parse_index(text, name)
+        raw = read_checked(path, info.index_sha256, "index file")
+    except FileNotFoundError:
+        return index_from_tar(data, info.name)
+    except (OSError, IntegrityError) as exc:
+        raise ShardReadError(info.name, None, str(exc)) from exc
+    return parse_index(raw.decode("utf-8", errors="replace"), info.name)

@@ -79,7 +79,7 @@ CACHE_DIR = ".fastdata-cache"  # decoded splits of the memory backend (fastdata.
 def _is_ours(path: Path) -> bool:
     return (
         path.name in (MANIFEST_NAME, WORK_DIR, CACHE_DIR)
-        or path.suffix in (".tar", ".idx")
+        or path.suffix in (".tar", ".idx", ".sum")  # .sum: per-sample digests (read/integrity)
         or ".tmp-" in path.name
     )
 

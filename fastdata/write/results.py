@@ -40,6 +40,9 @@ class ShardResult:
     exts: list[str] = field(default_factory=list)
     skipped: list[list[str]] = field(default_factory=list)  # [origin, reason]
     pixel_sums: list[float] = field(default_factory=list)  # PixelStats.to_list (train split)
+    index_sha256: str | None = None  # None in done records of an older fastdata
+    sums: str | None = None  # the per-sample digest file (fastdata.read.integrity)
+    sums_sha256: str | None = None
 
 
 def done_path(work: Path, stem: str) -> Path:
@@ -128,7 +131,19 @@ def _split_info(results: list[ShardResult], num_classes: int, encoding: str) -> 
         raw_shape = [int(stats["min_height"]), int(stats["min_width"]), 3]
     pixel = PixelStats.combine([r.pixel_sums for r in written])
     return SplitInfo(
-        shards=[ShardInfo(r.name, r.index, r.num_samples, r.bytes, r.sha256) for r in written],
+        shards=[
+            ShardInfo(
+                r.name,
+                r.index,
+                r.num_samples,
+                r.bytes,
+                r.sha256,
+                index_sha256=r.index_sha256,
+                sums=r.sums,
+                sums_sha256=r.sums_sha256,
+            )
+            for r in written
+        ],
         class_counts=counts,
         encoding=stored if encoding != "raw" else "raw",
         raw_shape=raw_shape,

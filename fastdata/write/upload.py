@@ -65,8 +65,8 @@ def upload_dataset(
         name
         for split in manifest.splits.values()
         for shard in split.shards
-        for name in (shard.name, shard.index)
-        if name == shard.name or (local / name).exists()
+        for name in (shard.name, shard.index, shard.sums)  # .sum: verify_samples=True needs it
+        if name and (name == shard.name or (local / name).exists())
     ]
     options = dict(storage_options or {})
     manifest_url = join_url(url, MANIFEST_NAME)

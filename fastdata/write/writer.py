@@ -47,7 +47,7 @@ from fastdata.write.results import (
     report_skipped,
 )
 from fastdata.write.stats import PixelStats
-from fastdata.write.tarshard import ShardTarWriter
+from fastdata.write.tarshard import ShardTarWriter, sha256_file
 
 __all__ = [
     "WORK_DIR",
@@ -252,6 +252,9 @@ def _estimated_sizes(source: Source, split: str, order: list[int]) -> list[int]:
     return sizes
 
 
+SUMS_SUFFIX = ".sum"  # per-sample digests beside each shard (fastdata.read.integrity)
+
+
 # ----------------------------------------------------------------------------- parallel writing
 
 # The source is handed to forked workers through this global: forking shares its arrays
@@ -319,6 +322,9 @@ def _write_job(job: ShardJob) -> int:
     widths: list[int] = []
     exts: set[str] = set()
     pixels = PixelStats()  # streamed per-channel statistics (the default normalization)
+    keys: list[str] = []
+    digests: list[str] = []  # per sample, for verify_samples=True
+    sums_path = out_dir / f"{job.stem}{SUMS_SUFFIX}"
     try:
         for sample_id in job.sample_ids:
             item = source.item(job.split, sample_id)
@@ -332,7 +338,10 @@ def _write_job(job: ShardJob) -> int:
                 result.skipped.append([exc.origin, exc.reason])
                 _count_bad(result.skipped)
                 continue
-            writer.write(_key(job.split, item), _components(item, encoded.ext, encoded.data))
+            key, components = _key(job.split, item), _components(item, encoded.ext, encoded.data)
+            writer.write(key, components)
+            keys.append(key)
+            digests.append(schema.sample_digest(components))
             heights.append(encoded.height)
             widths.append(encoded.width)
             exts.add(encoded.ext)
@@ -347,7 +356,15 @@ def _write_job(job: ShardJob) -> int:
         writer.abort()
         result.name = result.index = ""
     else:
-        result.bytes, result.sha256 = writer.commit()
+        # The digests first: a shard whose tar is in place always has its sums file.
+        atomic_write(sums_path, schema.sums_text(keys, digests))
+        try:
+            result.bytes, result.sha256 = writer.commit()
+        except BaseException:
+            sums_path.unlink(missing_ok=True)
+            raise
+        result.index_sha256 = sha256_file(writer.index_path)
+        result.sums, result.sums_sha256 = sums_path.name, sha256_file(sums_path)
     result.num_samples = writer.num_samples
     result.heights = [min(heights), max(heights), sum(heights)] if heights else []
     result.widths = [min(widths), max(widths), sum(widths)] if widths else []

@@ -15,7 +15,7 @@ from fastdata.read.cpu import make_cpu_loader
 from fastdata.read.shardio import ShardReader, ShardReadError
 from fastdata.sources.folder import FolderSource
 from fastdata.write import ShardOptions, write_shards
-from tests.conftest import unique_label_source, write_jpeg_folder
+from tests.conftest import rehash_indexes, unique_label_source, write_jpeg_folder
 
 
 def _spec(root: Path, **kw) -> LoaderSpec:
@@ -89,6 +89,7 @@ def test_missing_component_names_shard_and_key(tiny_shards):
     lines = index.read_text().splitlines()
     lines[3] = " ".join(lines[3].split()[:8])  # drop the third component (rgb) of sample 3
     index.write_text("\n".join(lines) + "\n")
+    manifest = rehash_indexes(tiny_shards)  # a wrong index the manifest vouches for
     reader = ShardReader(manifest, "train")
     with pytest.raises(
         ShardReadError, match=r"sample 'train_\d{8}': sample has no 'rgb' component"
@@ -212,6 +213,7 @@ def test_skipping_a_sample_without_label_keeps_images_and_labels_aligned(tiny_sh
     # Drop both label components (a missing lid alone falls back to cls, `schema.label_and_id`).
     lines[1] = " ".join(fields[8:])
     index.write_text("\n".join(lines) + "\n")
+    rehash_indexes(tiny_shards)
     loader = make_cpu_loader(_spec(tiny_shards, on_error="skip", train=False, batch_size=64))
     for x, y in loader:
         assert len(x) == len(y)
@@ -303,6 +305,7 @@ def test_skips_in_a_batch_made_ahead_count_once_when_it_is_used(tiny_shards, mon
     lines = index.read_text().splitlines()
     lines[1] = " ".join(lines[1].split()[8:])  # sample 0 loses its label components
     index.write_text("\n".join(lines) + "\n")
+    rehash_indexes(tiny_shards)
     monkeypatch.setattr(cpu, "get_worker_info", lambda: _FakeWorker())
     loader = make_cpu_loader(_spec(tiny_shards, on_error="skip", batch_size=300, drop_last=False))
     for epoch in range(3):  # one batch an epoch: every epoch after the first is made ahead

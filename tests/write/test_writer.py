@@ -101,10 +101,13 @@ def test_rerun_is_a_no_op_and_a_different_dataset_is_refused(tmp_path):
         [
             "manifest.json",
             "test-000000.idx",
+            "test-000000.sum",
             "test-000000.tar",
             "train-000000.idx",
+            "train-000000.sum",
             "train-000000.tar",
             "train-000001.idx",
+            "train-000001.sum",
             "train-000001.tar",
         ]
     )

@@ -20,6 +20,7 @@ import torch
 from fastdata import schema
 from fastdata.read.base import BatchLoader, LoaderSpec
 from fastdata.read.dali.pipeline import build_graph
+from fastdata.read.integrity import check_indexes
 from fastdata.read.plan import PAD_LABEL, EpochPlan, rows_to_refs
 from fastdata.read.shardio import ShardReader, ShardReadError
 
@@ -84,6 +85,12 @@ class DaliLoader:
                 f"the dali backend cannot skip corrupt samples (on_error={spec.on_error!r}); "
                 "use backend='cpu' or 'memory' with on_error='skip'"
             )
+        if spec.verify_samples:
+            raise ValueError(
+                "the dali backend cannot check per-sample digests (verify_samples=True); "
+                "use backend='cpu' or 'memory'"
+            )
+        check_indexes(spec.manifest, spec.split)  # DALI reads the index files unchecked
         self.spec = spec
         self.gpu = spec.device.startswith("cuda") and torch.cuda.is_available()
         self._graph = build_graph(spec, self.gpu)  # ValueError for what DALI cannot fuse

@@ -1,0 +1,179 @@
+"""Checks of a manifest's fields and file names: a manifest is untrusted input.
+
+`Manifest.from_dict` checks every field a reader relies on (counts are positive integers,
+checksums are hex digests, a split counts no more classes than the manifest lists), and
+`check_name` / `check_files` hold the one rule for paths: every file a manifest names resolves
+inside the dataset root (or, for a remote dataset, under the same scheme, host and path
+prefix), as a regular file. Each error names the shard entry and says what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import stat
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from fastdata.manifest import (
+    Manifest,
+    ManifestError,
+    ShardInfo,
+    SkippedSample,
+    SplitInfo,
+    _is_remote,
+    _join,
+)
+
+__all__ = ["check_files", "check_name", "split_from_dict"]
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_SHARD_KEYS = {f for f in ShardInfo.__dataclass_fields__ if f != "label_map"}
+
+
+def split_from_dict(root: str, name: str, sp: Any, num_classes: int) -> SplitInfo:
+    """One split of `from_dict`, every shard entry checked (errors name the shard)."""
+    if not isinstance(sp, dict) or not isinstance(sp.get("shards"), list):
+        raise ManifestError(f"{root}: split {name!r} is malformed (needs a 'shards' list)")
+    shards = [_shard_from_dict(root, name, number, s) for number, s in enumerate(sp["shards"])]
+    counts = sp["class_counts"]
+    if not isinstance(counts, list) or not all(_is_int(c) and c >= 0 for c in counts):
+        raise ManifestError(f"{root}: split {name!r} class_counts must be counts (ints >= 0)")
+    if len(counts) > num_classes:
+        raise ManifestError(
+            f"{root}: split {name!r} counts {len(counts)} classes, the manifest lists "
+            f"{num_classes}; re-run `fastdata shard`"
+        )
+    raw_shape = sp.get("raw_shape")
+    if raw_shape is not None and (
+        not isinstance(raw_shape, list)
+        or len(raw_shape) != 3
+        or not all(_is_int(v) and v > 0 for v in raw_shape)
+    ):
+        raise ManifestError(f"{root}: split {name!r} raw_shape {raw_shape!r} is not [H, W, C]")
+    if not isinstance(sp["encoding"], str):
+        raise ManifestError(f"{root}: split {name!r} encoding must be a string")
+    return SplitInfo(
+        shards=shards,
+        class_counts=list(counts),
+        encoding=sp["encoding"],
+        raw_shape=sp.get("raw_shape"),
+        image_stats=dict(sp.get("image_stats", {})),
+        skipped=[SkippedSample(**s) for s in sp.get("skipped", [])],
+        pixel_mean=sp.get("pixel_mean"),  # absent from older manifests: None
+        pixel_std=sp.get("pixel_std"),
+    )
+
+
+def _shard_from_dict(root: str, split: str, number: int, entry: Any) -> ShardInfo:
+    where = f"{root}: split {split!r} shard #{number}"
+    if not isinstance(entry, dict):
+        raise ManifestError(f"{where} is not an object")
+    if isinstance(entry.get("name"), str):
+        where = f"{root}: shard {entry['name']!r} (split {split!r})"
+    unknown = set(entry) - _SHARD_KEYS
+    missing = {"name", "index", "num_samples", "bytes", "sha256"} - set(entry)
+    if unknown or missing:
+        raise ManifestError(
+            f"{where}: unknown fields {sorted(unknown)} / missing fields {sorted(missing)}"
+        )
+    count = entry["num_samples"]
+    if not _is_int(count) or count < 1:
+        raise ManifestError(
+            f"{where}: num_samples must be a positive integer, got {count!r}; a tampered or "
+            "broken manifest: re-run `fastdata shard`"
+        )
+    if not _is_int(entry["bytes"]) or entry["bytes"] < 0:
+        raise ManifestError(f"{where}: bytes must be an integer >= 0, got {entry['bytes']!r}")
+    if not isinstance(entry["sha256"], str):
+        raise ManifestError(f"{where}: sha256 must be a string, got {entry['sha256']!r}")
+    for field_name in ("index_sha256", "sums_sha256"):
+        value = entry.get(field_name)
+        if value is not None and (not isinstance(value, str) or not _HEX64.match(value)):
+            raise ManifestError(f"{where}: {field_name} {value!r} is not a hex sha256")
+    for field_name in ("name", "index", "sums"):
+        value = entry.get(field_name)
+        if value is not None:
+            check_name(root, value, f"{where}: {field_name}")
+    if entry.get("sums") is not None and entry.get("sums_sha256") is None:
+        raise ManifestError(f"{where}: has a 'sums' file but no 'sums_sha256'")
+    return ShardInfo(**entry)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_name(root: str, name: Any, what: str) -> None:
+    """Refuse a file name that would resolve outside the dataset root (or remote prefix).
+
+    A name must be a relative path of plain parts: no absolute path, no drive, no `..`, no
+    backslash, no URL scheme (also after %-decoding, which a web server may apply).
+
+    Raises:
+        ManifestError: naming `what` (the entry) and the name.
+    """
+    if not isinstance(name, str) or not name:
+        raise ManifestError(f"{what}: file name must be a non-empty string, got {name!r}")
+    for text in {name, unquote(name)}:
+        parts = text.split("/")
+        if (
+            text.startswith("/")
+            or "\\" in text
+            or "\x00" in text
+            or ":" in parts[0]
+            or any(part in ("..", ".") for part in parts)
+        ):
+            raise ManifestError(
+                f"{what}: {name!r} leaves the dataset (every file a manifest names must be a "
+                "relative path inside its folder: no leading '/', no '..', no '\\', no URL "
+                "scheme); refusing a tampered or hand-edited manifest: re-run `fastdata shard`"
+            )
+
+
+def check_files(manifest: Manifest) -> None:
+    """The path rule on the files themselves: each named file resolves inside the root.
+
+    Local: after following symlinks each file that exists lies inside the root folder and is a
+    regular file (a FIFO, device or folder is refused; a missing file is reported by the reader
+    that needs it). Remote: each URL keeps the root's scheme, host and path prefix.
+
+    Raises:
+        ManifestError: naming the shard entry and the file.
+    """
+    remote = _is_remote(manifest.root)
+    if remote:
+        base = urlsplit(manifest.root.rstrip("/") + "/")
+    else:
+        base_path = os.path.realpath(manifest.root)
+    for split_name, split in manifest.splits.items():
+        for shard in split.shards:
+            for what, name in (("name", shard.name), ("index", shard.index), ("sums", shard.sums)):
+                if name is None:
+                    continue
+                url = _join(manifest.root, name)
+                where = f"{manifest.root}: shard {shard.name!r} (split {split_name!r}) {what}"
+                if remote:
+                    got = urlsplit(url)
+                    inside = (got.scheme, got.netloc) == (base.scheme, base.netloc) and (
+                        posixpath.normpath(got.path) + "/"
+                    ).startswith(base.path)
+                    if not inside:
+                        raise ManifestError(f"{where}: {url} is outside {manifest.root}")
+                    continue
+                real = os.path.realpath(url)
+                if os.path.commonpath([real, base_path]) != base_path:
+                    raise ManifestError(
+                        f"{where}: {url} resolves to {real}, outside the dataset folder "
+                        f"{base_path} (a symlink out of it?); refusing it"
+                    )
+                try:
+                    mode = os.stat(real).st_mode
+                except FileNotFoundError:
+                    continue
+                if not stat.S_ISREG(mode):
+                    raise ManifestError(
+                        f"{where}: {url} is not a regular file (a FIFO, device or folder); "
+                        "refusing it"
+                    )
