@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["CACHE_DIR_ENV", "CACHE_LIMIT_ENV", "DEFAULT_LIMIT", "default_cache_dir", "parse_size"]
+__all__ = [
+    "CACHE_DIR_ENV",
+    "CACHE_LIMIT_ENV",
+    "DEFAULT_LIMIT",
+    "DEFAULT_TIMEOUTS",
+    "Timeouts",
+    "default_cache_dir",
+    "parse_size",
+]
 
 CACHE_DIR_ENV = "FASTDATA_CACHE_DIR"
 CACHE_LIMIT_ENV = "FASTDATA_CACHE_LIMIT"
@@ -38,3 +47,28 @@ def default_cache_dir() -> Path:
     """`$FASTDATA_CACHE_DIR`, else `~/.cache/fastdata/shards`."""
     env = os.environ.get(CACHE_DIR_ENV)
     return Path(env).expanduser() if env else Path.home() / ".cache" / "fastdata" / "shards"
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """How long one remote request, and a wait on another process of the node, may take.
+
+    Args:
+        connect: seconds to open a connection to the store.
+        read: seconds without a byte from an open connection (per read, so a slow but moving
+            download of a big shard is not cut); a server that accepts and never answers fails
+            after this, and the retry policy decides whether to try again.
+        lock: seconds a reader waits on a cache lock held by another process of the node while
+            the holder makes no progress (its download does not grow), before it raises.
+    """
+
+    connect: float = 10.0
+    read: float = 30.0
+    lock: float = 120.0
+
+    def __post_init__(self) -> None:
+        if min(self.connect, self.read, self.lock) <= 0:
+            raise ValueError(f"Timeouts must be positive, got {self}")
+
+
+DEFAULT_TIMEOUTS = Timeouts()
