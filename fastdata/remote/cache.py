@@ -159,6 +159,8 @@ class ShardCache:
         self._plan: tuple[str, dict[str, int], list[ShardInfo], int] | None = None
         self._window: frozenset[str] = frozenset()  # sha256 of the shards the plan reads next
         self._warned = False
+        self._prefetch_failed: dict[str, RemoteError] = {}  # sha256 -> why its prefetch failed
+        self._failed_this_plan: set[str] = set()  # not prefetched again until the next plan
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("cache_dir", "limit_bytes", "storage_options", "retry", "timeouts")
@@ -201,6 +203,8 @@ class ShardCache:
 
         def attempt() -> bool:
             nonlocal fetched
+            if (failed := self._prefetch_failed.pop(shard.sha256, None)) is not None:
+                raise failed  # the prefetch thread went through every retry: once is enough
             if lock.try_lock(fcntl.LOCK_SH) and tar.exists():
                 return True
             if not lock.try_lock(fcntl.LOCK_EX):
@@ -242,6 +246,10 @@ class ShardCache:
         try:
             if lock.try_lock(fcntl.LOCK_EX) and not tar.exists():
                 self._download(manifest, shard, optional=True)
+        except RemoteError as exc:  # recorded before the lock goes: a waiting reader sees it
+            self._failed_this_plan.add(shard.sha256)
+            self._prefetch_failed[shard.sha256] = exc
+            raise
         finally:
             lock.close()
 
@@ -258,13 +266,14 @@ class ShardCache:
 
         Starts the first `ahead` now, in a background thread; each time `acquire` reaches a shard
         of the list, the `ahead` shards after it are queued. One order per process (a new call
-        replaces it); a worker process calls this with its own order. Failures are left to the
-        reader's own `acquire`, which retries and reports them.
+        replaces it); a worker process calls this with its own order. A download that fails
+        after every retry is raised by the next `acquire` of the shard (once, not tried again).
         """
         if ahead < 0:
             raise ValueError(f"ahead must be >= 0, got {ahead}")
         infos = [self._info(manifest, s) for s in shards]
         with self._mutex:
+            self._failed_this_plan.clear()
             self._plan = (manifest.root, {s.name: i for i, s in enumerate(infos)}, infos, ahead)
             self._window = frozenset(s.sha256 for s in infos[: ahead + 1])
         for info in infos[:ahead]:
@@ -285,7 +294,7 @@ class ShardCache:
         with self._mutex:
             if self._pid != os.getpid():  # forked: the parent's thread is not here
                 self._reset()
-            if shard.sha256 in self._queued:
+            if shard.sha256 in self._queued or shard.sha256 in self._failed_this_plan:
                 return
             self._queued.add(shard.sha256)
             if self._queue is None:
@@ -313,7 +322,7 @@ class ShardCache:
                 continue
             try:
                 self._prefetch_one(manifest, shard)
-            except Exception as exc:  # the reader's acquire() retries and reports it
+            except Exception as exc:  # the reader's acquire() raises or retries it
                 log.debug("prefetch of %s failed: %s", shard.name, exc)
             finally:
                 with self._mutex:
