@@ -190,3 +190,82 @@ def test_a_failing_shard_is_skipped_whole_once_per_epoch(
     assert shard.name in warnings[0] and f"{proxy.url}{bad}" in warnings[0]
     assert "503" in warnings[0]
     assert seconds < 30
+
+
+KILLED_MID_EPOCH = """
+    import os, sys, time
+    from pathlib import Path
+    from fastdata.manifest import load_manifest
+    from fastdata.read.base import LoaderSpec, WorkerSettings
+    from fastdata.read.cpu import make_cpu_loader
+    from fastdata.read.shardio import ShardReader
+    from fastdata.remote import RetryPolicy, ShardCache
+
+    url, cache_dir = sys.argv[1:3]
+    manifest = load_manifest(url)
+    retry = RetryPolicy(attempts=3, base_delay=0.01, max_delay=0.05)
+    cache = ShardCache(cache_dir, "10MB", retry=retry)
+    workers = WorkerSettings(num_workers=2, prefetch_factor=2, persistent_workers=True)
+    spec = LoaderSpec(manifest, "train", train=True, batch_size=16, seed=2, cache=cache,
+                      workers=workers)
+    # The main process reads ahead, as the loader tuner does: its prefetch thread is
+    # downloading (holding a shard's lock) when the DataLoader forks its workers.
+    ShardReader(manifest, "train", cache=cache).prefetch(range(5), ahead=2)
+    deadline = time.monotonic() + 30
+    while not list(Path(cache_dir).glob("*.tar.*.part")) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    loader = make_cpu_loader(spec)
+    batches = iter(loader.dataloader)
+    print("workers", *[w.pid for w in batches._workers], flush=True)
+    for _ in range(len(loader) - 1):  # every shard is reached (the fifth one, too)
+        next(batches)
+    print("batch", flush=True)
+    input()  # mid-epoch, before the last batch: killed here by the test
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_killing_the_main_process_mid_epoch_leaves_no_worker(
+    http_server: FileServer, tmp_path: Path
+) -> None:
+    proxy = FaultProxy(http_server.url, FaultPlan(delay=1.0))  # a slow store: the fork meets a download
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    main = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(KILLED_MID_EPOCH), proxy.url, str(tmp_path / "c")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
+    lines: list[str] = []
+    reading = threading.Thread(target=lambda: lines.extend(main.stdout), daemon=True)  # type: ignore[arg-type]
+    reading.start()
+    try:
+        deadline = time.monotonic() + 60
+        while "batch\n" not in lines and time.monotonic() < deadline and main.poll() is None:
+            time.sleep(0.05)
+        workers = [int(pid) for pid in lines[0].split()[1:]] if lines else []
+        main.kill()  # SIGKILL: no clean-up of any kind in the main process
+        main.wait(timeout=10)
+        assert len(workers) == 2, lines
+        assert "batch\n" in lines, f"no batch within 60 s: {lines}"
+        deadline = time.monotonic() + 15
+        while any(map(_alive, workers)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        alive = [pid for pid in workers if _alive(pid)]
+    finally:
+        main.kill()
+        for pid in [int(p) for p in lines[0].split()[1:]] if lines else []:
+            if _alive(pid):
+                os.kill(pid, 9)
+        proxy.stop()
+    assert not alive, f"workers {alive} outlived their main process by 15 s"
