@@ -63,13 +63,13 @@ from fastdata.remote.config import (
 from fastdata.remote.fs import download
 from fastdata.remote.locks import LockFile
 from fastdata.remote.retry import DEFAULT_RETRY, RemoteError, RetryPolicy
+from fastdata.remote.room import CacheFolder
 
 __all__ = ["CacheStats", "CachedShard", "ShardCache"]
 
 log = logging.getLogger(__name__)
 
 _SHA = re.compile(r"^[0-9a-f]{64}$")
-_PART = re.compile(r"^([0-9a-f]{64})\.(?:tar\.(\d+)|idx)\.part$")
 _IDLE = 30.0  # seconds the prefetch thread waits for a job before it ends
 
 
@@ -112,7 +112,7 @@ class CachedShard:
         self.release()
 
 
-class ShardCache:
+class ShardCache(CacheFolder):
     """Remote shards streamed through a bounded local folder (see the module docstring).
 
     Picklable: a DataLoader worker gets a copy that opens its own locks and prefetch thread.
@@ -124,7 +124,8 @@ class ShardCache:
             store, `{"anon": True}` for a public bucket).
         retry: attempts and backoff for transient failures.
         timeouts: connect and read timeouts of each request, and the longest wait on a lock
-            held by another process that makes no progress (default 10 s, 30 s, 120 s).
+            held by another process that makes no progress; None: `Timeouts.from_env()`
+            (10 s, 30 s and 120 s unless $FASTDATA_CONNECT/READ/LOCK_TIMEOUT say otherwise).
     """
 
     def __init__(
@@ -134,13 +135,13 @@ class ShardCache:
         *,
         storage_options: Mapping[str, Any] | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
-        timeouts: Timeouts = DEFAULT_TIMEOUTS,
+        timeouts: Timeouts | None = None,
     ) -> None:
         self.cache_dir = Path(cache_dir).expanduser()
         self.limit_bytes = parse_size(limit_bytes)
         self.storage_options = dict(storage_options or {})
         self.retry = retry
-        self.timeouts = timeouts
+        self.timeouts = timeouts or Timeouts.from_env()
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self._reset()
 
@@ -372,98 +373,6 @@ class ShardCache:
             ) from exc
         return has_index
 
-    def _room_lock(self) -> _Held:
-        """`.cache.lock`, held exclusively for the `with` block (polled, with a deadline)."""
-        lock = LockFile(self.cache_dir / ".cache.lock")
-        try:
-            lock.wait(
-                lambda: lock.try_lock(fcntl.LOCK_EX),
-                self.timeouts.lock,
-                f"the shard cache {self.cache_dir}",
-            )
-        except BaseException:
-            lock.close()
-            raise
-        return _Held(lock)
-
-    def _make_room(self, manifest: Manifest, shard: ShardInfo, part: Path, optional: bool) -> bool:
-        """Rule 5: evict least recently used shards until this one fits; reserve its space.
-
-        An optional download (a prefetch) evicts no shard of the plan's next ones, and is not
-        made (False) when it does not fit: prefetching never pushes the cache past its limit.
-        """
-        protect = self._window if optional else frozenset()
-        with self._room_lock():
-            entries, used = self._scan()
-            for _, sha, size in sorted(entries):
-                if used + shard.bytes <= self.limit_bytes:
-                    break
-                if sha not in protect and self._evict(sha):
-                    used -= size
-            if used + shard.bytes > self.limit_bytes and optional:
-                return False
-            if used + shard.bytes > self.limit_bytes and not self._warned:
-                self._warned = True
-                log.warning(
-                    "shard cache %s: its limit is %d bytes, the shards that open readers pin or "
-                    "download hold %d, and %s (%s) needs %d more: it is read over the limit and "
-                    "prefetching pauses while the cache is full. Raise cache_limit above "
-                    "(readers on this node) x (shards each keeps open + prefetches) x shard size.",
-                    self.cache_dir,
-                    self.limit_bytes,
-                    used,
-                    shard.name,
-                    manifest.shard_url(shard),
-                    shard.bytes,
-                )
-            part.touch()  # reserves the space: other makers of room count it from its name
-        return True
-
-    def _scan(self) -> tuple[list[tuple[float, str, int]], int]:
-        """(mtime, sha, bytes) of each complete shard, and the bytes in use or reserved."""
-        entries: list[tuple[float, str, int]] = []
-        used = 0
-        for entry in os.scandir(self.cache_dir):
-            name = entry.name
-            try:
-                if name.endswith(".tar") and _SHA.match(name[:-4]):
-                    stat = entry.stat()
-                    idx = self.cache_dir / (name[:-4] + ".idx")
-                    size = stat.st_size + (idx.stat().st_size if idx.exists() else 0)
-                    entries.append((stat.st_mtime, name[:-4], size))
-                    used += size
-                elif match := _PART.match(name):
-                    if self._stale(match.group(1)):
-                        Path(entry.path).unlink(missing_ok=True)
-                    else:
-                        used += int(match.group(2)) if match.group(2) else entry.stat().st_size
-            except FileNotFoundError:  # renamed or removed by its owner meanwhile
-                continue
-        return entries, used
-
-    def _stale(self, sha: str) -> bool:
-        """A .part whose shard lock nobody holds was left by a process that died mid-download."""
-        return self._try_exclusive(sha, lambda: None)
-
-    def _evict(self, sha: str) -> bool:
-        def delete() -> None:
-            for ext in ("tar", "idx"):
-                (self.cache_dir / f"{sha}.{ext}").unlink(missing_ok=True)
-            self.stats.evictions += 1
-
-        return self._try_exclusive(sha, delete)
-
-    def _try_exclusive(self, sha: str, action: Any) -> bool:
-        """Run `action` holding the shard's lock exclusively, if that is possible without waiting."""
-        lock = LockFile(self.cache_dir / f"{sha}.lock")
-        try:
-            if not lock.try_lock(fcntl.LOCK_EX):
-                return False  # pinned by a reader, or being downloaded
-            action()
-        finally:
-            lock.close()
-        return True
-
     # --- helpers -----------------------------------------------------------------------------
 
     def _path(self, shard: ShardInfo, ext: str) -> Path:
@@ -487,16 +396,3 @@ class ShardCache:
                 if info.name == shard:
                     return info
         raise ValueError(f"shard {shard!r} is not in the manifest at {manifest.root}")
-
-
-class _Held:
-    """A held LockFile as a context manager: closed (released) at the end of the block."""
-
-    def __init__(self, lock: LockFile) -> None:
-        self.lock = lock
-
-    def __enter__(self) -> LockFile:
-        return self.lock
-
-    def __exit__(self, *exc: object) -> None:
-        self.lock.close()

@@ -12,6 +12,7 @@ __all__ = [
     "CACHE_LIMIT_ENV",
     "DEFAULT_LIMIT",
     "DEFAULT_TIMEOUTS",
+    "TIMEOUT_ENVS",
     "Timeouts",
     "default_cache_dir",
     "parse_size",
@@ -20,6 +21,12 @@ __all__ = [
 CACHE_DIR_ENV = "FASTDATA_CACHE_DIR"
 CACHE_LIMIT_ENV = "FASTDATA_CACHE_LIMIT"
 DEFAULT_LIMIT = "50GB"
+#: Environment variables that override `Timeouts`' defaults (seconds), e.g. for a DataModule.
+TIMEOUT_ENVS = {
+    "connect": "FASTDATA_CONNECT_TIMEOUT",
+    "read": "FASTDATA_READ_TIMEOUT",
+    "lock": "FASTDATA_LOCK_TIMEOUT",
+}
 _UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([KMGT]?)(I?)B?\s*$", re.IGNORECASE)
 
@@ -69,6 +76,22 @@ class Timeouts:
     def __post_init__(self) -> None:
         if min(self.connect, self.read, self.lock) <= 0:
             raise ValueError(f"Timeouts must be positive, got {self}")
+
+    @classmethod
+    def from_env(cls) -> Timeouts:
+        """The defaults, each overridden by its variable in `TIMEOUT_ENVS` when set.
+
+        Raises:
+            ValueError: a variable is not a positive number of seconds (names it).
+        """
+        values: dict[str, float] = {}
+        for name, env in TIMEOUT_ENVS.items():
+            if text := os.environ.get(env):
+                try:
+                    values[name] = float(text)
+                except ValueError:
+                    raise ValueError(f"${env}={text!r} is not a number of seconds") from None
+        return cls(**values)
 
 
 DEFAULT_TIMEOUTS = Timeouts()

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from fastdata.remote.config import DEFAULT_TIMEOUTS, Timeouts
+from fastdata.remote.config import Timeouts
 from fastdata.remote.retry import (
     DEFAULT_RETRY,
     IntegrityError,
@@ -50,11 +50,12 @@ def join_url(root: str, name: str) -> str:
 
 
 def with_timeouts(
-    url: str, storage_options: Mapping[str, Any] | None, timeouts: Timeouts
+    url: str, storage_options: Mapping[str, Any] | None, timeouts: Timeouts | None
 ) -> dict[str, Any]:
     """`storage_options` plus the connect and read timeouts, in the form `url`'s protocol takes
     (see the module docstring); options the caller set are kept."""
     options = dict(storage_options or {})
+    timeouts = timeouts or Timeouts.from_env()
     protocol = url.split("://", 1)[0].lower()
     if protocol in ("http", "https"):
         import aiohttp
@@ -87,7 +88,7 @@ def with_timeouts(
 def filesystem(
     url: str,
     storage_options: Mapping[str, Any] | None = None,
-    timeouts: Timeouts = DEFAULT_TIMEOUTS,
+    timeouts: Timeouts | None = None,
 ) -> tuple[Any, str]:
     """The fsspec filesystem for `url` and the path inside it, with `timeouts` on its requests.
 
@@ -112,7 +113,7 @@ def read_bytes(
     url: str,
     storage_options: Mapping[str, Any] | None = None,
     retry: RetryPolicy = DEFAULT_RETRY,
-    timeouts: Timeouts = DEFAULT_TIMEOUTS,
+    timeouts: Timeouts | None = None,
 ) -> bytes:
     """The whole object at `url` (small files: manifests, index files).
 
@@ -141,7 +142,7 @@ def download(
     sha256: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
     retry: RetryPolicy = DEFAULT_RETRY,
-    timeouts: Timeouts = DEFAULT_TIMEOUTS,
+    timeouts: Timeouts | None = None,
 ) -> int:
     """Stream the object at `url` into the local file `dest`, checked against `size` and `sha256`.
 

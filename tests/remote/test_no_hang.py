@@ -236,7 +236,9 @@ def _alive(pid: int) -> bool:
 def test_killing_the_main_process_mid_epoch_leaves_no_worker(
     http_server: FileServer, tmp_path: Path
 ) -> None:
-    proxy = FaultProxy(http_server.url, FaultPlan(delay=1.0))  # a slow store: the fork meets a download
+    proxy = FaultProxy(
+        http_server.url, FaultPlan(delay=1.0)
+    )  # a slow store: the fork meets a download
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     main = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent(KILLED_MID_EPOCH), proxy.url, str(tmp_path / "c")],
