@@ -82,10 +82,11 @@ def test_two_ranks_with_workers_end_under_any_cache_limit(
 
 @pytest.fixture(scope="module")
 def cifar_sized(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """3 train shards of 10,000 32x32 raw samples (~47 MB each, as CIFAR-100's), served."""
+    """3 train shards of 6,000 32x32 raw samples (~28 MB each, as CIFAR-100's 282 MB in 10
+    shards), served."""
     out = tmp_path_factory.mktemp("cifar-sized")
-    source = unique_label_source(n_train=30_000, n_test=10, side=32)
-    write_shards(source, out, ShardOptions(max_count=10_000, workers=1, progress=False))
+    source = unique_label_source(n_train=18_000, n_test=10, side=32)
+    write_shards(source, out, ShardOptions(max_count=6_000, workers=1, progress=False))
     server = FileServer(out)
     yield server.url
     server.stop()
@@ -97,4 +98,4 @@ def test_cifar_sized_shards_end_under_any_cache_limit(
     cifar_sized: str, tmp_path: Path, limit: float | None
 ) -> None:
     labels = run_two_ranks(cifar_sized, tmp_path / "cache", limit, timeout=300)
-    assert labels == set(range(30_000))
+    assert labels == set(range(18_000))
