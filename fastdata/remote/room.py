@@ -65,8 +65,7 @@ class CacheFolder:
                     used -= size
             if used + shard.bytes > self.limit_bytes and optional:
                 return False
-            if used + shard.bytes > self.limit_bytes and not self._warned:
-                self._warned = True
+            if used + shard.bytes > self.limit_bytes and self._first_to_warn():
                 log.warning(
                     "shard cache %s: its limit is %d bytes, the shards that open readers pin or "
                     "download hold %d, and %s (%s) needs %d more: it is read over the limit and "
@@ -80,6 +79,20 @@ class CacheFolder:
                     shard.bytes,
                 )
             part.touch()  # reserves the space: other makers of room count it from its name
+        return True
+
+    def _first_to_warn(self) -> bool:
+        """True once per job for this cache: the first of its processes (main process, loader
+        workers, ranks of one process group) to find the limit too small warns; the rest don't.
+        Called holding `.cache.lock`."""
+        if self._warned:
+            return False
+        self._warned = True
+        marker = self.cache_dir / f".warned-{self.limit_bytes}-{os.getpgid(0)}"
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+        except FileExistsError:
+            return False
         return True
 
     def _scan(self) -> tuple[list[tuple[float, str, int]], int]:

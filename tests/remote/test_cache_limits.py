@@ -5,6 +5,7 @@ is read over, with a warning; it never hangs)."""
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import queue
 from collections.abc import Iterator
@@ -99,3 +100,24 @@ def test_cifar_sized_shards_end_under_any_cache_limit(
 ) -> None:
     labels = run_two_ranks(cifar_sized, tmp_path / "cache", limit, timeout=300)
     assert labels == set(range(18_000))
+
+
+def test_a_limit_too_small_for_the_pins_warns_once_with_the_numbers(
+    http_server: FileServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    manifest = load_manifest(http_server.url)
+    shards = manifest.split("train").shards
+    limit = shards[0].bytes // 2
+    # Three readers of one job (one ShardCache each, as in three processes) share the folder.
+    caches = [ShardCache(tmp_path / "cache", limit, retry=FAST_RETRY) for _ in range(3)]
+    with caplog.at_level(logging.WARNING, logger="fastdata"):
+        pins = [
+            cache.acquire(manifest, shard) for cache, shard in zip(caches, shards[:3], strict=True)
+        ]
+    for pin in pins:
+        assert pin.tar.stat().st_size > 0  # each is read, over the limit
+        pin.release()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1, warnings
+    assert str(limit) in warnings[0] and "raise cache_limit" in warnings[0].lower()
+    assert f"{http_server.url}/{shards[0].name}" in warnings[0]
