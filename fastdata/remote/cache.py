@@ -8,6 +8,7 @@ shard share its file, and a re-written dataset never reads a stale one):
     <sha256>.tar.<bytes>.part    a download under way (renamed to .tar once checked)
     <sha256>.lock                the shard's lock file (kept: deleting a lock file races)
     .cache.lock                  held while making room, so two makers of room never both count it
+    .warned-<limit>-<pgid>       marks that one process of a job warned the limit is too small
 
 Rules, each enforced with `flock` through `fastdata.remote.locks.LockFile`:
 1. One download per shard per node: a downloader holds the shard's lock exclusively; anyone who
@@ -22,7 +23,7 @@ Rules, each enforced with `flock` through `fastdata.remote.locks.LockFile`:
    evicted until the shards present plus the downloads under way plus this one fit. A prefetch
    that does not fit is not made. A read that does not fit (the shards pinned by open readers
    fill the limit, or one shard is larger) is downloaded over the limit, with one warning per
-   process giving the numbers: size the limit above readers x (open + prefetched) shards.
+   job giving the numbers: size the limit above readers x (open + prefetched) shards.
 
 Locking rules (why nothing here hangs):
 - No wait is blocking: every lock is polled without blocking until a deadline
