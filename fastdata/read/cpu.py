@@ -125,6 +125,7 @@ class ShardBatchDataset(IterableDataset):
             cache=self.spec.cache,
             verify_samples=self.spec.verify_samples,
         )
+        self._failed_shards: set[str] = set()  # failed remote shards warned about this epoch
         numbers = worker_batch_numbers(len(plan.rows), 0, worker, workers)
         try:
             if numbers:  # remote shards: downloaded ahead, in this worker's order of reading
@@ -217,7 +218,7 @@ class ShardBatchDataset(IterableDataset):
         error = exc if isinstance(exc, ShardReadError) else ShardReadError(name, key, str(exc))
         if self.spec.on_error != "skip":
             raise error from exc
-        return _Skip(name, key, str(exc))
+        return _Skip(name, key, str(exc), getattr(exc, "shard_failed", False))
 
     def _count(self, skips: list[_Skip]) -> None:
         """Count and log the skipped samples of a batch as it is handed out."""
@@ -225,7 +226,13 @@ class ShardBatchDataset(IterableDataset):
             return
         info = get_worker_info()
         self.state[_SKIPS + (info.id if info else 0)] += len(skips)
+        warned = self.__dict__.setdefault("_failed_shards", set())
         for skip in skips:
+            if skip.shard_failed:  # a remote shard that failed to download: warned once
+                if skip.shard not in warned:
+                    warned.add(skip.shard)
+                    log.warning("skipped shard %s (on_error='skip'): %s", skip.shard, skip.reason)
+                continue
             log.warning(
                 "skipped bad sample %s in %s (on_error='skip'): %s",
                 skip.key,
@@ -241,6 +248,7 @@ class _Skip:
     shard: str
     key: str
     reason: str
+    shard_failed: bool = False  # the whole shard failed (ShardReadError.shard_failed)
 
 
 class _Ahead:

@@ -43,9 +43,21 @@ __all__ = ["ShardIndex", "ShardReadError", "ShardReader", "parse_index", "read_s
 
 
 class ShardReadError(RuntimeError):
-    """A shard or one of its samples cannot be read. The message names the shard and the key."""
+    """A shard or one of its samples cannot be read. The message names the shard and the key.
 
-    def __init__(self, shard: str, key: str | None = None, reason: str | None = None) -> None:
+    Attributes:
+        shard_failed: the whole shard is unreadable this epoch (a remote shard that could not be
+            downloaded): every one of its samples raises this, without another download.
+    """
+
+    def __init__(
+        self,
+        shard: str,
+        key: str | None = None,
+        reason: str | None = None,
+        shard_failed: bool = False,
+    ) -> None:
+        self.shard_failed = shard_failed
         if reason is None:
             # Re-raised in the main process by a DataLoader worker, which passes one message
             # (that already names the shard and the key): keep the type, so callers can catch it.
@@ -62,7 +74,7 @@ class ShardReadError(RuntimeError):
         self.reason = reason
 
     def __reduce__(self):  # pickling (e.g. multiprocessing) keeps every field
-        return (ShardReadError, (self.shard, self.key, self.reason))
+        return (ShardReadError, (self.shard, self.key, self.reason, self.shard_failed))
 
 
 @dataclass(frozen=True)
@@ -200,6 +212,7 @@ class ShardReader:
         self.verify_samples = verify_samples
         self._remote = "://" in manifest.root
         self._open: OrderedDict[int, _OpenShard] = OrderedDict()
+        self._failed: dict[int, str] = {}  # remote shards that failed to download: the reason
 
     def key(self, shard: int, index: int) -> str:
         return self._get(shard)[0].keys[index]
@@ -284,7 +297,7 @@ class ShardReader:
             return self._open[shard]
         info = self.shards[shard]
         # Per shard: a mix (`fastdata.read.mix`) may hold local and remote datasets.
-        pin = self._acquire(info) if "://" in self.manifest.shard_url(info) else None
+        pin = self._acquire(shard, info) if "://" in self.manifest.shard_url(info) else None
         data: bytes | mmap.mmap = b""
         try:
             tar = str(pin.tar) if pin else self.manifest.shard_url(info)
@@ -327,8 +340,17 @@ class ShardReader:
         except (OSError, IntegrityError) as exc:
             raise ShardReadError(info.name, None, f"per-sample digests unreadable: {exc}") from exc
 
-    def _acquire(self, info: ShardInfo) -> CachedShard:
-        """The remote shard's cached files, pinned while this reader has the shard open."""
+    def _acquire(self, shard: int, info: ShardInfo) -> CachedShard:
+        """The remote shard's cached files, pinned while this reader has the shard open.
+
+        A shard that fails to download is failed for this reader's life (one epoch of one
+        worker): its other samples raise at once, without downloading it again.
+
+        Raises:
+            ShardReadError: with `shard_failed` set; the message names the URL and the cause.
+        """
+        if shard in self._failed:
+            raise ShardReadError(info.name, None, self._failed[shard], shard_failed=True)
         if self.cache is None:
             from fastdata.remote import ShardCache
 
@@ -336,7 +358,11 @@ class ShardReader:
         try:
             return self.cache.acquire(self.manifest, info)
         except RuntimeError as exc:  # RemoteError: names the URL and what to do
-            raise ShardReadError(info.name, None, str(exc)) from exc
+            self._failed[shard] = (
+                f"{exc} (all {info.num_samples} samples of the shard fail this epoch; it is not "
+                "downloaded again before the next)"
+            )
+            raise ShardReadError(info.name, None, self._failed[shard], shard_failed=True) from exc
 
 
 def read_sample(

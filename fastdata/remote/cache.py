@@ -8,18 +8,35 @@ shard share its file, and a re-written dataset never reads a stale one):
     <sha256>.tar.<bytes>.part    a download under way (renamed to .tar once checked)
     <sha256>.lock                the shard's lock file (kept: deleting a lock file races)
     .cache.lock                  held while making room, so two makers of room never both count it
+    .warned-<limit>-<pgid>       marks that one process of a job warned the limit is too small
 
-Rules, each enforced with `fcntl.flock` (works across processes and threads of one node):
+Rules, each enforced with `flock` through `fastdata.remote.locks.LockFile`:
 1. One download per shard per node: a downloader holds the shard's lock exclusively; anyone who
-   wants the shard meanwhile waits on the lock, then finds the `.tar` in place.
+   wants the shard meanwhile polls the lock, then finds the `.tar` in place.
 2. Nothing partial is read: a shard is fetched under a `.part` name, checked, then renamed.
 3. A reader pins the shards it has open with a shared lock; eviction only takes shards whose lock
-   it can get exclusively (without waiting), so a pinned shard is never deleted.
+   it can get exclusively (without waiting), so a pinned shard is never deleted. A downloader
+   turns its exclusive lock into the reader's pin while holding `.cache.lock`, so no evicter
+   can take the shard between its download and its first read.
 4. Least recently used first: every use sets the `.tar`'s mtime; eviction goes by oldest mtime.
 5. The folder stays within `limit_bytes`: before a download, under `.cache.lock`, old shards are
-   evicted until the shards present plus the downloads under way plus this one fit. It can only
-   go over when the shards pinned by open readers alone do not fit, or one shard is larger than
-   the limit (a warning says so): size the limit above (readers x open shards) shards.
+   evicted until the shards present plus the downloads under way plus this one fit. A prefetch
+   that does not fit is not made. A read that does not fit (the shards pinned by open readers
+   fill the limit, or one shard is larger) is downloaded over the limit, with one warning per
+   job giving the numbers: size the limit above readers x (open + prefetched) shards.
+
+Locking rules (why nothing here hangs):
+- No wait is blocking: every lock is polled without blocking until a deadline
+  (`Timeouts.lock`, pushed back while the holder's download grows), then `LockTimeout` names the
+  lock file, the shard and URL, and the pids holding it.
+- No lock outlives a fork: a child process closes, at once, every lock descriptor it inherited
+  (`os.register_at_fork` in `fastdata.remote.locks`); a DataLoader forking its workers while
+  this process's prefetch thread downloads leaves the lock to the parent alone.
+- Locks are held in short sections only: a shard's exclusive lock while it downloads (and
+  `.cache.lock` inside that, while evicting), a shared pin while a reader has the shard open.
+  The prefetch thread never waits for a lock: a shard locked by anyone else is left to them.
+- The prefetch thread waits for work at most `_IDLE` seconds, then ends (a new one starts with
+  the next job).
 """
 
 from __future__ import annotations
@@ -36,17 +53,25 @@ from pathlib import Path
 from typing import Any
 
 from fastdata.manifest import Manifest, ShardInfo
-from fastdata.remote.config import CACHE_LIMIT_ENV, DEFAULT_LIMIT, default_cache_dir, parse_size
+from fastdata.remote.config import (
+    CACHE_LIMIT_ENV,
+    DEFAULT_LIMIT,
+    DEFAULT_TIMEOUTS,
+    Timeouts,
+    default_cache_dir,
+    parse_size,
+)
 from fastdata.remote.fs import download
+from fastdata.remote.locks import LockFile
 from fastdata.remote.retry import DEFAULT_RETRY, RemoteError, RetryPolicy
+from fastdata.remote.room import CacheFolder
 
 __all__ = ["CacheStats", "CachedShard", "ShardCache"]
 
 log = logging.getLogger(__name__)
 
 _SHA = re.compile(r"^[0-9a-f]{64}$")
-_PART = re.compile(r"^([0-9a-f]{64})\.(?:tar\.(\d+)|idx)\.part$")
-_ACQUIRE_TRIES = 5  # a shard evicted between its download and the reader's pin is fetched again
+_IDLE = 30.0  # seconds the prefetch thread waits for a job before it ends
 
 
 @dataclass
@@ -67,16 +92,16 @@ class CachedShard:
         index: its DALI index, or None when the store has none (scan the tar instead).
     """
 
-    def __init__(self, fd: int, tar: Path, index: Path | None) -> None:
-        self._fd: int | None = fd
+    def __init__(self, lock: LockFile, tar: Path, index: Path | None) -> None:
+        self._lock: LockFile | None = lock
         self.tar = tar
         self.index = index
 
     def release(self) -> None:
         """Unpin (closing the lock file releases the shared lock). Safe to call twice."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
 
     def __enter__(self) -> CachedShard:
         return self
@@ -88,7 +113,7 @@ class CachedShard:
         self.release()
 
 
-class ShardCache:
+class ShardCache(CacheFolder):
     """Remote shards streamed through a bounded local folder (see the module docstring).
 
     Picklable: a DataLoader worker gets a copy that opens its own locks and prefetch thread.
@@ -99,6 +124,9 @@ class ShardCache:
         storage_options: passed to fsspec (e.g. `{"endpoint_url": ...}` for an S3-compatible
             store, `{"anon": True}` for a public bucket).
         retry: attempts and backoff for transient failures.
+        timeouts: connect and read timeouts of each request, and the longest wait on a lock
+            held by another process that makes no progress; None: `Timeouts.from_env()`
+            (10 s, 30 s and 120 s unless $FASTDATA_CONNECT/READ/LOCK_TIMEOUT say otherwise).
     """
 
     def __init__(
@@ -108,11 +136,13 @@ class ShardCache:
         *,
         storage_options: Mapping[str, Any] | None = None,
         retry: RetryPolicy = DEFAULT_RETRY,
+        timeouts: Timeouts | None = None,
     ) -> None:
         self.cache_dir = Path(cache_dir).expanduser()
         self.limit_bytes = parse_size(limit_bytes)
         self.storage_options = dict(storage_options or {})
         self.retry = retry
+        self.timeouts = timeouts or Timeouts.from_env()
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         self._reset()
 
@@ -131,12 +161,15 @@ class ShardCache:
         self._plan: tuple[str, dict[str, int], list[ShardInfo], int] | None = None
         self._window: frozenset[str] = frozenset()  # sha256 of the shards the plan reads next
         self._warned = False
+        self._prefetch_failed: dict[str, RemoteError] = {}  # sha256 -> why its prefetch failed
+        self._failed_this_plan: set[str] = set()  # not prefetched again until the next plan
 
     def __getstate__(self) -> dict[str, Any]:
-        keep = ("cache_dir", "limit_bytes", "storage_options", "retry")
+        keep = ("cache_dir", "limit_bytes", "storage_options", "retry", "timeouts")
         return {name: self.__dict__[name] for name in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        state.setdefault("timeouts", DEFAULT_TIMEOUTS)
         self.__dict__.update(state)
         self._reset()
 
@@ -150,45 +183,77 @@ class ShardCache:
 
         Raises:
             RemoteError: the shard cannot be downloaded intact (names the URL and what to do).
+            LockTimeout: another process of the node holds the shard's lock and makes no
+                progress for `timeouts.lock` seconds (names the lock file and the pids).
         """
-        self._check(manifest, shard)
-        tar, idx = self._path(shard, "tar"), self._path(shard, "idx")
-        for tries in range(_ACQUIRE_TRIES):
-            fd = self._lock_fd(shard)
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            if tar.exists():
-                os.utime(tar)  # rule 4: the newest mtime is the latest use
-                self.stats.hits += tries == 0
-                self._prefetch_after(manifest, shard)
-                return CachedShard(fd, tar, idx if idx.exists() else None)
-            os.close(fd)
-            self.fetch(manifest, shard)
-        raise RemoteError(
-            manifest.shard_url(shard),
-            f"evicted {_ACQUIRE_TRIES} times between its download and its use",
-            f"The cache ({self.limit_bytes} bytes) is too small for the readers of this node; "
-            "raise cache_limit.",
-        )
+        pin = self._pin(manifest, shard)
+        self._prefetch_after(manifest, shard)
+        return pin
 
     def fetch(self, manifest: Manifest, shard: ShardInfo) -> Path:
         """Download the shard into the cache unless it is there (without pinning it)."""
-        self._check(manifest, shard)
-        self._fetch(manifest, shard, optional=False)
+        self._pin(manifest, shard).release()
         return self._path(shard, "tar")
 
-    def _fetch(self, manifest: Manifest, shard: ShardInfo, optional: bool) -> None:
-        """Download unless present; an optional (prefetch) download is skipped when it does not
-        fit without evicting a shard the plan reads sooner."""
-        tar = self._path(shard, "tar")
-        fd = self._lock_fd(shard)
+    def _pin(self, manifest: Manifest, shard: ShardInfo) -> CachedShard:
+        """Rules 1-3: a shared lock on a present `.tar`, downloading it first if it is absent."""
+        self._check(manifest, shard)
+        tar, idx = self._path(shard, "tar"), self._path(shard, "idx")
+        what = f"shard {shard.name} ({manifest.shard_url(shard)})"
+        lock = LockFile(self._path(shard, "lock"))
+        fetched = False
+
+        def attempt() -> bool:
+            nonlocal fetched
+            if (failed := self._prefetch_failed.pop(shard.sha256, None)) is not None:
+                raise failed  # the prefetch thread went through every retry: once is enough
+            if lock.try_lock(fcntl.LOCK_SH) and tar.exists():
+                return True
+            if not lock.try_lock(fcntl.LOCK_EX):
+                return False  # another process downloads (or evicts) it: poll again
+            if tar.exists():  # downloaded meanwhile: take the pin on the next try
+                lock.unlock()
+                return False
+            self._download(manifest, shard, optional=False)
+            fetched = True
+            # Rule 3: the exclusive lock becomes a pin with no evicter in between (a flock
+            # conversion is not atomic); anyone else who takes the lock meanwhile lets go at once.
+            with self._room_lock():
+                lock.wait(lambda: lock.try_lock(fcntl.LOCK_SH), self.timeouts.lock, what)
+            return tar.exists()
+
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # rule 1: waits while another process downloads it
-            if tar.exists():
-                os.utime(tar)
-            else:
-                self._download(manifest, shard, optional)
+            lock.wait(attempt, self.timeouts.lock, what, progress=lambda: self._progress(shard))
+            os.utime(tar)  # rule 4: the newest mtime is the latest use
+        except BaseException:
+            lock.close()
+            raise
+        self.stats.hits += not fetched
+        return CachedShard(lock, tar, idx if idx.exists() else None)
+
+    def _progress(self, shard: ShardInfo) -> tuple[int, ...]:
+        """What another process's download of `shard` has written so far (a token that changes
+        while it moves)."""
+        try:
+            stat = os.stat(self.cache_dir / f"{shard.sha256}.tar.{shard.bytes}.part")
+        except FileNotFoundError:
+            return ()
+        return stat.st_size, stat.st_mtime_ns
+
+    def _prefetch_one(self, manifest: Manifest, shard: ShardInfo) -> None:
+        """Download ahead unless present or locked by anyone (never waits for a lock); skipped
+        when it does not fit without evicting a shard the plan reads sooner."""
+        tar = self._path(shard, "tar")
+        lock = LockFile(self._path(shard, "lock"))
+        try:
+            if lock.try_lock(fcntl.LOCK_EX) and not tar.exists():
+                self._download(manifest, shard, optional=True)
+        except RemoteError as exc:  # recorded before the lock goes: a waiting reader sees it
+            self._failed_this_plan.add(shard.sha256)
+            self._prefetch_failed[shard.sha256] = exc
+            raise
         finally:
-            os.close(fd)
+            lock.close()
 
     def size_bytes(self) -> int:
         """Bytes in the cache folder now (shards, indexes and downloads under way)."""
@@ -203,13 +268,14 @@ class ShardCache:
 
         Starts the first `ahead` now, in a background thread; each time `acquire` reaches a shard
         of the list, the `ahead` shards after it are queued. One order per process (a new call
-        replaces it); a worker process calls this with its own order. Failures are left to the
-        reader's own `acquire`, which retries and reports them.
+        replaces it); a worker process calls this with its own order. A download that fails
+        after every retry is raised by the next `acquire` of the shard (once, not tried again).
         """
         if ahead < 0:
             raise ValueError(f"ahead must be >= 0, got {ahead}")
         infos = [self._info(manifest, s) for s in shards]
         with self._mutex:
+            self._failed_this_plan.clear()
             self._plan = (manifest.root, {s.name: i for i, s in enumerate(infos)}, infos, ahead)
             self._window = frozenset(s.sha256 for s in infos[: ahead + 1])
         for info in infos[:ahead]:
@@ -230,7 +296,7 @@ class ShardCache:
         with self._mutex:
             if self._pid != os.getpid():  # forked: the parent's thread is not here
                 self._reset()
-            if shard.sha256 in self._queued:
+            if shard.sha256 in self._queued or shard.sha256 in self._failed_this_plan:
                 return
             self._queued.add(shard.sha256)
             if self._queue is None:
@@ -247,10 +313,18 @@ class ShardCache:
 
     def _prefetch_loop(self, jobs: queue.SimpleQueue[tuple[Manifest, ShardInfo]]) -> None:
         while True:
-            manifest, shard = jobs.get()
             try:
-                self._fetch(manifest, shard, optional=True)
-            except Exception as exc:  # the reader's acquire() retries and reports it
+                manifest, shard = jobs.get(timeout=_IDLE)
+            except queue.Empty:
+                with self._mutex:
+                    if jobs.empty():  # idle: end; the next job starts a new thread
+                        if self._queue is jobs:
+                            self._queue = None
+                        return
+                continue
+            try:
+                self._prefetch_one(manifest, shard)
+            except Exception as exc:  # the reader's acquire() raises or retries it
                 log.debug("prefetch of %s failed: %s", shard.name, exc)
             finally:
                 with self._mutex:
@@ -262,7 +336,7 @@ class ShardCache:
         """Fetch, check and rename into place; called holding the shard's exclusive lock."""
         part = self.cache_dir / f"{shard.sha256}.tar.{shard.bytes}.part"
         idx_part = self.cache_dir / f"{shard.sha256}.idx.part"
-        if not self._make_room(shard, part, optional):
+        if not self._make_room(manifest, shard, part, optional):
             log.debug("prefetch of %s skipped: the cache is full of shards read sooner", shard.name)
             return
         try:
@@ -279,24 +353,18 @@ class ShardCache:
         self, manifest: Manifest, shard: ShardInfo, part: Path, idx_part: Path
     ) -> bool:
         """Download the index (if the store has one) and the tar; True when there is an index."""
-        options, retry = self.storage_options, self.retry
+        options = dict(storage_options=self.storage_options, retry=self.retry)
+        options["timeouts"] = self.timeouts
         has_index = True
         try:
-            self.stats.bytes_fetched += download(
-                manifest.index_url(shard), idx_part, storage_options=options, retry=retry
-            )
+            self.stats.bytes_fetched += download(manifest.index_url(shard), idx_part, **options)
         except FileNotFoundError:
             log.info("%s has no index file; the reader scans the tar", manifest.index_url(shard))
             has_index = False
         url = manifest.shard_url(shard)
         try:
             self.stats.bytes_fetched += download(
-                url,
-                part,
-                size=shard.bytes,
-                sha256=shard.sha256,
-                storage_options=options,
-                retry=retry,
+                url, part, size=shard.bytes, sha256=shard.sha256, **options
             )
         except FileNotFoundError as exc:
             raise RemoteError(
@@ -306,85 +374,7 @@ class ShardCache:
             ) from exc
         return has_index
 
-    def _make_room(self, shard: ShardInfo, part: Path, optional: bool) -> bool:
-        """Rule 5: evict least recently used shards until this one fits; reserve its space.
-
-        An optional download (a prefetch) evicts no shard of the plan's next ones, and is not
-        made (False) when it does not fit: prefetching never pushes the cache past its limit.
-        """
-        protect = self._window if optional else frozenset()
-        with open(self.cache_dir / ".cache.lock", "a+b") as lock:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-            entries, used = self._scan()
-            for _, sha, size in sorted(entries):
-                if used + shard.bytes <= self.limit_bytes:
-                    break
-                if sha not in protect and self._evict(sha):
-                    used -= size
-            if used + shard.bytes > self.limit_bytes and optional:
-                return False
-            if used + shard.bytes > self.limit_bytes and not self._warned:
-                self._warned = True
-                log.warning(
-                    "shard cache %s goes over its limit of %d bytes: the shards pinned by open "
-                    "readers (or %s, %d bytes) do not fit; raise cache_limit",
-                    self.cache_dir,
-                    self.limit_bytes,
-                    shard.name,
-                    shard.bytes,
-                )
-            part.touch()  # reserves the space: other makers of room count it from its name
-        return True
-
-    def _scan(self) -> tuple[list[tuple[float, str, int]], int]:
-        """(mtime, sha, bytes) of each complete shard, and the bytes in use or reserved."""
-        entries: list[tuple[float, str, int]] = []
-        used = 0
-        for entry in os.scandir(self.cache_dir):
-            name = entry.name
-            if name.endswith(".tar") and _SHA.match(name[:-4]):
-                stat = entry.stat()
-                idx = self.cache_dir / (name[:-4] + ".idx")
-                size = stat.st_size + (idx.stat().st_size if idx.exists() else 0)
-                entries.append((stat.st_mtime, name[:-4], size))
-                used += size
-            elif match := _PART.match(name):
-                if self._stale(match.group(1)):
-                    Path(entry.path).unlink(missing_ok=True)
-                else:
-                    used += int(match.group(2)) if match.group(2) else entry.stat().st_size
-        return entries, used
-
-    def _stale(self, sha: str) -> bool:
-        """A .part whose shard lock nobody holds was left by a process that died mid-download."""
-        return self._try_exclusive(sha, lambda: None)
-
-    def _evict(self, sha: str) -> bool:
-        def delete() -> None:
-            for ext in ("tar", "idx"):
-                (self.cache_dir / f"{sha}.{ext}").unlink(missing_ok=True)
-            self.stats.evictions += 1
-
-        return self._try_exclusive(sha, delete)
-
-    def _try_exclusive(self, sha: str, action: Any) -> bool:
-        """Run `action` holding the shard's lock exclusively, if that is possible without waiting."""
-        fd = os.open(self.cache_dir / f"{sha}.lock", os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False  # pinned by a reader, or being downloaded
-        try:
-            action()
-        finally:
-            os.close(fd)
-        return True
-
     # --- helpers -----------------------------------------------------------------------------
-
-    def _lock_fd(self, shard: ShardInfo) -> int:
-        return os.open(self.cache_dir / f"{shard.sha256}.lock", os.O_RDWR | os.O_CREAT, 0o666)
 
     def _path(self, shard: ShardInfo, ext: str) -> Path:
         return self.cache_dir / f"{shard.sha256}.{ext}"

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from fastdata.remote.config import Timeouts
 from fastdata.remote.retry import (
     DEFAULT_RETRY,
     IntegrityError,
@@ -31,6 +32,7 @@ __all__ = [
     "remove",
     "sha256_file",
     "upload_file",
+    "with_timeouts",
 ]
 
 EXTRA_HINT = 'Install the remote extra: pip install "fastdata[remote]"'
@@ -47,8 +49,48 @@ def join_url(root: str, name: str) -> str:
     return root.rstrip("/") + "/" + name
 
 
-def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Any, str]:
-    """The fsspec filesystem for `url` and the path inside it.
+def with_timeouts(
+    url: str, storage_options: Mapping[str, Any] | None, timeouts: Timeouts | None
+) -> dict[str, Any]:
+    """`storage_options` plus the connect and read timeouts, in the form `url`'s protocol takes
+    (see the module docstring); options the caller set are kept."""
+    options = dict(storage_options or {})
+    timeouts = timeouts or Timeouts.from_env()
+    protocol = url.split("://", 1)[0].lower()
+    if protocol in ("http", "https"):
+        import aiohttp
+
+        client = dict(options.get("client_kwargs") or {})
+        client.setdefault(
+            "timeout",
+            aiohttp.ClientTimeout(
+                total=None, sock_connect=timeouts.connect, sock_read=timeouts.read
+            ),
+        )
+        options["client_kwargs"] = client
+    elif protocol in ("s3", "s3a"):
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", timeouts.connect)
+        config.setdefault("read_timeout", timeouts.read)
+        options["config_kwargs"] = config
+    elif protocol in ("gs", "gcs"):
+        import aiohttp
+
+        options.setdefault(
+            "requests_timeout",
+            aiohttp.ClientTimeout(
+                total=None, sock_connect=timeouts.connect, sock_read=timeouts.read
+            ),
+        )
+    return options
+
+
+def filesystem(
+    url: str,
+    storage_options: Mapping[str, Any] | None = None,
+    timeouts: Timeouts | None = None,
+) -> tuple[Any, str]:
+    """The fsspec filesystem for `url` and the path inside it, with `timeouts` on its requests.
 
     Raises:
         RemoteError: fsspec, or the implementation for the URL's protocol, is not installed.
@@ -58,7 +100,7 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
     except ImportError as exc:
         raise RemoteError(url, "fsspec is not installed", EXTRA_HINT + ".") from exc
     try:
-        return url_to_fs(url, **dict(storage_options or {}))
+        return url_to_fs(url, **with_timeouts(url, storage_options, timeouts))
     except ImportError as exc:  # fsspec's message names the missing package (s3fs, gcsfs, aiohttp)
         raise RemoteError(url, f"no filesystem for this URL ({exc})", EXTRA_HINT + ".") from exc
     except ValueError as exc:  # an unknown protocol
@@ -68,7 +110,10 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
 
 
 def read_bytes(
-    url: str, storage_options: Mapping[str, Any] | None = None, retry: RetryPolicy = DEFAULT_RETRY
+    url: str,
+    storage_options: Mapping[str, Any] | None = None,
+    retry: RetryPolicy = DEFAULT_RETRY,
+    timeouts: Timeouts | None = None,
 ) -> bytes:
     """The whole object at `url` (small files: manifests, index files).
 
@@ -76,7 +121,7 @@ def read_bytes(
         FileNotFoundError: there is no object at `url`.
         RemoteError: after the retries, or for a failure another try does not fix.
     """
-    fs, path = filesystem(url, storage_options)
+    fs, path = filesystem(url, storage_options, timeouts)
     return retry_call(lambda: fs.cat_file(path), url, "read", retry)
 
 
@@ -97,6 +142,7 @@ def download(
     sha256: str | None = None,
     storage_options: Mapping[str, Any] | None = None,
     retry: RetryPolicy = DEFAULT_RETRY,
+    timeouts: Timeouts | None = None,
 ) -> int:
     """Stream the object at `url` into the local file `dest`, checked against `size` and `sha256`.
 
@@ -110,7 +156,7 @@ def download(
         FileNotFoundError: there is no object at `url`.
         RemoteError: still failing after the retries (the message says the expected digest).
     """
-    fs, path = filesystem(url, storage_options)
+    fs, path = filesystem(url, storage_options, timeouts)
     transferred = 0
 
     def once() -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
+import os
+import time
 from pathlib import Path
 
 from fastdata.manifest import Manifest
@@ -65,3 +67,49 @@ def rank_main(results: multiprocessing.Queue, *args: object) -> None:
         results.put(read_epoch(*args))  # type: ignore[arg-type]
     except BaseException as exc:
         results.put(exc)
+
+
+def holds_write_lock(pid: int) -> bool:
+    """Whether process `pid` holds an exclusive flock (per /proc/locks; False where unreadable)."""
+    try:
+        with open("/proc/locks") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return False
+    return any(
+        len(fields) > 4 and fields[1] == "FLOCK" and fields[3] == "WRITE" and fields[4] == str(pid)
+        for fields in (line.split() for line in lines)
+    )
+
+
+def loader_rank_main(
+    results: multiprocessing.Queue,
+    manifest: Manifest,
+    cache: ShardCache,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+) -> None:
+    """A "rank" process reading one training epoch with the cpu backend and 2 DataLoader workers;
+    its main process prefetches too (as the loader tuner does), so the workers fork while a
+    download is under way. Puts (rank, labels) on `results`, or (rank, "Type: message")."""
+    from fastdata.read.base import LoaderSpec, WorkerSettings
+    from fastdata.read.cpu import make_cpu_loader
+
+    try:
+        workers = WorkerSettings(num_workers=2, prefetch_factor=2, persistent_workers=False)
+        spec = LoaderSpec(
+            manifest, "train", train=True, batch_size=batch_size, seed=5, rank=rank,
+            world_size=world_size, cache=cache, workers=workers,
+        )  # fmt: skip
+        loader = make_cpu_loader(spec)
+        order = plan_shard_order(manifest, "train")
+        order = order[rank:] + order[:rank]  # each rank's main process downloads its own first
+        ShardReader(manifest, "train", cache=cache).prefetch(order)
+        deadline = time.monotonic() + 10  # fork the workers while that download holds its lock
+        while not holds_write_lock(os.getpid()) and time.monotonic() < deadline:
+            time.sleep(0.005)
+        labels = [y for _, batch in loader for y in batch.tolist()]
+        results.put((rank, labels))
+    except BaseException as exc:
+        results.put((rank, f"{type(exc).__name__}: {exc}"))

@@ -12,6 +12,7 @@ import http.client
 import socket
 import struct
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -66,16 +67,25 @@ class FaultPlan:
         every_503: every k-th such request answers 503 (0: never).
         every_short: every k-th (that is not a 503) sends half its body, then closes.
         resets: request numbers whose connection is reset before any answer.
+        stall: every such request is read and never answered (the connection stays open until
+            the proxy stops): a server that accepts and hangs.
+        fail_paths: paths (e.g. "/train-000001.tar") that always answer 503.
+        delay: seconds each such request waits before it is answered (a slow store).
         suffix: only paths ending so are counted and faulted (".tar": the shards).
     """
 
     every_503: int = 0
     every_short: int = 0
     resets: frozenset[int] = frozenset()
+    stall: bool = False
+    fail_paths: frozenset[str] = frozenset()
+    delay: float = 0.0
     suffix: str = ".tar"
     injected: Counter = field(default_factory=Counter)
 
     def fault(self, number: int) -> str | None:
+        if self.stall:
+            return "stall"
         if number in self.resets:
             return "reset"
         if self.every_503 and number % self.every_503 == 0:
@@ -100,7 +110,12 @@ class FaultProxy(_Server):
         self.served: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._numbered = 0
+        self.released = threading.Event()  # set by stop(): stalled requests end
         super().__init__(functools.partial(_ProxyHandler, self))
+
+    def stop(self) -> None:
+        self.released.set()
+        super().stop()
 
     def next_fault(self, path: str) -> str | None:
         with self._lock:
@@ -108,7 +123,7 @@ class FaultProxy(_Server):
             if not path.endswith(self.plan.suffix):
                 return None
             self._numbered += 1
-            fault = self.plan.fault(self._numbered)
+            fault = "503" if path in self.plan.fail_paths else self.plan.fault(self._numbered)
             if fault:
                 self.plan.injected[fault] += 1
             return fault
@@ -126,6 +141,12 @@ class _ProxyHandler(_Quiet, BaseHTTPRequestHandler):
         self._forward(self.proxy.next_fault(self.path.split("?", 1)[0]))
 
     def _forward(self, fault: str | None) -> None:
+        if fault == "stall":  # never answers; the connection ends when the proxy stops
+            self.proxy.released.wait(timeout=300)
+            self.close_connection = True
+            return
+        if self.proxy.plan.delay and self.path.split("?", 1)[0].endswith(self.proxy.plan.suffix):
+            time.sleep(self.proxy.plan.delay)
         if fault == "reset":  # SO_LINGER 0: close() sends RST, the client sees ECONNRESET
             self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.close_connection = True

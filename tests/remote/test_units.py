@@ -88,3 +88,23 @@ def test_backoff_grows_and_is_capped() -> None:
     delays = [policy.delay(a, rng) for a in range(6)]
     assert 0.5 <= delays[0] <= 1.0 and 4.0 <= delays[5] <= 8.0
     assert all(d <= 8.0 for d in delays)
+
+
+def test_every_protocol_gets_connect_and_read_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fastdata.remote import Timeouts
+    from fastdata.remote.fs import with_timeouts
+
+    timeouts = Timeouts(connect=3, read=7)
+    http = with_timeouts("https://host/d", {"client_kwargs": {"trust_env": True}}, timeouts)
+    client = http["client_kwargs"]
+    assert client["trust_env"] is True  # the caller's options are kept
+    assert (client["timeout"].sock_connect, client["timeout"].sock_read) == (3, 7)
+    s3 = with_timeouts("s3://b/d", {"config_kwargs": {"read_timeout": 99}}, timeouts)
+    assert s3["config_kwargs"] == {"read_timeout": 99, "connect_timeout": 3}  # caller's 99 wins
+    gs = with_timeouts("gs://b/d", None, timeouts)
+    assert (gs["requests_timeout"].sock_connect, gs["requests_timeout"].sock_read) == (3, 7)
+    monkeypatch.setenv("FASTDATA_READ_TIMEOUT", "2.5")
+    assert Timeouts.from_env() == Timeouts(connect=10, read=2.5, lock=120)
+    monkeypatch.setenv("FASTDATA_LOCK_TIMEOUT", "soon")
+    with pytest.raises(ValueError, match="FASTDATA_LOCK_TIMEOUT"):
+        Timeouts.from_env()
