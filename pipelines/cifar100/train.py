@@ -44,6 +44,7 @@ from fastdata._env import data_dir
 from fastdata.manifest import MANIFEST_NAME
 from fastdata.train.ddp import end_process_group
 
+from .budget import BudgetPlanner
 from .model import ARCHITECTURES, Cifar100Module, ModelConfig, OptimConfig
 from .progress import EpochTable
 
@@ -59,6 +60,7 @@ __all__ = [
 log = logging.getLogger("fastdata")
 
 ARCHIVE_NAME = "cifar-100-python.tar.gz"
+MAX_BUDGET_EPOCHS = 10_000
 SHARD_WAIT_S = 1800  # how long ranks other than 0 wait for rank 0 to finish sharding
 
 
@@ -82,10 +84,18 @@ OPTIONS: dict[str, dict[str, Any]] = {
         "default": Path("runs/cifar100"),
         "help": "shards, checkpoints, logs and metrics.json (default: runs/cifar100)",
     },
+    "--budget": {
+        "type": float,
+        "default": 300.0,
+        "help": "wall-time budget in seconds from the command's start, sharding and evaluation "
+        "included: epochs and the LR schedule are planned from the throughput measured in the "
+        "first steps, and re-planned as the run goes (default: 300; --epochs overrides it)",
+    },
     "--epochs": {
         "type": int,
-        "default": 4,
-        "help": "epochs; the one-cycle schedule spans them all",
+        "default": None,
+        "help": "train exactly this many epochs instead of a time budget; the one-cycle "
+        "schedule spans them all (the fixed recipe was 4)",
     },
     "--model": {"choices": sorted(ARCHITECTURES), "default": "resnet9"},
     "--width": {"type": int, "default": 24, "help": "channels of the first stage (64: classic)"},
@@ -211,14 +221,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from fastdata.datamodule import ShardDataModule
     from fastdata.train import TrainPreset, make_trainer
 
-    start = time.perf_counter()
+    started = process_start()
+    start = time.monotonic()
+    budget = None if args.epochs is not None else BudgetPlanner(args.budget, started)
+    if budget is not None and args.train_sizes:
+        raise ValueError(
+            "--train-sizes needs --epochs N: the budget planner assumes every epoch costs the same"
+        )
     pl.seed_everything(args.seed, workers=True, verbose=False)
     if not torch.cuda.is_available():
         from fastdata.tune import choose_threads  # re-checked each epoch by the LoaderMonitor
 
         torch.set_num_threads(choose_threads(args.threads, args.devices))
     shards = prepare_shards(args.data, args.download, args.out)
-    shard_s = time.perf_counter() - start
+    shard_s = time.monotonic() - start
 
     dm = ShardDataModule(
         shards,
@@ -237,7 +253,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         train_sizes=args.train_sizes,
     )
     monitor = _loader_monitor()
-    table = EpochTable(monitor)
+    table = EpochTable(monitor, budget)
     preset = TrainPreset(
         precision=args.precision,
         batch_size=args.batch_size,
@@ -248,8 +264,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     )
     trainer = make_trainer(
         preset,
-        max_epochs=args.epochs,
-        callbacks=[c for c in (monitor, table) if c is not None],
+        # With a budget the planner stops the run (MAX_BUDGET_EPOCHS only bounds a broken plan).
+        max_epochs=MAX_BUDGET_EPOCHS if budget is not None else args.epochs,
+        callbacks=[c for c in (budget, monitor, table) if c is not None],
         logger=pl.loggers.CSVLogger(args.out, name="logs"),
         enable_progress_bar=sys.stderr.isatty(),
         enable_model_summary=False,
@@ -258,17 +275,40 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         **_limits(args),
     )
     trainer.fit(model, datamodule=dm, ckpt_path="last" if args.resume else None)
-    metrics = _metrics(args, trainer, table, shard_s, time.perf_counter() - start)
+    metrics = _metrics(args, trainer, table, shard_s, time.monotonic() - started)
+    if budget is not None:
+        metrics["budget"] = budget.summary()
     if trainer.is_global_zero:
         path = args.out / "metrics.json"
         path.write_text(json.dumps(metrics, indent=1, default=str) + "\n")
         top1 = metrics["final_test_top1"]
         print(
             f"test top-1 {'-' if top1 is None else f'{top1:.2%}'}, {metrics['wall_s']:.0f} s in all "
-            f"(sharding {shard_s:.0f} s); wrote {path}",
+            f"(sharding {shard_s:.0f} s{_budget_note(budget)}); wrote {path}",
             flush=True,
         )
     return metrics
+
+
+def process_start() -> float:
+    """When this process started, on the `time.monotonic` clock (now, if psutil cannot say)."""
+    try:
+        import psutil
+
+        age = time.time() - psutil.Process().create_time()
+    except (ImportError, OSError):
+        age = 0.0
+    return time.monotonic() - max(age, 0.0)
+
+
+def _budget_note(budget: BudgetPlanner | None) -> str:
+    if budget is None or budget.plan is None:
+        return ""
+    plan = budget.plan
+    return (
+        f"; budget {budget.budget_s:.0f} s: {plan.epochs:.2f} epochs = {plan.total_steps:,} steps "
+        f"planned at {budget.img_per_s:,.0f} img/s"
+    )
 
 
 def _limits(args: argparse.Namespace) -> dict[str, int | float]:
