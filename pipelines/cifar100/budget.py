@@ -298,6 +298,7 @@ class BudgetPlanner(pl.Callback):
         self._epoch_start_step = 0
         self._last_step_end: float | None = None
         self._val_t0 = self._val_s = 0.0
+        self._stopping = False  # the planner set trainer.should_stop
 
     def time_left(self) -> float:
         """Seconds until the deadline."""
@@ -340,8 +341,14 @@ class BudgetPlanner(pl.Callback):
             print(f"budget {self.budget_s:.0f} s, {when}: {plan.describe()}", flush=True)
         else:
             log.debug("budget re-plan (%s): %s", when, plan.describe())
-        if step >= plan.total_steps:
-            trainer.should_stop = True
+        self._stop_if_done(trainer)
+
+    def _stop_if_done(self, trainer: pl.Trainer) -> None:
+        """Stop at the planned step; a later plan with more steps lifts the planner's own stop."""
+        if self.plan is not None and trainer.global_step >= self.plan.total_steps:
+            trainer.should_stop = self._stopping = True
+        elif self._stopping:
+            trainer.should_stop = self._stopping = False
 
     # -- hooks
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -386,8 +393,7 @@ class BudgetPlanner(pl.Callback):
             ):
                 self.img_per_s = timed * self._batch / max(now - self._mark[1], 1e-9)
                 self._replan(trainer, pl_module, f"step {step}")
-        if self.plan is not None and step >= self.plan.total_steps:
-            trainer.should_stop = True
+        self._stop_if_done(trainer)
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._val_t0 = time.monotonic()
