@@ -45,14 +45,15 @@ def test_plan_takes_the_most_steps_whose_training_and_evals_fit() -> None:
     assert _plan(time_left_s=60.1).total_steps == 491
 
 
-def test_plan_drops_a_last_partial_epoch_shorter_than_a_quarter() -> None:
-    # 410 steps would fit (39 s + 5 evals + 3 s = 52 s), but the 10 steps of epoch 5 would cost
-    # a whole evaluation: the plan stops at the end of epoch 4.
-    plan = _plan(time_left_s=52.0)
+def test_plan_drops_a_last_partial_epoch_shorter_than_a_tenth() -> None:
+    # 405 steps would fit (38.5 s + 5 evals + 3 s = 51.5 s), but the 5 steps of epoch 5 would
+    # pay a whole evaluation: the plan stops at the end of epoch 4.
+    plan = _plan(time_left_s=51.55)
 
     assert plan.total_steps == 400 and plan.evals == 4
     assert "dropped" in plan.reason
-    assert _plan(time_left_s=52.0, min_partial=0.0).total_steps == 410
+    assert _plan(time_left_s=51.55, min_partial=0.0).total_steps == 405
+    assert _plan(time_left_s=52.05).total_steps == 410  # 10 steps: a tenth, kept
 
 
 def test_plan_at_an_epoch_boundary_counts_that_epochs_eval_as_done() -> None:
