@@ -10,10 +10,11 @@
    training throughput until the first one is timed) and the time left until the deadline (the
    budget counted from the process start, so sharding and start-up are included) into a total
    number of optimizer steps: as many as fit, one evaluation per epoch end and one after the last
-   (possibly partial) epoch. A last partial epoch shorter than `MIN_PARTIAL_EPOCH` of an epoch is
-   dropped (its evaluation would cost more than its steps bring).
-3. `PlannedSchedule.refit` re-draws the rest of the LR schedule from the current step and LR:
-   linear warm-up to the peak at `warmup` of the planned steps, then linear decay to the end value
+   (possibly partial) epoch, or only the final one (``eval_each_epoch=False``). A last partial
+   epoch shorter than `MIN_PARTIAL_EPOCH` of an epoch is dropped when it would pay a whole
+   evaluation.
+3. `pipelines.cifar100.schedule.PlannedSchedule.refit` re-draws the rest of the LR schedule from
+   the current step and LR: linear warm-up to the peak at `warmup` of the planned steps, then linear decay to the end value
    at the last planned step, so the LR reaches its end value whatever the plan.
 4. The plan is re-made every `BudgetPlanner.replan_every` steps and at each epoch end with the
    throughput and evaluation time measured since (the latest epoch's figures), so a machine that
@@ -34,10 +35,10 @@ import lightning.pytorch as pl
 
 __all__ = [
     "MIN_PARTIAL_EPOCH",
+    "NO_EPOCH_EVAL",
     "PROVISIONAL_EPOCHS",
     "BudgetPlanner",
     "Plan",
-    "PlannedSchedule",
     "plan_steps",
 ]
 
@@ -48,6 +49,8 @@ PROVISIONAL_EPOCHS = 4
 #: A last partial epoch shorter than this fraction of an epoch is not started (a few steps would
 #: pay a whole evaluation and print a row for nothing; longer ones use time that would be lost).
 MIN_PARTIAL_EPOCH = 0.1
+#: ``check_val_every_n_epoch`` that turns the per-epoch evaluation off (``eval_each_epoch=False``).
+NO_EPOCH_EVAL = 1_000_000
 #: Evaluation img/s (each view one forward pass) as a multiple of training img/s (forward and
 #: backward), used until the first evaluation is timed. A forward pass costs about a third of a
 #: training step; 2.5 leaves a margin (measured here: 3.1 and 3.5 with flip TTA, 2 views per
@@ -108,9 +111,12 @@ class Plan:
         )
 
 
-def _evals(steps_done: int, end: int, steps_per_epoch: int) -> int:
+def _evals(steps_done: int, end: int, steps_per_epoch: int, each_epoch: bool) -> int:
     """Evaluations between `steps_done` and `end`: each epoch end reached, and the last partial
-    epoch's. At an epoch boundary `steps_done` counts that epoch's evaluation as done."""
+    epoch's (at an epoch boundary `steps_done` counts that epoch's evaluation as done); or only
+    the final one."""
+    if not each_epoch:
+        return 1
     return max(0, math.ceil(end / steps_per_epoch) - steps_done // steps_per_epoch)
 
 
@@ -124,6 +130,7 @@ def plan_steps(
     eval_s: float,
     reserve_s: float = 0.0,
     min_partial: float = MIN_PARTIAL_EPOCH,
+    eval_each_epoch: bool = True,
 ) -> Plan:
     """The most optimizer steps whose training and evaluations fit in `time_left_s`.
 
@@ -131,7 +138,8 @@ def plan_steps(
     plus `eval_s` for each evaluation still to run (every epoch end up to ``end``, and one for a
     last partial epoch), plus `reserve_s`. The largest ``end`` within `time_left_s` is kept, except
     that a last partial epoch of fewer than ``min_partial * steps_per_epoch`` steps is dropped
-    (when the run is not already inside it). With no time left the plan is to stop now.
+    (when the run is not already inside it, and evaluations run at each epoch end). With no time
+    left the plan is to stop now.
 
     Args:
         time_left_s: seconds until the deadline.
@@ -142,6 +150,7 @@ def plan_steps(
         eval_s: seconds per evaluation (with the epoch-end overhead).
         reserve_s: seconds to keep for the end of the run.
         min_partial: shortest last partial epoch worth starting, as a fraction of an epoch.
+        eval_each_epoch: an evaluation ends every epoch; False: only the final one runs.
 
     Raises:
         ValueError: a non-positive throughput, batch size or epoch length, or negative counts.
@@ -161,7 +170,7 @@ def plan_steps(
     def cost(end: int) -> float:
         return (
             (end - steps_done) * step_s
-            + _evals(steps_done, end, steps_per_epoch) * eval_s
+            + _evals(steps_done, end, steps_per_epoch, eval_each_epoch) * eval_s
             + reserve_s
         )
 
@@ -179,7 +188,8 @@ def plan_steps(
         reason = "no time left for another step: stop now"
     partial = end % steps_per_epoch
     boundary = end - partial
-    if partial and partial < min_partial * steps_per_epoch and boundary > steps_done:
+    short = eval_each_epoch and partial and partial < min_partial * steps_per_epoch
+    if short and boundary > steps_done:
         end = boundary
         reason = f"last partial epoch of {partial} steps (< {min_partial:.0%} of an epoch) dropped"
     return Plan(
@@ -188,65 +198,12 @@ def plan_steps(
         steps_per_epoch=steps_per_epoch,
         img_per_s=img_per_s,
         eval_s=eval_s,
-        evals=_evals(steps_done, end, steps_per_epoch),
+        evals=_evals(steps_done, end, steps_per_epoch, eval_each_epoch),
         time_left_s=time_left_s,
         train_s=(end - steps_done) * step_s,
         reserve_s=reserve_s,
         reason=reason,
     )
-
-
-# ----------------------------------------------------------------------------- LR schedule
-class PlannedSchedule:
-    """A one-cycle LR multiplier (for `torch.optim.lr_scheduler.LambdaLR`) over a step count that
-    can be re-planned: linear rise from `start` to 1 over the first `warmup` of the steps, linear
-    decay to `end` at the last step (``total_steps - 1``); `end` after it.
-
-    `refit` keeps the schedule continuous: from the current step and multiplier it rises to the
-    peak (if the new warm-up end is still ahead) and decays to `end` at the new last step. The
-    knots are instance attributes, so LambdaLR's ``state_dict`` saves them in checkpoints.
-
-    Args:
-        total_steps: planned optimizer steps.
-        warmup: fraction of the steps spent rising to the peak.
-        start: multiplier at step 0 (OneCycleLR's ``1 / div_factor``).
-        end: multiplier at the last step (``1 / (div_factor * final_div_factor)``).
-    """
-
-    def __init__(
-        self, total_steps: int, warmup: float = 0.25, start: float = 0.1, end: float = 1e-3
-    ) -> None:
-        if not 0 <= warmup < 1:
-            raise ValueError(f"warmup must be in [0, 1), got {warmup}")
-        self.warmup, self.start, self.end = warmup, start, end
-        self.total_steps = max(1, total_steps)
-        self.knots: list[tuple[float, float]] = []
-        self._draw(0, start)
-
-    def _draw(self, step: int, value: float) -> None:
-        last = self.total_steps - 1
-        peak = self.warmup * last
-        knots = [(float(step), value)]
-        if step < peak:
-            knots.append((peak, 1.0))
-        if last > knots[-1][0]:
-            knots.append((float(last), self.end))
-        self.knots = knots
-
-    def refit(self, step: int, total_steps: int) -> None:
-        """Re-plan from optimizer step `step` (its multiplier kept) to end at `total_steps`."""
-        value = self(step)
-        self.total_steps = max(1, total_steps, step + 1)
-        self._draw(step, value)
-
-    def __call__(self, step: int) -> float:
-        knots = self.knots
-        if step <= knots[0][0]:
-            return knots[0][1]
-        for (x0, y0), (x1, y1) in zip(knots, knots[1:], strict=False):
-            if step <= x1:
-                return y0 + (y1 - y0) * (step - x0) / (x1 - x0)
-        return self.end if len(knots) > 1 else knots[-1][1]
 
 
 # ----------------------------------------------------------------------------- callback
@@ -262,6 +219,11 @@ class BudgetPlanner(pl.Callback):
     between an epoch's last step and the next epoch's first one (evaluation, checkpoint, loader
     restart) less one step.
 
+    With ``eval_each_epoch=False`` only the final step is evaluated: make the Trainer with
+    ``check_val_every_n_epoch`` larger than any run (`NO_EPOCH_EVAL`); the planner sets it to 1
+    when it stops the run, so Lightning evaluates at that step. That evaluation is never timed
+    before it runs: the plan keeps the estimate for it.
+
     Args:
         budget_s: seconds from `started` (a `time.monotonic` value) to the end of the run.
         started: when the budget started (the process start).
@@ -270,6 +232,7 @@ class BudgetPlanner(pl.Callback):
         replan_every: steps between re-plans inside an epoch.
         reserve_s: seconds kept for the end of the run (metrics, shut-down).
         eval_speedup: evaluation img/s per view over training img/s, until an evaluation is timed.
+        eval_each_epoch: evaluations at each epoch end (True) or after the last step only.
 
     Raises:
         ValueError: a budget that is not positive.
@@ -284,12 +247,14 @@ class BudgetPlanner(pl.Callback):
         replan_every: int = 50,
         reserve_s: float = 5.0,
         eval_speedup: float = EVAL_SPEEDUP,
+        eval_each_epoch: bool = True,
     ) -> None:
         if budget_s <= 0:
             raise ValueError(f"the budget must be > 0 seconds, got {budget_s}")
         self.budget_s, self.deadline = budget_s, started + budget_s
         self.skip_steps, self.measure_steps = skip_steps, measure_steps
         self.replan_every, self.reserve_s, self.eval_speedup = replan_every, reserve_s, eval_speedup
+        self.eval_each_epoch = eval_each_epoch
         self.plan: Plan | None = None
         self.plans: list[dict[str, Any]] = []
         self.img_per_s: float | None = None  # the latest measured training throughput
@@ -301,6 +266,7 @@ class BudgetPlanner(pl.Callback):
         self._last_step_end: float | None = None
         self._val_t0 = self._val_s = 0.0
         self._stopping = False  # the planner set trainer.should_stop
+        self._evaluated = False  # the last epoch ended with an evaluation
 
     def time_left(self) -> float:
         """Seconds until the deadline."""
@@ -332,6 +298,7 @@ class BudgetPlanner(pl.Callback):
             steps_done=step,
             eval_s=eval_s,
             reserve_s=self.reserve_s,
+            eval_each_epoch=self.eval_each_epoch,
         )
         if trainer.world_size > 1:  # ranks start at different times: all follow rank 0's plan
             plan = trainer.strategy.broadcast(plan, src=0)
@@ -360,6 +327,8 @@ class BudgetPlanner(pl.Callback):
             trainer.should_stop = self._stopping = True
         elif self._stopping:
             trainer.should_stop = self._stopping = False
+        if not self.eval_each_epoch:  # Lightning evaluates the step it stops at
+            trainer.check_val_every_n_epoch = 1 if self._stopping else NO_EPOCH_EVAL
 
     # -- hooks
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -391,7 +360,7 @@ class BudgetPlanner(pl.Callback):
     ) -> None:
         now, step = time.monotonic(), trainer.global_step
         in_epoch = step - self._epoch_start_step
-        if in_epoch == 1 and self._last_step_end is not None and self.img_per_s:
+        if in_epoch == 1 and self._evaluated and self._last_step_end is not None and self.img_per_s:
             gap = now - self._last_step_end - self._batch / self.img_per_s
             self.eval_s = max(gap, 0.0)
         self._last_step_end = now
@@ -414,6 +383,7 @@ class BudgetPlanner(pl.Callback):
             self._val_s += time.monotonic() - self._val_t0
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._evaluated = self._val_s > 0
         if self._val_s:  # this epoch's evaluation; the turnover after it is not known yet
             self.eval_s = max(self.eval_s or 0.0, self._val_s)
         if self._mark is not None and self._last_step_end is not None:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .budget import PlannedSchedule
+from .schedule import PlannedSchedule
 from .whitening import WhiteningConv, whitening_layers
 
 __all__ = [

@@ -49,7 +49,7 @@ from fastdata._env import data_dir
 from fastdata.manifest import MANIFEST_NAME
 from fastdata.train.ddp import end_process_group
 
-from .budget import BudgetPlanner
+from .budget import NO_EPOCH_EVAL, BudgetPlanner
 from .model import ARCHITECTURES, Cifar100Module, ModelConfig, OptimConfig
 from .progress import EpochTable
 
@@ -113,6 +113,12 @@ OPTIONS: dict[str, dict[str, Any]] = {
         "choices": ["whiten", "conv"],
         "default": "whiten",
         "help": "resnet9 first layer: frozen 3x3 patch whitening (default) or a learned 3x3 conv",
+    },
+    "--eval-each-epoch": {
+        "action": argparse.BooleanOptionalAction,
+        "default": True,
+        "help": "test top-1 at every epoch end (default); --no-eval-each-epoch: after the last "
+        "step only, which leaves the time of the other evaluations to training",
     },
     "--tta": {
         "action": argparse.BooleanOptionalAction,
@@ -228,7 +234,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     started = process_start()
     start = time.monotonic()
-    budget = None if args.epochs is not None else BudgetPlanner(args.budget, started)
+    budget = None
+    if args.epochs is None:
+        budget = BudgetPlanner(args.budget, started, eval_each_epoch=args.eval_each_epoch)
     if budget is not None and args.train_sizes:
         raise ValueError(
             "--train-sizes needs --epochs N: the budget planner assumes every epoch costs the same"
@@ -271,6 +279,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         preset,
         # With a budget the planner stops the run (MAX_BUDGET_EPOCHS only bounds a broken plan).
         max_epochs=MAX_BUDGET_EPOCHS if budget is not None else args.epochs,
+        check_val_every_n_epoch=_eval_every(args),
         callbacks=[c for c in (budget, monitor, table) if c is not None],
         logger=pl.loggers.CSVLogger(args.out, name="logs"),
         enable_progress_bar=sys.stderr.isatty(),
@@ -280,6 +289,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         **_limits(args),
     )
     trainer.fit(model, datamodule=dm, ckpt_path="last" if args.resume else None)
+    if table.rows and table.rows[-1]["test_top1"] is None:
+        # The last epoch ended without an evaluation (--no-eval-each-epoch and a plan that
+        # stopped at an epoch end): evaluate the final weights now.
+        result = trainer.validate(model, datamodule=dm, verbose=False)
+        table.rows[-1]["test_top1"] = result[0].get("test/top1") if result else None
     metrics = _metrics(args, trainer, table, shard_s, time.monotonic() - started)
     if budget is not None:
         metrics["budget"] = budget.summary()
@@ -314,6 +328,12 @@ def _budget_note(budget: BudgetPlanner | None) -> str:
         f"; budget {budget.budget_s:.0f} s: {plan.epochs:.2f} epochs = {plan.total_steps:,} steps "
         f"planned at {budget.img_per_s:,.0f} img/s"
     )
+
+
+def _eval_every(args: argparse.Namespace) -> int:
+    if args.eval_each_epoch:
+        return 1
+    return NO_EPOCH_EVAL if args.epochs is None else max(1, args.epochs)
 
 
 def _limits(args: argparse.Namespace) -> dict[str, int | float]:

@@ -14,7 +14,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from pipelines.cifar100 import budget as budget_module
-from pipelines.cifar100.budget import BudgetPlanner, PlannedSchedule, plan_steps
+from pipelines.cifar100.budget import BudgetPlanner, plan_steps
+from pipelines.cifar100.schedule import PlannedSchedule
 
 
 # ----------------------------------------------------------------------------- plan_steps
@@ -176,6 +177,7 @@ class _Toy(pl.LightningModule):
         self.clock, self.step_s, self.eval_s = clock, step_s, eval_s
         self.lr_schedule: PlannedSchedule | None = None
         self.lrs: list[float] = []
+        self.evals_at: list[int] = []  # the optimizer step of each evaluation batch
 
     def training_step(
         self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int
@@ -187,6 +189,7 @@ class _Toy(pl.LightningModule):
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         self.clock.now += self.eval_s
+        self.evals_at.append(self.global_step)
 
     def configure_optimizers(self) -> dict:
         optimizer = torch.optim.SGD(self.parameters(), lr=0.5)
@@ -212,15 +215,21 @@ class _Data(pl.LightningDataModule):
 
 
 def _fit(
-    monkeypatch: pytest.MonkeyPatch, step_s, budget_s: float
-) -> tuple[_Toy, BudgetPlanner, _Clock]:  # noqa: ANN001
+    monkeypatch: pytest.MonkeyPatch,
+    step_s,  # noqa: ANN001
+    budget_s: float,
+    eval_each_epoch: bool = True,
+) -> tuple[_Toy, BudgetPlanner, _Clock]:
     clock = _Clock()
     monkeypatch.setattr(budget_module.time, "monotonic", clock)
     model = _Toy(clock, step_s, eval_s=0.5)
-    planner = BudgetPlanner(budget_s, started=0.0, replan_every=3, reserve_s=1.0)
+    planner = BudgetPlanner(
+        budget_s, started=0.0, replan_every=3, reserve_s=1.0, eval_each_epoch=eval_each_epoch
+    )
     trainer = pl.Trainer(
         accelerator="cpu",
         max_epochs=10_000,
+        check_val_every_n_epoch=1 if eval_each_epoch else budget_module.NO_EPOCH_EVAL,
         callbacks=[planner],
         logger=False,
         enable_checkpointing=False,
@@ -259,3 +268,18 @@ def test_planner_ends_on_time_when_the_machine_slows_down(monkeypatch: pytest.Mo
     assert len(model.lrs) == planner.plan.total_steps < first
     assert model.lrs[-1] == pytest.approx(0.5e-3)
     assert planner.img_per_s == pytest.approx(8 / 0.3)
+
+
+def test_without_epoch_evals_the_planner_evaluates_the_last_step_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    each, _, _ = _fit(monkeypatch, lambda step: 0.1, budget_s=20.0)
+    model, planner, clock = _fit(
+        monkeypatch, lambda step: 0.1, budget_s=20.0, eval_each_epoch=False
+    )
+
+    assert model.evals_at == [len(model.lrs)]  # one evaluation, after the last step
+    assert clock.now <= 20.0
+    assert len(model.lrs) == planner.plan.total_steps > len(each.lrs) + 40  # 12 evals' time
+    assert model.lrs[-1] == pytest.approx(0.5e-3)
+    assert all(plan["evals"] == 1 for plan in planner.plans)
