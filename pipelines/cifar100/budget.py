@@ -14,8 +14,9 @@
    epoch shorter than `MIN_PARTIAL_EPOCH` of an epoch is dropped when it would pay a whole
    evaluation.
 3. `pipelines.cifar100.schedule.PlannedSchedule.refit` re-draws the rest of the LR schedule from
-   the current step and LR: linear warm-up to the peak at `warmup` of the planned steps, then linear decay to the end value
-   at the last planned step, so the LR reaches its end value whatever the plan.
+   the current step and LR: linear warm-up to the peak at `warmup` of the planned steps, then
+   linear decay to the end value at the last planned step, so the LR reaches its end value
+   whatever the plan.
 4. The plan is re-made every `BudgetPlanner.replan_every` steps and at each epoch end with the
    throughput and evaluation time measured since (the latest epoch's figures), so a machine that
    slows down (or speeds up) mid-run still ends on time with a fully decayed LR; training stops
@@ -311,8 +312,8 @@ class BudgetPlanner(pl.Callback):
             if plan.total_steps == step:
                 log.warning(
                     "the --budget of %.0f s is spent before training could run (start-up, "
-                    "sharding and %d measuring steps took %.0f s): the run stops now; give a larger "
-                    "--budget, or --epochs N for a fixed length",
+                    "sharding and %d measuring steps took %.0f s): the run stops now; give a "
+                    "larger --budget, or --epochs N for a fixed length",
                     self.budget_s,
                     step,
                     self.budget_s - plan.time_left_s,
