@@ -256,6 +256,7 @@ class BudgetPlanner(pl.Callback):
         self.skip_steps, self.measure_steps = skip_steps, measure_steps
         self.replan_every, self.reserve_s, self.eval_speedup = replan_every, reserve_s, eval_speedup
         self.eval_each_epoch = eval_each_epoch
+        self.steps_run = 0  # optimizer steps done (the global step)
         self.plan: Plan | None = None
         self.plans: list[dict[str, Any]] = []
         self.img_per_s: float | None = None  # the latest measured training throughput
@@ -281,6 +282,7 @@ class BudgetPlanner(pl.Callback):
             "measured_eval_s": self.eval_s,
             "planned_epochs": None if self.plan is None else self.plan.epochs,
             "planned_steps": None if self.plan is None else self.plan.total_steps,
+            "steps_run": self.steps_run,
             "plans": self.plans,
         }
 
@@ -360,6 +362,7 @@ class BudgetPlanner(pl.Callback):
         batch_idx: int,
     ) -> None:
         now, step = time.monotonic(), trainer.global_step
+        self.steps_run = step
         in_epoch = step - self._epoch_start_step
         if in_epoch == 1 and self._evaluated and self._last_step_end is not None and self.img_per_s:
             gap = now - self._last_step_end - self._batch / self.img_per_s
@@ -393,6 +396,11 @@ class BudgetPlanner(pl.Callback):
                 self.img_per_s = (
                     timed * self._batch / max(self._last_step_end - self._mark[1], 1e-9)
                 )
+        cut_short = trainer.global_step - self._epoch_start_step < self._steps_per_epoch
+        if self._stopping and (cut_short or not self.eval_each_epoch):
+            # Lightning has evaluated the step the planner stopped at, an evaluation that would
+            # not have run otherwise: the stop is final (going on would pay another one).
+            return
         if self.img_per_s is not None:
             self._replan(trainer, pl_module, f"end of epoch {trainer.current_epoch + 1}")
 

@@ -7,6 +7,7 @@ Trainer tests run on a fake clock that each training step and evaluation advance
 from __future__ import annotations
 
 from itertools import pairwise
+from types import SimpleNamespace
 
 import lightning.pytorch as pl
 import pytest
@@ -199,9 +200,13 @@ class _Toy(pl.LightningModule):
 
 
 class _Data(pl.LightningDataModule):
-    def __init__(self, n: int = 80, batch_size: int = 8) -> None:
+    def __init__(self, n: int = 80, batch_size: int = 8, val_samples: int | None = None) -> None:
         super().__init__()
         self.batch_size = batch_size
+        if val_samples is not None:  # what the planner reads from a ShardDataModule
+            split = SimpleNamespace(num_samples=val_samples)
+            self.manifest = SimpleNamespace(splits={"test": split})
+            self.split_names = {"val": "test"}
         g = torch.Generator().manual_seed(0)
         self.data = TensorDataset(
             torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g)
@@ -219,6 +224,7 @@ def _fit(
     step_s,  # noqa: ANN001
     budget_s: float,
     eval_each_epoch: bool = True,
+    val_samples: int | None = None,
 ) -> tuple[_Toy, BudgetPlanner, _Clock]:
     clock = _Clock()
     monkeypatch.setattr(budget_module.time, "monotonic", clock)
@@ -237,7 +243,7 @@ def _fit(
         enable_model_summary=False,
         num_sanity_val_steps=0,
     )
-    trainer.fit(model, datamodule=_Data())
+    trainer.fit(model, datamodule=_Data(val_samples=val_samples))
     return model, planner, clock
 
 
@@ -283,3 +289,17 @@ def test_without_epoch_evals_the_planner_evaluates_the_last_step_only(
     assert len(model.lrs) == planner.plan.total_steps > len(each.lrs) + 40  # 12 evals' time
     assert model.lrs[-1] == pytest.approx(0.5e-3)
     assert all(plan["evals"] == 1 for plan in planner.plans)
+
+
+def test_a_stop_that_was_evaluated_is_final(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The final evaluation is estimated at 1000 samples / (2.5 x 80 img/s) = 5 s but takes 0.5 s:
+    # once it has run at the planned stop, the time it left over must not restart training
+    # (that would pay a second evaluation and end on an unevaluated step).
+    model, planner, clock = _fit(
+        monkeypatch, lambda step: 0.1, budget_s=20.0, eval_each_epoch=False, val_samples=1000
+    )
+
+    assert model.evals_at == [len(model.lrs)]
+    assert planner.plan.eval_s == pytest.approx(5.0)
+    assert clock.now <= 20.0 - 5.0 + 0.5
+    assert planner.summary()["steps_run"] == len(model.lrs) == planner.plan.total_steps
