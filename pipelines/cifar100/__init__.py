@@ -2,7 +2,9 @@
 
 One machine, one process (CPU or one GPU)::
 
-    python -m pipelines.cifar100 --data ../shared/data/cifar-100-python.tar.gz
+    python -m pipelines.cifar100 --data ../shared/data/cifar-100-python.tar.gz  # 300 s budget
+    python -m pipelines.cifar100 --data ../shared/data/cifar-100-python.tar.gz --budget 600
+    python -m pipelines.cifar100 --data ../shared/data/cifar-100-python.tar.gz --epochs 4
     fastdata train cifar100 --download --out runs/c100      # the same, from the fastdata CLI
     python -m pipelines.cifar100 --out runs/c100 --resume    # continue a killed run mid-epoch
 
@@ -12,6 +14,15 @@ model is `pipelines.cifar100.model` (``--model resnet9 | resnet18``, ``--width``
 `fastdata.train.make_trainer` (precision "auto", OUT/checkpoints/last.ckpt every
 ``--checkpoint-every`` steps). It prints one row per epoch (train loss, test top-1, img/s,
 data-wait %) and writes OUT/metrics.json; Lightning's CSV logs go to OUT/logs.
+
+Run length: ``--budget SECONDS`` (default 300) is wall time from the command's start, sharding
+and evaluation included. The run times its first steps, plans the steps that fit (one
+evaluation per epoch end, the last epoch possibly partial) and draws the one-cycle LR schedule
+over them; it re-plans every 50 steps and at each epoch end, so a slower (or faster) spell
+moves the end and the LR decay with it (`pipelines.cifar100.budget`). The plan is printed once,
+the table adds planned epochs, seconds per evaluation and seconds left, and metrics.json holds
+every plan under "budget". A resumed run (``--resume``) gets the budget afresh from its own
+start. ``--epochs N`` trains exactly N epochs instead.
 
 Several GPUs on one machine: Lightning's own launcher starts one process per device::
 

@@ -15,6 +15,7 @@ which is what `fastdata.train.apply_activation_checkpointing` detects.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .schedule import PlannedSchedule
 from .whitening import WhiteningConv, whitening_layers
 
 __all__ = [
@@ -260,6 +262,7 @@ class Cifar100Module(pl.LightningModule):
         self.net = build_model(model)
         self._whitening_checked = False
         self._eval_counts: Tensor | None = None  # [correct, total] of this rank's evaluation
+        self.lr_schedule: PlannedSchedule | None = None  # set by configure_optimizers
 
     def forward(self, x: Tensor) -> Tensor:
         return self.net(x)
@@ -342,14 +345,11 @@ class Cifar100Module(pl.LightningModule):
             momentum=cfg.momentum,
             nesterov=True,
         )
-        schedule = torch.optim.lr_scheduler.OneCycleLR(
-            optimizer,
-            max_lr=cfg.lr,
-            total_steps=max(1, int(self.trainer.estimated_stepping_batches)),
-            pct_start=cfg.warmup,
-            anneal_strategy="linear",
-            div_factor=10.0,
-            final_div_factor=100.0,
-            cycle_momentum=False,
+        # One-cycle (OneCycleLR's linear shape: lr/10 -> lr -> lr/1000) over the planned steps;
+        # a `BudgetPlanner` re-fits it once it knows how many steps the budget allows.
+        steps = self.trainer.estimated_stepping_batches
+        self.lr_schedule = PlannedSchedule(
+            int(steps) if math.isfinite(steps) else 1, warmup=cfg.warmup, start=0.1, end=1e-3
         )
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, self.lr_schedule)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

@@ -8,6 +8,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from .budget import BudgetPlanner
+
 __all__ = ["EpochTable"]
 
 
@@ -18,14 +20,23 @@ class EpochTable(pl.Callback):
     data-wait is `fastdata.tune.monitor.LoaderMonitor`'s fraction of step time spent waiting for
     the next batch ("-" when no monitor runs).
 
+    With a `BudgetPlanner` each row also shows the plan made at that epoch's end: the planned
+    epochs (the last may be partial), the seconds allowed per evaluation, and the seconds left
+    before the deadline.
+
     Args:
         monitor: the run's LoaderMonitor, or None.
+        planner: the run's BudgetPlanner (a time budget), or None (a fixed epoch count).
     """
 
     HEADER = f"{'epoch':>5}  {'train loss':>10}  {'test top-1':>10}  {'img/s':>8}  {'data-wait':>9}"
+    BUDGET_HEADER = f"  {'planned epochs':>14}  {'eval s':>6}  {'left s':>6}"
 
-    def __init__(self, monitor: pl.Callback | None = None) -> None:
+    def __init__(
+        self, monitor: pl.Callback | None = None, planner: BudgetPlanner | None = None
+    ) -> None:
         self.monitor = monitor
+        self.planner = planner
         self.rows: list[dict[str, Any]] = []
         self._t0 = self._val_t0 = 0.0
         self._val_s = 0.0
@@ -34,7 +45,8 @@ class EpochTable(pl.Callback):
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._t0, self._val_s, self._samples = time.perf_counter(), 0.0, 0
         if not self.rows and trainer.is_global_zero:
-            print(self.HEADER, flush=True)
+            header = self.HEADER + (self.BUDGET_HEADER if self.planner is not None else "")
+            print(header, flush=True)
 
     def on_train_batch_end(
         self,
@@ -66,6 +78,12 @@ class EpochTable(pl.Callback):
             "train_s": train_s,
             "test_s": self._val_s,
         }
+        plan = None if self.planner is None else self.planner.plan
+        if plan is not None:  # the plan made at this epoch's end (the planner runs first)
+            row["planned_epochs"] = plan.epochs
+            row["planned_steps"] = plan.total_steps
+            row["eval_s"] = plan.eval_s
+            row["time_left_s"] = plan.time_left_s
         self.rows.append(row)
         if trainer.is_global_zero:
             print(_format_row(row), flush=True)
@@ -79,7 +97,12 @@ def _format_row(row: dict[str, Any]) -> str:
     def fmt(value: float | None, spec: str) -> str:
         return "-" if value is None else format(value, spec)
 
-    return (
+    text = (
         f"{row['epoch']:>5}  {fmt(row['train_loss'], '.3f'):>10}  {fmt(row['test_top1'], '.2%'):>10}  "
         f"{row['img_per_s']:>8,.0f}  {fmt(row['data_wait_frac'], '.1%'):>9}"
     )
+    if "planned_epochs" in row:
+        text += (
+            f"  {row['planned_epochs']:>14.2f}  {row['eval_s']:>6.1f}  {row['time_left_s']:>6.0f}"
+        )
+    return text

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import pickle
 import subprocess
 import sys
+import tarfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -80,6 +84,64 @@ def test_pipeline_on_synthetic_shards_prints_table_and_writes_metrics(tmp_path: 
     assert all(row["img_per_s"] > 0 and 0 <= row["test_top1"] <= 1 for row in metrics["epochs"])
     assert metrics["precision"] in ("32-true", "bf16-mixed", "16-mixed")
     assert (out / "checkpoints" / "last.ckpt").is_file()
+
+
+def _tiny_cifar100_archive(dest: Path, n_train: int, n_test: int) -> Path:
+    """A random CIFAR-100 archive in the official layout (cifar-100-python/{meta,train,test})."""
+    rng = np.random.default_rng(0)
+    members = {
+        "meta": {
+            "fine_label_names": [f"c{i}" for i in range(100)],
+            "coarse_label_names": [f"s{i}" for i in range(20)],
+        }
+    }
+    for split, n in (("train", n_train), ("test", n_test)):
+        members[split] = {
+            "data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+            "fine_labels": rng.integers(0, 100, n).tolist(),
+            "coarse_labels": rng.integers(0, 20, n).tolist(),
+        }
+    path = dest / "cifar-100-python.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for name, obj in members.items():
+            data = pickle.dumps(obj, protocol=3)
+            info = tarfile.TarInfo(f"cifar-100-python/{name}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+BUDGET_S = 40
+# Over the budget allowed to the whole command (interpreter start to exit): the planner keeps 5 s
+# for the end of the run; this covers a late burst of load on a shared machine.
+BUDGET_TOLERANCE_S = 5
+
+
+def test_budget_run_shards_trains_and_ends_within_the_budget(tmp_path: Path) -> None:
+    archive = _tiny_cifar100_archive(tmp_path, n_train=4096, n_test=512)
+    out = tmp_path / "run"
+
+    started = time.monotonic()
+    done = _pipeline(
+        out,
+        *("--data", str(archive), "--budget", str(BUDGET_S), "--width", "8"),
+        *("--batch-size", "64", "--checkpoint-every", "20"),
+        timeout=BUDGET_S * 4,
+    )
+    wall = time.monotonic() - started
+
+    assert wall <= BUDGET_S + BUDGET_TOLERANCE_S, f"{wall:.1f} s for a {BUDGET_S} s budget"
+    assert (out / "shards" / "manifest.json").is_file()  # sharding ran inside the budget
+    assert f"budget {BUDGET_S} s, step " in done.stdout and " epochs = " in done.stdout
+    assert "planned epochs" in done.stdout  # the table's plan columns
+    metrics = json.loads((out / "metrics.json").read_text())
+    budget = metrics["budget"]
+    assert budget["budget_s"] == BUDGET_S and budget["measured_img_per_s"] > 0
+    assert budget["measured_eval_s"] > 0  # the first evaluation was timed and budgeted
+    assert budget["steps_run"] == budget["planned_steps"] > 0  # it stopped at the planned step
+    assert metrics["epochs"][-1]["planned_steps"] == budget["planned_steps"]
+    assert budget["plans"][0]["when"].startswith("step ")  # planned inside epoch 1
+    assert metrics["wall_s"] <= BUDGET_S
 
 
 @pytest.mark.realdata
