@@ -1,8 +1,8 @@
 """The README's examples run as written.
 
-Every ```python block of the README's "Quick start" runs, in order, in one namespace, from a
-temporary project folder whose `../shared/data` points at the real data, after the README's
-`fastdata shard` commands have made the shards there. The set-up commands are checked for shape
+Every ```python block of the README's "Quick start" and "In your Lightning code" runs, in order,
+in one namespace, from a temporary project folder whose `../shared/data` points at the real data,
+after the README's `fastdata shard` commands have made the shards there. The set-up commands are checked for shape
 (exactly two) since CI itself runs them.
 """
 
@@ -57,7 +57,7 @@ def test_quick_start_runs_as_written(real_data, tmp_path, monkeypatch):
                     env={**os.environ, "PYTHONPATH": str(README.parent)},
                 )
     namespace: dict = {"__name__": "__readme__"}
-    for block in _blocks("python", "Quick start"):
+    for block in _blocks("python", "Quick start") + _blocks("python", "In your Lightning code"):
         exec(compile(block, str(README), "exec"), namespace)
 
 
