@@ -59,8 +59,6 @@ log = logging.getLogger("fastdata")
 
 DEFAULT_PHOTO_SIZE = 224
 SMALL_IMAGE_SIDE = 64  # raw data at most this size gets the "cifar" preset by default
-# DataModules whose loaders' workers are stopped when the module is collected.
-_STOPPED_WITH_MODULE: weakref.WeakSet[ShardDataModule] = weakref.WeakSet()
 
 
 class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
@@ -198,7 +196,8 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         self._generators: dict[torch.device, torch.Generator] = {}
         self._pool = TensorPool()  # CPU batches: reuse released memory instead of page-faulting
         # At most one loader (one set of workers) per split; stopped when the module goes.
-        self._loaders: dict[str, EpochLoader] = {}
+        # role -> its loader, held weakly (the loader holds this module: no cycle).
+        self._loaders: weakref.WeakValueDictionary[str, EpochLoader] = weakref.WeakValueDictionary()
         self._cache: Any = None
 
     # ------------------------------------------------------------------ setup
@@ -322,11 +321,18 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         if previous is not None:
             previous.close()
         loader = EpochLoader(self, spec, get_backend(self.backend_name).load())
-        if self not in _STOPPED_WITH_MODULE:  # (also an unpickled or copied module)
-            weakref.finalize(self, close_loaders, self._loaders)
-            _STOPPED_WITH_MODULE.add(self)
-        self._loaders[role] = loader
+        self._loaders[role] = loader  # weakly: a loader nobody holds is collected, workers and all
         return loader
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Loaders (and their workers) do not travel: a copy or an unpickled module makes its own.
+        state = dict(self.__dict__)
+        state["_loaders"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._loaders = weakref.WeakValueDictionary()
 
     def teardown(self, stage: str | None = None) -> None:
         """Stop every loader's worker processes (Lightning calls this after fit, test, ...).
@@ -356,7 +362,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         self.num_workers = num_workers
         if prefetch_factor is not None:
             self.prefetch_factor = prefetch_factor
-        for loader in self._loaders.values():
+        for loader in list(self._loaders.values()):
             loader.resize(num_workers, prefetch_factor)
 
     def _size_workers(self, spec: LoaderSpec) -> LoaderSpec:

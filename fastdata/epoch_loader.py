@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from collections.abc import Callable, Generator, Iterator
+from collections.abc import Callable, Generator, Iterator, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -162,8 +162,10 @@ class EpochLoader:
 
     The backend loader is reused across epochs (`set_epoch`); it is rebuilt only after
     `resize` changed its worker settings. Batches come out as `TrainBatch` or `EvalBatch`.
-    The loader holds its DataModule weakly: a DataModule that is no longer referenced is
-    collected (and its loaders' workers stopped) at once, without waiting for a cycle collection.
+    The loader holds its DataModule (it may be the only reference, as in
+    `ShardDataModule(root).train_dataloader()`); the DataModule holds its loaders weakly, so
+    nothing forms a cycle: a loader no longer referenced is collected at once, and its workers are
+    stopped with it (`weakref.finalize`), without waiting for a cycle collection.
 
     Args:
         owner: the DataModule (starts epochs, knows a pending resume).
@@ -174,22 +176,14 @@ class EpochLoader:
     def __init__(
         self, owner: _Owner, spec: LoaderSpec, factory: Callable[[LoaderSpec], Any]
     ) -> None:
-        self._owner = weakref.ref(owner)
-        self.spec, self.factory = spec, factory
+        self.owner, self.spec, self.factory = owner, spec, factory
         self.loader: BatchLoader = factory(spec)
         self._stale = False
         self._active: weakref.ref[Generator[Any, None, None]] | None = None
-
-    @property
-    def owner(self) -> _Owner:
-        """The DataModule; ReferenceError once it was deleted."""
-        owner = self._owner()
-        if owner is None:
-            raise ReferenceError(
-                f"the ShardDataModule of this {self.spec.split!r} loader was deleted (its workers "
-                "were stopped with it): keep a reference to the DataModule while you iterate"
-            )
-        return owner
+        # What the finalizer closes when this loader is collected (not `self`: that would keep
+        # it alive); `_batches` updates it when the backend loader is rebuilt.
+        self._backend: dict[str, Any] = {"loader": self.loader}
+        weakref.finalize(self, _close_backend, self._backend)
 
     def __len__(self) -> int:
         pending = self.owner._pending_len(self.spec)
@@ -214,6 +208,7 @@ class EpochLoader:
         if self._stale:
             self._close_backend()
             self.loader, self._stale = self.factory(self.spec), False
+            self._backend["loader"] = self.loader
         owner = self.owner
         epoch, consumed, steps = owner._start_epoch(self)
         self.loader.set_epoch(epoch, consumed, steps)
@@ -237,9 +232,7 @@ class EpochLoader:
         self._close_backend()
 
     def _close_backend(self) -> None:
-        close = getattr(self.loader, "close", None)
-        if close is not None:
-            close()
+        _close_backend(self._backend)
 
     def state_dict(self) -> dict[str, Any]:
         """Empty: the position is `ShardDataModule.state_dict`, which every checkpoint holds.
@@ -271,29 +264,32 @@ class EpochLoader:
         return FabricLoader(self)
 
     def __getstate__(self) -> dict[str, Any]:
-        # Pickled (or deep-copied) with its DataModule: the owner travels as a plain reference.
         state = dict(self.__dict__)
-        state["_owner"], state["_active"] = self._owner(), None
+        state["_active"] = None  # an iteration in progress does not travel
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        owner = state.pop("_owner")
         self.__dict__.update(state)
-        self._owner = weakref.ref(owner) if owner is not None else lambda: None
+        weakref.finalize(self, _close_backend, self._backend)
 
     def __getattr__(self, name: str) -> Any:  # the backend's extras (skipped, ...)
         # Not `dataset`: Lightning would then warn that an IterableDataset's length may be
         # inexact with workers, which this plan's is not.
-        if name in ("loader", "dataset", "_owner", "_active"):
+        if name in ("loader", "dataset", "owner", "_active", "_backend"):
             raise AttributeError(name)
         return getattr(self.loader, name)
 
 
-def close_loaders(loaders: dict[str, EpochLoader]) -> None:
-    """Stop the workers of every loader in `loaders` (also run when their DataModule is
-    collected: `weakref.finalize`)."""
+def close_loaders(loaders: Mapping[str, EpochLoader]) -> None:
+    """Stop the workers of every loader in `loaders` (the loaders stay usable)."""
     for loader in list(loaders.values()):
         loader.close()
+
+
+def _close_backend(backend: dict[str, Any]) -> None:
+    close = getattr(backend["loader"], "close", None)
+    if close is not None:
+        close()
 
 
 def restored_steps(trainer: Any) -> int:

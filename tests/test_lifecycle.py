@@ -27,8 +27,22 @@ from tests.test_datamodule import SmallCNN
 REPO = Path(__file__).resolve().parents[1]
 
 
+_BEFORE: set[int] = set()  # processes this test did not start (servers, an earlier test's)
+
+
+@pytest.fixture(autouse=True)
+def _only_this_tests_processes():
+    """Count only the processes a test starts: collect earlier tests' garbage (their
+    DataModules' finalizers stop their workers), then leave out whatever is still running."""
+    gc.collect()
+    _BEFORE.clear()
+    _BEFORE.update(p.pid for p in psutil.Process().children(recursive=True))
+    yield
+    _BEFORE.clear()
+
+
 def _children() -> list[psutil.Process]:
-    return psutil.Process().children(recursive=True)
+    return [p for p in psutil.Process().children(recursive=True) if p.pid not in _BEFORE]
 
 
 def _dm(root: Path, **kw) -> ShardDataModule:
@@ -40,7 +54,8 @@ def test_train_dataloader_every_epoch_keeps_processes_and_rss_flat(tiny_shards):
     dm = _dm(tiny_shards)
     counts, rss = [], []
     for _ in range(20):  # a custom loop, a notebook or reload_dataloaders_every_n_epochs=1
-        assert sum(len(y) for _, y in dm.train_dataloader()) == 288
+        loader = dm.train_dataloader()  # the last one is still held: its workers persist
+        assert sum(len(y) for _, y in loader) == 288
         children = _children()
         counts.append(len(children))
         rss.append(sum(p.memory_info().rss for p in children) + psutil.Process().memory_info().rss)
@@ -76,7 +91,8 @@ def test_teardown_and_collection_stop_workers_within_a_second(tiny_shards):
         train = dm.train_dataloader()
         next(iter(train))
     val = _dm(tiny_shards, splits={"val": "test"})
-    next(iter(val.val_dataloader()))
+    val_loader = val.val_dataloader()
+    next(iter(val_loader))
     workers = _children()
     assert len(workers) == 4  # one set per DataModule and split
 
@@ -87,7 +103,7 @@ def test_teardown_and_collection_stop_workers_within_a_second(tiny_shards):
     assert sum(len(y) for _, y in train) == 288  # still usable: iterating starts workers again
 
     start = time.monotonic()
-    del dm, train, val
+    del dm, train, val, val_loader
     gc.collect()
     assert time.monotonic() - start < 1.0
     assert _children() == []
@@ -225,3 +241,16 @@ def test_a_module_with_loaders_still_pickles_and_its_copy_stops_its_own_workers(
     copy = pickle.loads(pickle.dumps(dm))  # e.g. a launcher sending the module to processes
     loader = copy.train_dataloader()
     assert loader.owner is copy and sum(len(y) for _, y in loader) == 288
+
+
+def test_a_loader_outlives_a_temporary_datamodule_and_stops_its_workers_when_dropped(tiny_shards):
+    loader = _dm(tiny_shards).train_dataloader()  # nothing else holds the DataModule
+    assert sum(len(y) for _, y in loader) == 288
+    workers = _children()
+    assert len(workers) == 2  # persistent between epochs
+    assert sum(len(y) for _, y in loader) == 288
+    start = time.monotonic()
+    del loader  # no cycle: collected at once, and its workers stopped with it (no gc.collect())
+    assert time.monotonic() - start < 1.0
+    assert _children() == []
+    assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)

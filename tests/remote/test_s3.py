@@ -38,7 +38,9 @@ def test_upload_then_one_epoch_over_faulty_s3(
     monkeypatch.setattr(upload_module, "upload_file", recording_upload)
     upload_dataset(dataset, URL, moto_s3.options(), retry=FAST_RETRY)
     assert uploaded[-1] == MANIFEST_NAME and uploaded.count(MANIFEST_NAME) == 1  # manifest last
-    assert len(uploaded) == 1 + 2 * sum(len(s.shards) for s in local_manifest.splits.values())
+    shards = [shard for split in local_manifest.splits.values() for shard in split.shards]
+    assert all(shard.sums for shard in shards)  # tar, index and per-sample digests each
+    assert len(uploaded) == 1 + 3 * len(shards)
 
     proxy = FaultProxy(moto_s3.url, FaultPlan(**FAULTS))
     try:
