@@ -49,6 +49,12 @@ def split_from_dict(root: str, name: str, sp: Any, num_classes: int) -> SplitInf
             f"{root}: split {name!r} counts {len(counts)} classes, the manifest lists "
             f"{num_classes}; re-run `fastdata shard`"
         )
+    listed = sum(shard.num_samples for shard in shards)
+    if sum(counts) != listed:  # a shard entry lost (or added) leaves the counts behind
+        raise ManifestError(
+            f"{root}: split {name!r} class_counts add up to {sum(counts)} samples, its shards "
+            f"list {listed}; a tampered or broken manifest: re-run `fastdata shard`"
+        )
     raw_shape = sp.get("raw_shape")
     if raw_shape is not None and (
         not isinstance(raw_shape, list)
@@ -107,8 +113,8 @@ def _shard_from_dict(root: str, split: str, number: int, entry: Any) -> ShardInf
             f"{where}: num_samples {count} cannot fit in {entry['bytes']} bytes (a tar holds a "
             "512-byte header per member); a tampered or broken manifest: re-run `fastdata shard`"
         )
-    if not isinstance(entry["sha256"], str):
-        raise ManifestError(f"{where}: sha256 must be a string, got {entry['sha256']!r}")
+    if not isinstance(entry["sha256"], str) or not _HEX64.match(entry["sha256"]):
+        raise ManifestError(f"{where}: sha256 {entry['sha256']!r} is not a hex sha256")
     for field_name in ("index_sha256", "sums_sha256"):
         value = entry.get(field_name)
         if value is not None and (not isinstance(value, str) or not _HEX64.match(value)):
