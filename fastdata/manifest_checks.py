@@ -204,6 +204,10 @@ def check_files(manifest: Manifest) -> None:
                     mode = os.stat(real).st_mode
                 except FileNotFoundError:
                     continue
+                except OSError as exc:  # a name too long, a component that is not a folder...
+                    raise ManifestError(
+                        f"{where}: {url} cannot be looked up ({exc.strerror}); refusing it"
+                    ) from exc
                 if not stat.S_ISREG(mode):
                     raise ManifestError(
                         f"{where}: {url} is not a regular file (a FIFO, device or folder); "
