@@ -34,6 +34,7 @@ import io
 import json
 import os
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -334,3 +335,62 @@ def test_fuzzed_shard_folders_read_correctly_or_fail_clearly(bases, tmp_path: Pa
         assert _tree(folder) == before[name], f"a read wrote into the {name} dataset"
     print(f"fuzz outcomes over {CASES} cases (seed {SEED}): {outcomes}")
     assert outcomes["ok"] and outcomes["error"], outcomes
+
+
+# ----------------------------------------------------------------------------- what it found
+
+
+def _drop_last_shard(data: dict) -> None:
+    data["splits"]["train"]["shards"].pop()
+
+
+def _set_shard(field_name: str, value: Any):
+    return lambda data: data["splits"]["train"]["shards"][0].update({field_name: value})
+
+
+def _set_split(field_name: str, value: Any):
+    return lambda data: data["splits"]["train"].update({field_name: value})
+
+
+def _drop_split_field(field_name: str):
+    return lambda data: data["splits"]["train"].pop(field_name)
+
+
+#: Manifest edits the fuzzer found reaching a reader unrefused (seed/case in each comment), each
+#: then failing deep inside with a bare error, or delivering a short split without one.
+FOUND = {
+    "raw_shape_huge": ("png", _set_split("raw_shape", [8, 10**40, 3]), "raw_shape"),  # 0/111
+    "name_trailing_slash": ("raw", _set_shard("name", "train-000000.tar/"), "empty path"),  # 0/166
+    "name_null": ("raw", _set_shard("name", None), "name: file name must be"),  # 0/272
+    "raw_without_shape": ("raw", _drop_split_field("raw_shape"), "has no raw_shape"),  # 0/740
+    "num_samples_huge": ("png", _set_shard("num_samples", 10**40), "cannot fit"),  # 1/1924
+    "sha256_not_hex": ("raw", _set_shard("sha256", "0" * 100), "is not a hex sha256"),  # 1/2609
+    "shard_entry_lost": ("raw", _drop_last_shard, "add up to 40 samples, its shards list 32"),
+    "sums_name_too_long": ("png", _set_shard("sums", "x" * 300), "cannot be looked up"),  # 1/2837
+}
+
+
+@pytest.mark.parametrize("case", sorted(FOUND))
+def test_manifest_edits_the_fuzzer_found_are_refused_at_load(bases, tmp_path, case) -> None:
+    name, edit, message = FOUND[case]
+    folder = tmp_path / name
+    shutil.copytree(bases[name][0], folder)
+    data = json.loads((folder / "manifest.json").read_text())
+    edit(data)
+    (folder / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match=re.escape(message)) as caught:
+        load_manifest(folder)
+    assert str(folder) in str(caught.value)
+
+
+def test_a_manifest_that_is_not_utf8_is_a_manifest_error(bases, tmp_path) -> None:
+    """Found by seed 0, case 4: a byte inserted into manifest.json raised UnicodeDecodeError."""
+    folder = tmp_path / "raw"
+    shutil.copytree(bases["raw"][0], folder)
+    text = (folder / "manifest.json").read_bytes()
+    (folder / "manifest.json").write_bytes(text[:100] + b"\xce\xff" + text[100:])
+    with pytest.raises(ManifestError, match=r"manifest\.json is not valid UTF-8 JSON"):
+        load_manifest(folder)
+    (folder / "manifest.json").write_bytes(b"[" * 100_000)  # nesting past the recursion limit
+    with pytest.raises(ManifestError, match="is not valid UTF-8 JSON"):
+        load_manifest(folder)
