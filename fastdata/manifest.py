@@ -280,7 +280,7 @@ def load_manifest(
 
             data = json.loads(read_bytes(url, storage_options))
         else:
-            with open(url) as f:
+            with open(url, encoding="utf-8") as f:
                 data = json.load(f)
     except FileNotFoundError as exc:
         upload = " (an upload writes it last: is one still running?)" if _is_remote(url) else ""
@@ -288,8 +288,10 @@ def load_manifest(
             f"no {MANIFEST_NAME} in {text_root}{upload}: make the shards first with "
             f"`fastdata shard SOURCE INPUT {text_root}`"
         ) from exc
-    except json.JSONDecodeError as exc:
-        raise ManifestError(f"{url} is not valid JSON ({exc}); re-run `fastdata shard`") from exc
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting
+        raise ManifestError(
+            f"{url} is not valid UTF-8 JSON ({type(exc).__name__}: {exc}); re-run `fastdata shard`"
+        ) from exc
     manifest = Manifest.from_dict(data, root=text_root)
     from fastdata.manifest_checks import check_files  # it imports this module's classes
 

@@ -28,6 +28,10 @@ from fastdata.manifest import (
 
 __all__ = ["check_files", "check_name", "split_from_dict"]
 
+#: Largest image side a manifest's raw_shape may give (JPEG's own limit); the writer's is lower.
+MAX_SIDE = 65_535
+#: Largest shard a manifest may list (1 TiB; the writer's shards are a few hundred MB).
+MAX_SHARD_BYTES = 2**40
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _SHARD_KEYS = {f for f in ShardInfo.__dataclass_fields__ if f != "label_map"}
 
@@ -45,15 +49,30 @@ def split_from_dict(root: str, name: str, sp: Any, num_classes: int) -> SplitInf
             f"{root}: split {name!r} counts {len(counts)} classes, the manifest lists "
             f"{num_classes}; re-run `fastdata shard`"
         )
+    listed = sum(shard.num_samples for shard in shards)
+    if sum(counts) != listed:  # a shard entry lost (or added) leaves the counts behind
+        raise ManifestError(
+            f"{root}: split {name!r} class_counts add up to {sum(counts)} samples, its shards "
+            f"list {listed}; a tampered or broken manifest: re-run `fastdata shard`"
+        )
     raw_shape = sp.get("raw_shape")
     if raw_shape is not None and (
         not isinstance(raw_shape, list)
         or len(raw_shape) != 3
-        or not all(_is_int(v) and v > 0 for v in raw_shape)
+        or not all(_is_int(v) and 0 < v <= MAX_SIDE for v in raw_shape[:2])
+        or not (_is_int(raw_shape[2]) and raw_shape[2] == 3)
     ):
-        raise ManifestError(f"{root}: split {name!r} raw_shape {raw_shape!r} is not [H, W, C]")
+        raise ManifestError(
+            f"{root}: split {name!r} raw_shape {raw_shape!r} is not [H, W, 3] with sides of 1 to "
+            f"{MAX_SIDE} pixels; a tampered or broken manifest: re-run `fastdata shard`"
+        )
     if not isinstance(sp["encoding"], str):
         raise ManifestError(f"{root}: split {name!r} encoding must be a string")
+    if sp["encoding"] == "raw" and raw_shape is None:
+        raise ManifestError(
+            f"{root}: split {name!r} is raw but has no raw_shape (the pixels cannot be placed "
+            "without it); a tampered or broken manifest: re-run `fastdata shard`"
+        )
     return SplitInfo(
         shards=shards,
         class_counts=list(counts),
@@ -84,17 +103,25 @@ def _shard_from_dict(root: str, split: str, number: int, entry: Any) -> ShardInf
             f"{where}: num_samples must be a positive integer, got {count!r}; a tampered or "
             "broken manifest: re-run `fastdata shard`"
         )
-    if not _is_int(entry["bytes"]) or entry["bytes"] < 0:
-        raise ManifestError(f"{where}: bytes must be an integer >= 0, got {entry['bytes']!r}")
-    if not isinstance(entry["sha256"], str):
-        raise ManifestError(f"{where}: sha256 must be a string, got {entry['sha256']!r}")
+    if not _is_int(entry["bytes"]) or not 0 <= entry["bytes"] <= MAX_SHARD_BYTES:
+        raise ManifestError(
+            f"{where}: bytes must be an integer from 0 to {MAX_SHARD_BYTES}, got "
+            f"{entry['bytes']!r}; a tampered or broken manifest: re-run `fastdata shard`"
+        )
+    if count * 512 > entry["bytes"]:  # a plan of a claimed billion rows is never built
+        raise ManifestError(
+            f"{where}: num_samples {count} cannot fit in {entry['bytes']} bytes (a tar holds a "
+            "512-byte header per member); a tampered or broken manifest: re-run `fastdata shard`"
+        )
+    if not isinstance(entry["sha256"], str) or not _HEX64.match(entry["sha256"]):
+        raise ManifestError(f"{where}: sha256 {entry['sha256']!r} is not a hex sha256")
     for field_name in ("index_sha256", "sums_sha256"):
         value = entry.get(field_name)
         if value is not None and (not isinstance(value, str) or not _HEX64.match(value)):
             raise ManifestError(f"{where}: {field_name} {value!r} is not a hex sha256")
     for field_name in ("name", "index", "sums"):
         value = entry.get(field_name)
-        if value is not None:
+        if value is not None or field_name != "sums":  # name and index are never null
             check_name(root, value, f"{where}: {field_name}")
     if entry.get("sums") is not None and entry.get("sums_sha256") is None:
         raise ManifestError(f"{where}: has a 'sums' file but no 'sums_sha256'")
@@ -129,6 +156,11 @@ def check_name(root: str, name: Any, what: str) -> None:
                 f"{what}: {name!r} leaves the dataset (every file a manifest names must be a "
                 "relative path inside its folder: no leading '/', no '..', no '\\', no URL "
                 "scheme); refusing a tampered or hand-edited manifest: re-run `fastdata shard`"
+            )
+        if "" in parts:
+            raise ManifestError(
+                f"{what}: {name!r} has an empty path part (a trailing or doubled '/'): every "
+                "file a manifest names is a plain relative path; re-run `fastdata shard`"
             )
 
 
@@ -172,6 +204,10 @@ def check_files(manifest: Manifest) -> None:
                     mode = os.stat(real).st_mode
                 except FileNotFoundError:
                     continue
+                except OSError as exc:  # a name too long, a component that is not a folder...
+                    raise ManifestError(
+                        f"{where}: {url} cannot be looked up ({exc.strerror}); refusing it"
+                    ) from exc
                 if not stat.S_ISREG(mode):
                     raise ManifestError(
                         f"{where}: {url} is not a regular file (a FIFO, device or folder); "

@@ -30,6 +30,7 @@ import mmap
 import os
 import stat
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -318,10 +319,17 @@ _WARNED_NO_SUMS: set[str] = set()
 
 
 def load_sums(
-    manifest: Manifest, info: ShardInfo, keys: list[str], storage_options: Mapping | None = None
+    manifest: Manifest,
+    info: ShardInfo,
+    keys: list[str],
+    storage_options: Mapping | None = None,
+    cache: Any = None,
 ) -> SampleSums | None:
     """The shard's `sums` file (local or remote), checked against the manifest's digest; None,
     with one warning per dataset, for a shard written without one.
+
+    A remote file is fetched with `cache`'s retry policy and timeouts (a `ShardCache`; None:
+    the defaults), as the shard and its index are.
 
     Raises:
         OSError: the file cannot be read.
@@ -341,7 +349,8 @@ def load_sums(
     if "://" in url:
         from fastdata.remote.fs import read_bytes
 
-        data = read_bytes(url, storage_options)
+        policy = {} if cache is None else {"retry": cache.retry, "timeouts": cache.timeouts}
+        data = read_bytes(url, storage_options, **policy)
         check_digest(data, info.sums_sha256, "sums file", url)
     else:
         data = read_checked(url, info.sums_sha256, "sums file")

@@ -336,7 +336,7 @@ class ShardReader:
         """The shard's per-sample digests (verify_samples); None, with a warning, without any."""
         options = self.cache.storage_options if self.cache is not None else None
         try:
-            return load_sums(self.manifest, info, index.keys, options)
+            return load_sums(self.manifest, info, index.keys, options, self.cache)
         except (OSError, IntegrityError) as exc:
             raise ShardReadError(info.name, None, f"per-sample digests unreadable: {exc}") from exc
 

@@ -69,6 +69,11 @@ class FaultPlan:
         resets: request numbers whose connection is reset before any answer.
         stall: every such request is read and never answered (the connection stays open until
             the proxy stops): a server that accepts and hangs.
+        stalls: request numbers that stall so (a server that hangs now and then).
+        every_wrong: every k-th answers 200 with the full length, one byte of the body changed
+            (a wrong body: a cache or middlebox that corrupts what it serves).
+        every_truncated: every k-th answers 200 with the first half of the body and a matching
+            Content-Length (a short body the server says is whole).
         fail_paths: paths (e.g. "/train-000001.tar") that always answer 503.
         delay: seconds each such request waits before it is answered (a slow store).
         suffix: only paths ending so are counted and faulted (".tar": the shards).
@@ -78,13 +83,16 @@ class FaultPlan:
     every_short: int = 0
     resets: frozenset[int] = frozenset()
     stall: bool = False
+    stalls: frozenset[int] = frozenset()
+    every_wrong: int = 0
+    every_truncated: int = 0
     fail_paths: frozenset[str] = frozenset()
     delay: float = 0.0
     suffix: str = ".tar"
     injected: Counter = field(default_factory=Counter)
 
     def fault(self, number: int) -> str | None:
-        if self.stall:
+        if self.stall or number in self.stalls:
             return "stall"
         if number in self.resets:
             return "reset"
@@ -92,6 +100,10 @@ class FaultPlan:
             return "503"
         if self.every_short and number % self.every_short == 0:
             return "short"
+        if self.every_wrong and number % self.every_wrong == 0:
+            return "wrong"
+        if self.every_truncated and number % self.every_truncated == 0:
+            return "truncated"
         return None
 
 
@@ -166,6 +178,13 @@ class _ProxyHandler(_Quiet, BaseHTTPRequestHandler):
             response = conn.getresponse()
             body = response.read()
             length = int(response.getheader("Content-Length", len(body)))
+            if fault == "wrong" and body:
+                at = len(body) // 2 + (self.proxy._numbered * 7919) % max(len(body) // 2, 1)
+                at = min(at, len(body) - 1)
+                body = body[:at] + bytes([body[at] ^ 0x04]) + body[at + 1 :]
+            elif fault == "truncated":
+                body = body[: len(body) // 2]
+                length = len(body)
             self.send_response(response.status)
             for key, value in response.getheaders():
                 if key.lower() not in _HOP_HEADERS:
