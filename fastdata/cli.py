@@ -241,9 +241,14 @@ def _part_command(args: argparse.Namespace) -> str:
 def _merge(args: argparse.Namespace) -> int:
     from fastdata.manifest import MANIFEST_NAME
     from fastdata.verify import summarize
+    from fastdata.write import TooManyBadSamplesError
     from fastdata.write.parts import merge_parts
 
-    manifest = merge_parts(args.out)
+    try:
+        manifest = merge_parts(args.out)
+    except TooManyBadSamplesError as exc:  # the whole run's inputs, counted once: exit 1
+        print(f"fastdata merge: {exc}", file=sys.stderr)
+        return 1
     print(summarize(manifest))
     print(f"wrote {args.out}/{MANIFEST_NAME}")
     return 0

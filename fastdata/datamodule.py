@@ -198,6 +198,8 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         # At most one loader (one set of workers) per split; stopped when the module goes.
         # role -> its loader, held weakly (the loader holds this module: no cycle).
         self._loaders: weakref.WeakValueDictionary[str, EpochLoader] = weakref.WeakValueDictionary()
+        # Loaders replaced while they were being iterated: they stop when that iteration ends.
+        self._retired: weakref.WeakSet[EpochLoader] = weakref.WeakSet()
         self._cache: Any = None
 
     # ------------------------------------------------------------------ setup
@@ -278,7 +280,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         return self._loader("test", train=False)
 
     def predict_dataloader(self) -> BatchLoader:
-        return self._loader("test", train=False)
+        return self._loader("test", train=False, slot="predict")  # not closing test's loader
 
     def loader_spec(self, role: str, train: bool) -> LoaderSpec:
         """The LoaderSpec of a split role ("train", "val", "test") on this rank."""
@@ -312,27 +314,32 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         )
         return self._size_workers(spec)
 
-    def _loader(self, role: str, train: bool) -> BatchLoader:
+    def _loader(self, role: str, train: bool, slot: str | None = None) -> BatchLoader:
         spec = self.loader_spec(role, train)
-        # A new loader of a role replaces the last one: its workers stop now, not at garbage
-        # collection (loaders requested every epoch would otherwise pile up worker processes).
-        # Keyed by role, not split: val= may read the training split (a carve) or the test one.
-        previous = self._loaders.pop(role, None)
+        # A new loader of a slot replaces the last one: its workers stop now (or, if it is being
+        # iterated, when that iteration ends), not at garbage collection: loaders requested every
+        # epoch would otherwise pile up worker processes. Keyed by slot (the role, or "predict"),
+        # not split: val= may read the training split (a carve) or the test one.
+        slot = slot or role
+        previous = self._loaders.pop(slot, None)
         if previous is not None:
-            previous.close()
+            previous.retire()
+            if previous.iterating:
+                self._retired.add(previous)  # teardown still stops it
         loader = EpochLoader(self, spec, get_backend(self.backend_name).load())
-        self._loaders[role] = loader  # weakly: a loader nobody holds is collected, workers and all
+        self._loaders[slot] = loader  # weakly: a loader nobody holds is collected, workers and all
         return loader
 
     def __getstate__(self) -> dict[str, Any]:
         # Loaders (and their workers) do not travel: a copy or an unpickled module makes its own.
         state = dict(self.__dict__)
-        state["_loaders"] = None
+        state["_loaders"] = state["_retired"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._loaders = weakref.WeakValueDictionary()
+        self._retired = weakref.WeakSet()
 
     def teardown(self, stage: str | None = None) -> None:
         """Stop every loader's worker processes (Lightning calls this after fit, test, ...).
@@ -340,6 +347,8 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         The loaders stay usable: iterating one again starts its workers anew.
         """
         close_loaders(self._loaders)
+        for loader in list(self._retired):
+            loader.close()
 
     def _shard_cache(self) -> Any:
         remote = any("://" in root for root in self.roots)
@@ -512,7 +521,10 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         trainer = self._trainer_or_none()
         epoch = trainer.current_epoch if trainer is not None else None
         if trainer is not None and trainer.overfit_batches > 0:
-            epoch = 0  # overfit_batches: the first epoch's batches (and augmentation) every epoch
+            # overfit_batches: the first epoch's batches (and augmentation) every epoch, from its
+            # start, also after a resume (a saved position would move the window along).
+            self._position.resume = None
+            return self._position.start(loader.spec, 0, 0)
         return self._position.start(loader.spec, epoch, self._restored_steps())
 
     def _pending_len(self, spec: LoaderSpec) -> int | None:

@@ -14,6 +14,7 @@ a validation run in the middle of a training epoch changes neither.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping
@@ -179,6 +180,7 @@ class EpochLoader:
         self.owner, self.spec, self.factory = owner, spec, factory
         self.loader: BatchLoader = factory(spec)
         self._stale = False
+        self._retired = False  # replaced by a newer loader: close when the iteration ends
         self._active: weakref.ref[Generator[Any, None, None]] | None = None
         # What the finalizer closes when this loader is collected (not `self`: that would keep
         # it alive); `_batches` updates it when the backend loader is rebuilt.
@@ -213,9 +215,34 @@ class EpochLoader:
         epoch, consumed, steps = owner._start_epoch(self)
         self.loader.set_epoch(epoch, consumed, steps)
         kind, train = (TrainBatch, True) if self.spec.train else (EvalBatch, False)
-        for batch in self.loader:
-            owner._yielded(train)
-            yield kind(batch)
+        try:
+            for batch in self.loader:
+                owner._yielded(train)
+                yield kind(batch)
+        finally:
+            if self._retired:  # replaced while this iteration ran: its workers go now
+                self._retired = False
+                self._close_backend()
+
+    @property
+    def iterating(self) -> bool:
+        """Whether an iteration of this loader has begun (a first batch asked for) and not ended."""
+        active = self._active() if self._active is not None else None
+        return active is not None and inspect.getgeneratorstate(active) in (
+            inspect.GEN_SUSPENDED,
+            inspect.GEN_RUNNING,
+        )
+
+    def retire(self) -> None:
+        """Stop the workers once the iteration in progress ends, or now when none is running.
+
+        A DataModule asked for a new loader of a role while the Trainer iterates the last one (a
+        callback reading `len(trainer.datamodule.train_dataloader())`) must not end that epoch.
+        """
+        if self.iterating:
+            self._retired = True
+        else:
+            self.close()
 
     def close(self) -> None:
         """Stop this loader's worker processes now (iterating it again starts new ones).

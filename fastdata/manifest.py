@@ -301,8 +301,8 @@ def load_manifest(
         _WARNED_NO_INDEX_SUMS.add(text_root)
         log.warning(
             "%s: the manifest (format_version %d) carries no index checksums, so a changed "
-            "index file goes unnoticed until it misplaces a sample; re-run `fastdata shard` "
-            "with this fastdata to add them",
+            "index file goes unnoticed until it misplaces a sample; re-write it with this "
+            "fastdata's `fastdata shard ... --overwrite` to add them",
             text_root,
             manifest.format_version,
         )

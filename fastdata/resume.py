@@ -166,17 +166,14 @@ class ResumeState:
                 f"data position field 'consumed' ({self.consumed}) exceeds 'num_samples' "
                 f"({self.num_samples})"
             )
-        # Each step (all ranks together) consumes at least one new sample of the epoch, whatever
-        # the world size and batch size were, so steps never exceed the samples consumed.
-        if self.steps > self.consumed:
+        # A step (all ranks together) consumes at least one new sample of the epoch, whatever the
+        # world size and batch size; a run resumed from a checkpoint without a data position
+        # restarts the epoch's samples after counting its earlier steps (`restored_steps`), so
+        # steps can exceed consumed, but never two epochs' worth: that bounds len() as well.
+        if self.steps > 2 * self.num_samples:
             raise ResumeError(
-                f"data position field 'steps' ({self.steps}) exceeds 'consumed' "
-                f"({self.consumed}): each step consumes at least one sample of the epoch"
-            )
-        if (self.steps == 0) != (self.consumed == 0):
-            raise ResumeError(
-                f"data position fields 'steps' ({self.steps}) and 'consumed' ({self.consumed}) "
-                "disagree: both are 0 at the start of an epoch, neither after it began"
+                f"data position field 'steps' ({self.steps}) exceeds twice 'num_samples' "
+                f"({self.num_samples}): no epoch of this dataset has that many steps"
             )
 
     def check(self, seed: int, num_samples: int, dataset: str, mix: str = "") -> None:

@@ -254,3 +254,28 @@ def test_a_loader_outlives_a_temporary_datamodule_and_stops_its_workers_when_dro
     assert time.monotonic() - start < 1.0
     assert _children() == []
     assert not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in workers)
+
+
+class _AskForLoadersMidEpoch(pl.Callback):
+    """Reads `len(train_dataloader())` mid-epoch (as some callbacks do) and counts batches."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.batches += 1
+        if trainer.current_epoch == 0 and batch_idx == 1:
+            assert len(trainer.datamodule.train_dataloader()) == 9
+            trainer.datamodule.predict_dataloader()  # its own slot: closes no other loader
+
+
+def test_a_loader_asked_for_mid_epoch_does_not_end_the_running_epoch(tiny_shards):
+    ask = _AskForLoadersMidEpoch()
+    trainer = pl.Trainer(
+        max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+        callbacks=[ask],
+    )  # fmt: skip
+    trainer.fit(SmallCNN(300), datamodule=_dm(tiny_shards))
+    assert ask.batches == 2 * 9  # 288 samples / 32 a batch, both epochs whole
+    assert _children() == []  # the replaced loader's workers stopped when its epoch ended

@@ -357,7 +357,11 @@ class ShardCache(CacheFolder):
         options["timeouts"] = self.timeouts
         has_index = True
         try:
-            self.stats.bytes_fetched += download(manifest.index_url(shard), idx_part, **options)
+            # Checked like the tar where the manifest records the index's sha256 (format 2): a
+            # cut or wrong body is fetched again, never kept for every later reader of the node.
+            self.stats.bytes_fetched += download(
+                manifest.index_url(shard), idx_part, sha256=shard.index_sha256, **options
+            )
         except FileNotFoundError:
             log.info("%s has no index file; the reader scans the tar", manifest.index_url(shard))
             has_index = False

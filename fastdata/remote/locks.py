@@ -26,7 +26,7 @@ from pathlib import Path
 
 from fastdata.remote.retry import RemoteError
 
-__all__ = ["LockFile", "LockTimeout", "holders"]
+__all__ = ["LockFile", "LockTimeout", "LockUnsupported", "holders"]
 
 _POLL_FIRST, _POLL_MAX = 0.002, 0.1  # seconds between two tries: doubling up to 0.1 s
 
@@ -37,6 +37,18 @@ _open: dict[int, LockFile] = {}  # fd -> its LockFile, in this process
 class LockTimeout(RemoteError):
     """A cache lock stayed taken past its deadline (another process holds it and makes no
     progress). The message names the lock file, what it guards and the processes holding it."""
+
+
+class LockUnsupported(RemoteError):
+    """The cache folder's file system refuses `flock` (the message says where to put it)."""
+
+
+#: errnos of a file system that has no flock at all (as opposed to a lock held by someone else).
+_NO_LOCKS = frozenset(
+    getattr(errno, name)
+    for name in ("ENOLCK", "ENOSYS", "EOPNOTSUPP", "ENOTSUP")
+    if hasattr(errno, name)
+)
 
 
 class LockFile:
@@ -50,7 +62,7 @@ class LockFile:
     """
 
     def __init__(self, path: Path) -> None:
-        self.path = path
+        self.path = Path(path)
         self.mode = 0  # 0, fcntl.LOCK_SH or fcntl.LOCK_EX: what this descriptor holds
         with _registry_mutex:
             self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
@@ -64,6 +76,14 @@ class LockFile:
         try:
             fcntl.flock(self._fd, mode | fcntl.LOCK_NB)
         except OSError as exc:
+            if exc.errno in _NO_LOCKS:
+                raise LockUnsupported(
+                    str(self.path),
+                    f"the shard cache's folder {self.path.parent} is on a file system without "
+                    f"flock ({exc.strerror}: NFS without lockd, Lustre without -o flock, ...), "
+                    "so ranks and workers cannot share it safely",
+                    "Set cache_dir= (or $FASTDATA_CACHE_DIR) to a folder on a local disk",
+                ) from exc
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise
             if self.mode and self.mode != mode:

@@ -35,6 +35,7 @@ from typing import Any
 from fastdata.manifest import MANIFEST_NAME, Manifest, load_manifest
 from fastdata.sources.base import Source, source_skipped
 from fastdata.write.carve import carve_source
+from fastdata.write.errors import TooManyBadSamplesError, allowance, too_many_message
 from fastdata.write.lock import LOCK_NAME, lock_folder
 from fastdata.write.results import (
     ShardResult,
@@ -159,6 +160,7 @@ def _write_part(
         "identity": identity,
         "classes": list(source.classes),
         "source_skipped": source_skipped(source),
+        "max_bad": options.max_bad,  # `fastdata merge` checks the whole run against it
         "plan": [job.stem for job in jobs],
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -170,7 +172,8 @@ def _write_part(
     for job in mine:  # partial files a killed run of this part left (other parts' are theirs)
         for tmp in [*out_dir.glob(f"{job.stem}.*.tmp-*"), *work.glob(f"{job.stem}.*.tmp-*")]:
             tmp.unlink(missing_ok=True)
-    done_before = run_plan(source, mine, out_dir, identity["options"]["encoding"], options)
+    encoding = identity["options"]["encoding"]
+    done_before = run_plan(source, mine, out_dir, encoding, options, source_losses=False)
     record.update(status="finished", finished=_now())
     atomic_write(work / part.record_name, json.dumps(record, sort_keys=True))
     return PartReport(part, [job.stem for job in mine], done_before)
@@ -213,6 +216,7 @@ def _merge(out_dir: Path) -> Manifest:
         ShardResult(split, "", "", 0, 0, "", {}, skipped=[list(s) for s in found])
         for split, found in sorted(first.get("source_skipped", {}).items())
     ]
+    _check_bad_overall(results, records)
     report_skipped(results)
     manifest = build_manifest(out_dir, first["classes"], first["identity"], results)
     manifest.save(out_dir)
@@ -221,6 +225,16 @@ def _merge(out_dir: Path) -> Manifest:
 
 
 # ----------------------------------------------------------------------------- checks
+
+
+def _check_bad_overall(results: list[ShardResult], records: dict[int, dict[str, Any]]) -> None:
+    """TooManyBadSamplesError when the whole run's bad inputs pass `max_bad` (each part checked
+    only its own share, without the source's losses, which every part sees)."""
+    bad = [list(s) for r in results for s in r.skipped]
+    total = sum(r.num_samples for r in results) + len(bad)
+    max_bad = min(float(r.get("max_bad", 0.1)) for r in records.values())
+    if len(bad) > allowance(max_bad, total):
+        raise TooManyBadSamplesError(too_many_message(len(bad), total, max_bad, bad))
 
 
 def _prepare_shared_out(out_dir: Path, identity: dict[str, Any]) -> bool:

@@ -69,7 +69,10 @@ def is_done(out_dir: Path, work: Path, stem: str) -> bool:
         return True  # every sample of the shard was skipped: no file to find
     tar = out_dir / result.name
     return (
-        tar.is_file() and tar.stat().st_size == result.bytes and (out_dir / result.index).is_file()
+        tar.is_file()
+        and tar.stat().st_size == result.bytes
+        and (out_dir / result.index).is_file()
+        and (result.sums is None or (out_dir / result.sums).is_file())  # digests travel too
     )
 
 

@@ -172,9 +172,10 @@ def _source_results(source: Source) -> list[ShardResult]:
     ]
 
 
-def _total_inputs(source: Source, jobs: list[ShardJob]) -> int:
-    """The inputs `max_bad` is a fraction of: the plan's samples and the source's own losses."""
-    lost = sum(len(found) for found in source_skipped(source).values())
+def _total_inputs(source: Source | None, jobs: list[ShardJob]) -> int:
+    """The inputs `max_bad` is a fraction of: the plan's samples and the source's own losses
+    (none without a source)."""
+    lost = sum(len(found) for found in source_skipped(source).values()) if source else 0
     return sum(len(job.sample_ids) for job in jobs) + lost
 
 
@@ -191,17 +192,29 @@ def dataset_identity(source: Source, options: ShardOptions) -> dict[str, Any]:
 
 
 def run_plan(
-    source: Source, jobs: list[ShardJob], out_dir: Path, encoding: str, options: ShardOptions
+    source: Source,
+    jobs: list[ShardJob],
+    out_dir: Path,
+    encoding: str,
+    options: ShardOptions,
+    source_losses: bool = True,
 ) -> int:
-    """Write the jobs that are not done yet (see `results.is_done`); returns how many were done."""
+    """Write the jobs that are not done yet (see `results.is_done`); returns how many were done.
+
+    Args:
+        source_losses: count what the source found unusable while opening towards `max_bad`
+            (False for one part of a `--part` run: every part sees all of them, so `fastdata
+            merge` counts them once, against the whole run).
+    """
     work = out_dir / WORK_DIR
     todo = [job for job in jobs if not is_done(out_dir, work, job.stem)]
     if len(todo) < len(jobs):
         log.info("resuming: %d of %d shards already written", len(jobs) - len(todo), len(jobs))
     waiting = {job.stem for job in todo}
     done = [load_result(work, job.stem) for job in jobs if job.stem not in waiting]
-    bad = [list(s) for r in done + _source_results(source) for s in r.skipped]
-    total = _total_inputs(source, jobs)
+    lost = _source_results(source) if source_losses else []
+    bad = [list(s) for r in done + lost for s in r.skipped]
+    total = _total_inputs(source if source_losses else None, jobs)
     if len(bad) > allowance(options.max_bad, total):  # the source's own losses are too many
         raise TooManyBadSamplesError(too_many_message(len(bad), total, options.max_bad, bad))
     _run_jobs(source, todo, out_dir, encoding, options, bad, total)

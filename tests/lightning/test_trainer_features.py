@@ -35,6 +35,20 @@ def test_overfit_batches_trains_on_the_same_batches_every_epoch(tiny_shards, pac
     assert len({label for batch in epochs[0] for label in batch}) == 64
 
 
+def test_overfit_batches_after_a_resume_trains_on_the_same_batches(tiny_shards, tmp_path):
+    """An end-of-epoch checkpoint's data position must not move the overfit window along."""
+    pkg = lightning_package("lightning.pytorch")
+    first = small_cnn(pkg)()
+    options = dict(overfit_batches=2, num_sanity_val_steps=0, default_root_dir=tmp_path)
+    trainer = pkg.Trainer(max_epochs=1, **options, **QUIET)
+    trainer.fit(first, datamodule=_dm(tiny_shards))
+    trainer.save_checkpoint(tmp_path / "epoch0.ckpt")
+    resumed = small_cnn(pkg)()
+    trainer = pkg.Trainer(max_epochs=2, **options, **QUIET)
+    trainer.fit(resumed, datamodule=_dm(tiny_shards), ckpt_path=tmp_path / "epoch0.ckpt")
+    assert len(resumed.seen) == 2 and resumed.seen == first.seen
+
+
 def test_overfit_batches_keeps_the_augmentation_too(tiny_shards):
     """The first epoch's batches, augmentation included: pixel for pixel the same each epoch."""
     pkg = lightning_package("lightning.pytorch")

@@ -108,3 +108,26 @@ def test_every_protocol_gets_connect_and_read_timeouts(monkeypatch: pytest.Monke
     monkeypatch.setenv("FASTDATA_LOCK_TIMEOUT", "soon")
     with pytest.raises(ValueError, match="FASTDATA_LOCK_TIMEOUT"):
         Timeouts.from_env()
+
+
+@pytest.mark.parametrize("name", ["ENOLCK", "ENOSYS"])
+def test_a_cache_folder_without_flock_says_where_to_put_the_cache(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    import errno
+    import fcntl
+
+    from fastdata.remote.locks import LockFile, LockUnsupported
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(getattr(errno, name), "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    lock = LockFile(tmp_path / "abc.lock")
+    try:
+        with pytest.raises(LockUnsupported, match=r"without flock.*cache_dir=.*local disk") as err:
+            lock.try_lock(fcntl.LOCK_EX)
+        assert str(tmp_path) in str(err.value)
+        assert isinstance(err.value, RemoteError)  # a reader marks the shard failed, with this text
+    finally:
+        lock.close()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fastdata.cli import main
@@ -169,3 +171,45 @@ def test_merge_of_an_unfinished_single_run_says_to_rerun_it(tmp_path):
         write_shards(FolderSource(images), tmp_path / "out", strict)
     with pytest.raises(MergeError, match="not run in parts; run the same `fastdata shard`"):
         merge_parts(tmp_path / "out")
+
+
+def _folder_with_broken_links(root: Path, links: int) -> Path:
+    from PIL import Image
+
+    for c in ("a", "b"):
+        (root / "train" / c).mkdir(parents=True)
+        for i in range(20):
+            Image.fromarray(np.full((8, 8, 3), i, np.uint8)).save(root / "train" / c / f"{i}.png")
+    for i in range(links):
+        os.symlink("/nonexistent", root / "train" / "a" / f"broken{i}.png")
+    return root
+
+
+def test_parts_count_the_sources_losses_once_in_merge(tmp_path: Path) -> None:
+    """Every part sees the source's losses (a broken link): counted per part, a part with few
+    or no shards went over max_bad where one run of the same input passes."""
+    from fastdata.sources.folder import FolderSource
+    from fastdata.write.parts import Part, merge_parts, write_part
+
+    src = _folder_with_broken_links(tmp_path / "in", links=1)
+    options = ShardOptions(max_count=10, workers=1, progress=False, max_bad=0.1)
+    single = write_shards(FolderSource(src), tmp_path / "single", options)
+    for i in range(6):  # parts 4 and 5 get no shard at all
+        write_part(FolderSource(src), tmp_path / "parts", options, Part(i, 6))
+    merged = merge_parts(tmp_path / "parts")
+    assert merged.split("train").skipped == single.split("train").skipped
+    assert len(merged.split("train").skipped) == 1
+
+
+def test_merge_stops_when_the_whole_run_has_too_many_bad_inputs(tmp_path: Path) -> None:
+    from fastdata.sources.folder import FolderSource
+    from fastdata.write import TooManyBadSamplesError
+    from fastdata.write.parts import Part, merge_parts, write_part
+
+    src = _folder_with_broken_links(tmp_path / "in", links=6)  # 6 of 46 inputs: over 10%
+    options = ShardOptions(max_count=10, workers=1, progress=False, max_bad=0.1)
+    for i in range(2):
+        write_part(FolderSource(src), tmp_path / "parts", options, Part(i, 2))
+    with pytest.raises(TooManyBadSamplesError, match="6 of 46"):
+        merge_parts(tmp_path / "parts")
+    assert not (tmp_path / "parts" / "manifest.json").exists()
