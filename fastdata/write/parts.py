@@ -42,6 +42,7 @@ from fastdata.write.results import (
     build_manifest,
     is_done,
     load_result,
+    lost_results,
     report_skipped,
 )
 from fastdata.write.writer import (
@@ -212,10 +213,8 @@ def _merge(out_dir: Path) -> Manifest:
             + ". When every part has finished, run `fastdata merge` again."
         )
     results = [load_result(work, stem) for stem in plan]
-    results += [  # what the source found unusable while opening (a folder's broken links...)
-        ShardResult(split, "", "", 0, 0, "", {}, skipped=[list(s) for s in found])
-        for split, found in sorted(first.get("source_skipped", {}).items())
-    ]
+    # What the source found unusable while opening (a folder's broken links...).
+    results += lost_results(first.get("source_skipped", {}))
     _check_bad_overall(results, records)
     report_skipped(results)
     manifest = build_manifest(out_dir, first["classes"], first["identity"], results)

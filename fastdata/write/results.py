@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,15 @@ def is_done(out_dir: Path, work: Path, stem: str) -> bool:
         and (out_dir / result.index).is_file()
         and (result.sums is None or (out_dir / result.sums).is_file())  # digests travel too
     )
+
+
+def lost_results(found: Mapping[str, Sequence[Sequence[str]]]) -> list[ShardResult]:
+    """What a source found unusable while opening ({split: [(origin, reason)]}), as shard results
+    without a shard: the manifest, the report and the `max_bad` count take them like any other."""
+    return [
+        ShardResult(split, "", "", 0, 0, "", {}, skipped=[list(s) for s in items])
+        for split, items in sorted(found.items())
+    ]
 
 
 def report_skipped(results: list[ShardResult]) -> None:

@@ -44,6 +44,7 @@ from fastdata.write.results import (
     done_path,
     is_done,
     load_result,
+    lost_results,
     report_skipped,
 )
 from fastdata.write.stats import PixelStats
@@ -155,21 +156,15 @@ def write_shards(
             return existing
         run_plan(source, jobs, out_dir, identity["options"]["encoding"], options)
         work = out_dir / WORK_DIR
-        results = [load_result(work, job.stem) for job in jobs] + _source_results(source)
+        results = [load_result(work, job.stem) for job in jobs] + lost_results(
+            source_skipped(source)
+        )
         check_bad(results, _total_inputs(source, jobs), options.max_bad)
         report_skipped(results)
         manifest = build_manifest(out_dir, list(source.classes), identity, results)
         manifest.save(out_dir)
         shutil.rmtree(work, ignore_errors=True)
     return manifest
-
-
-def _source_results(source: Source) -> list[ShardResult]:
-    """What the source found unusable while opening, as shard results without a shard."""
-    return [
-        ShardResult(split, "", "", 0, 0, "", {}, skipped=[[o, r] for o, r in found])
-        for split, found in sorted(source_skipped(source).items())
-    ]
 
 
 def _total_inputs(source: Source | None, jobs: list[ShardJob]) -> int:
@@ -212,7 +207,7 @@ def run_plan(
         log.info("resuming: %d of %d shards already written", len(jobs) - len(todo), len(jobs))
     waiting = {job.stem for job in todo}
     done = [load_result(work, job.stem) for job in jobs if job.stem not in waiting]
-    lost = _source_results(source) if source_losses else []
+    lost = lost_results(source_skipped(source)) if source_losses else []
     bad = [list(s) for r in done + lost for s in r.skipped]
     total = _total_inputs(source if source_losses else None, jobs)
     if len(bad) > allowance(options.max_bad, total):  # the source's own losses are too many
