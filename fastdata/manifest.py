@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fastdata.fields import FieldSpec, default_fields, fields_to_json
+
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
@@ -109,6 +111,9 @@ class SplitInfo:
         pixel_mean: per-channel (RGB) mean of the stored pixels, 0..255 scale, measured while
             writing; the default normalization. None in manifests written before it existed.
         pixel_std: per-channel standard deviation, as `pixel_mean`.
+        fields: what each sample holds beyond the classification pair (`fastdata.fields`: name
+            -> kind and tar components); None: an image and a label (every manifest written
+            before fields existed, and every classification split). Read it as `field_specs`.
     """
 
     shards: list[ShardInfo]
@@ -119,6 +124,20 @@ class SplitInfo:
     skipped: list[SkippedSample] = field(default_factory=list)
     pixel_mean: list[float] | None = None
     pixel_std: list[float] | None = None
+    fields: dict[str, FieldSpec] | None = None
+
+    @property
+    def field_specs(self) -> dict[str, FieldSpec]:
+        """The split's fields: `fields`, or an image (this split's encoding) and a label."""
+        if self.fields is not None:
+            return dict(self.fields)
+        from fastdata.schema import exts_of_encoding
+
+        try:
+            exts = exts_of_encoding(self.encoding)
+        except ValueError:
+            exts = ("jpg", "png", "rgb")
+        return default_fields(exts)
 
     @property
     def num_samples(self) -> int:
@@ -188,7 +207,12 @@ class Manifest:
             )
         data = asdict(self)
         data.pop("root")
-        for split in data["splits"].values():
+        for name, split in data["splits"].items():
+            fields = self.splits[name].fields
+            if fields is None:
+                del split["fields"]  # classification splits stay as they were written before
+            else:
+                split["fields"] = fields_to_json(fields)
             for shard in split["shards"]:
                 del shard["label_map"]  # only a mix has one, and a mix is never saved
         return json.dumps(data, indent=1, sort_keys=True) + "\n"

@@ -16,6 +16,7 @@ import stat
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+from fastdata.fields import FieldError, FieldSpec, fields_from_json
 from fastdata.manifest import (
     Manifest,
     ManifestError,
@@ -82,7 +83,19 @@ def split_from_dict(root: str, name: str, sp: Any, num_classes: int) -> SplitInf
         skipped=[SkippedSample(**s) for s in sp.get("skipped", [])],
         pixel_mean=sp.get("pixel_mean"),  # absent from older manifests: None
         pixel_std=sp.get("pixel_std"),
+        fields=_fields(root, name, sp.get("fields")),
     )
+
+
+def _fields(root: str, name: str, data: Any) -> dict[str, FieldSpec] | None:
+    if data is None:
+        return None
+    try:
+        return fields_from_json(data, f"{root}: split {name!r}")
+    except FieldError as exc:
+        raise ManifestError(
+            f"{exc}; a tampered or broken manifest: re-run `fastdata shard`"
+        ) from exc
 
 
 def _shard_from_dict(root: str, split: str, number: int, entry: Any) -> ShardInfo:
