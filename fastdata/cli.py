@@ -3,6 +3,7 @@
 fastdata shard SOURCE INPUT OUT [options]   # cifar10 | cifar100 | folder | list
 fastdata shard SOURCE INPUT OUT --part I/N  # part I of N, on any machine; then:
 fastdata merge OUT                          # check the parts, write the manifest
+fastdata index DIR_OR_URL [--out OUT]       # other tools' WebDataset tars, read in place
 fastdata inspect OUT
 fastdata verify OUT
 fastdata tune OUT [--sweep]
@@ -25,6 +26,7 @@ __all__ = ["build_parser", "main"]
 
 # Subcommands that live with their feature: "module:function" taking the subparsers object.
 EXTERNAL_COMMANDS = {
+    "index": "fastdata.write.index:register",
     "tune": "fastdata.tune.command:register",
     "train": "fastdata.train.command:register",
 }

@@ -159,6 +159,10 @@ class Manifest:
         fastdata_version: version of the writer.
         format: always `FORMAT`.
         format_version: `FORMAT_VERSION` of the writer.
+        data_root: where the tars are when they live elsewhere (`fastdata index` of another
+            tool's read-only or remote shards): an absolute folder or a URL prefix that every
+            shard's `name` is relative to; the index and digest files stay beside the manifest.
+            None (every dataset `fastdata shard` writes): the tars are in `root`.
     """
 
     root: str
@@ -169,6 +173,7 @@ class Manifest:
     fastdata_version: str
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
+    data_root: str | None = None
 
     @property
     def num_classes(self) -> int:
@@ -183,8 +188,8 @@ class Manifest:
         return self.splits[name]
 
     def shard_url(self, shard: ShardInfo) -> str:
-        """Path or URL of a shard's tar file."""
-        return _join(self.root, shard.name)
+        """Path or URL of a shard's tar file (under `data_root` when the manifest has one)."""
+        return _join(self.data_root or self.root, shard.name)
 
     def index_url(self, shard: ShardInfo) -> str:
         """Path or URL of a shard's DALI index file."""
@@ -207,6 +212,8 @@ class Manifest:
             )
         data = asdict(self)
         data.pop("root")
+        if data["data_root"] is None:
+            del data["data_root"]  # the tars beside the manifest: the file is as it always was
         for name, split in data["splits"].items():
             fields = self.splits[name].fields
             if fields is None:
@@ -253,7 +260,8 @@ class Manifest:
                 raise ManifestError(f"{root}: 'classes' must be a list of names")
             if not isinstance(data["splits"], dict):
                 raise ManifestError(f"{root}: 'splits' must be an object of split name -> split")
-            from fastdata.manifest_checks import split_from_dict  # it builds this module's classes
+            # They build this module's classes.
+            from fastdata.manifest_checks import check_data_root, split_from_dict
 
             splits = {
                 name: split_from_dict(root, name, sp, len(classes))
@@ -268,6 +276,7 @@ class Manifest:
                 fastdata_version=str(data["fastdata_version"]),
                 format=data["format"],
                 format_version=version,
+                data_root=check_data_root(root, data.get("data_root")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, ManifestError):

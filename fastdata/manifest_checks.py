@@ -27,7 +27,7 @@ from fastdata.manifest import (
     _join,
 )
 
-__all__ = ["check_files", "check_name", "split_from_dict"]
+__all__ = ["check_data_root", "check_files", "check_name", "split_from_dict"]
 
 #: Largest image side a manifest's raw_shape may give (JPEG's own limit); the writer's is lower.
 MAX_SIDE = 65_535
@@ -50,8 +50,10 @@ def split_from_dict(root: str, name: str, sp: Any, num_classes: int) -> SplitInf
             f"{root}: split {name!r} counts {len(counts)} classes, the manifest lists "
             f"{num_classes}; re-run `fastdata shard`"
         )
+    fields = _fields(root, name, sp.get("fields"))
     listed = sum(shard.num_samples for shard in shards)
-    if sum(counts) != listed:  # a shard entry lost (or added) leaves the counts behind
+    labelled = fields is None or any(f.kind == "label" for f in fields.values())
+    if labelled and sum(counts) != listed:  # a shard entry lost (or added) leaves the counts behind
         raise ManifestError(
             f"{root}: split {name!r} class_counts add up to {sum(counts)} samples, its shards "
             f"list {listed}; a tampered or broken manifest: re-run `fastdata shard`"
@@ -83,7 +85,7 @@ def split_from_dict(root: str, name: str, sp: Any, num_classes: int) -> SplitInf
         skipped=[SkippedSample(**s) for s in sp.get("skipped", [])],
         pixel_mean=sp.get("pixel_mean"),  # absent from older manifests: None
         pixel_std=sp.get("pixel_std"),
-        fields=_fields(root, name, sp.get("fields")),
+        fields=fields,
     )
 
 
@@ -177,52 +179,109 @@ def check_name(root: str, name: Any, what: str) -> None:
             )
 
 
-def check_files(manifest: Manifest) -> None:
-    """The path rule on the files themselves: each named file resolves inside the root.
+_DATA_ROOT_SCHEMES = ("http", "https", "s3", "s3a", "gs", "gcs")
 
-    Local: after following symlinks each file that exists lies inside the root folder and is a
-    regular file (a FIFO, device or folder is refused; a missing file is reported by the reader
-    that needs it). Remote: each URL keeps the root's scheme, host and path prefix.
+
+def check_data_root(root: str, value: Any) -> str | None:
+    """The manifest's `data_root` (where another tool's tars are), checked; None when absent.
+
+    It must be an absolute, normalized folder path (no `..`, no `.` parts), only in a local
+    manifest (a manifest read from a server never points at the reader's own files), or an
+    http(s)://, s3:// or gs:// URL prefix with a host and no `..`, query or fragment. Each tar's
+    name is then checked to stay inside it (`check_name`, `check_files`).
+
+    Raises:
+        ManifestError: naming the root and the value.
+    """
+    if value is None:
+        return None
+    bad = f"{root}: data_root {value!r}"
+    if not isinstance(value, str) or not value or "\x00" in value or "\\" in value:
+        raise ManifestError(f"{bad} must be an absolute folder or a URL prefix")
+    if _is_remote(value):
+        got = urlsplit(value)
+        parts = unquote(got.path).split("/")
+        if (
+            got.scheme.lower() not in _DATA_ROOT_SCHEMES
+            or not got.netloc
+            or got.query
+            or got.fragment
+            or any(part in ("..", ".") for part in parts)
+        ):
+            raise ManifestError(
+                f"{bad} is not a plain http(s)://, s3:// or gs:// prefix (host, path, no '..', "
+                "query or fragment); refusing a tampered or hand-edited manifest: re-run "
+                "`fastdata index`"
+            )
+        return value
+    if _is_remote(root):
+        raise ManifestError(
+            f"{bad}: a manifest read from {root} may not point at local files; refusing it"
+        )
+    if (
+        not os.path.isabs(value)
+        or os.path.normpath(value) != value.rstrip("/")
+        or (".." in value.split("/"))
+    ):
+        raise ManifestError(
+            f"{bad} must be an absolute, normalized folder (no '..'); refusing a tampered or "
+            "hand-edited manifest: re-run `fastdata index`"
+        )
+    return value
+
+
+def check_files(manifest: Manifest) -> None:
+    """The path rule on the files themselves: each named file resolves inside its root.
+
+    The root of a shard's tar is the manifest's `data_root` when it has one (`fastdata index`
+    of shards that live elsewhere), else the manifest's folder, which also holds every index
+    and digest file. Local: after following symlinks each file that exists lies inside its root
+    folder and is a regular file (a FIFO, device or folder is refused; a missing file is
+    reported by the reader that needs it). Remote: each URL keeps the root's scheme, host and
+    path prefix.
 
     Raises:
         ManifestError: naming the shard entry and the file.
     """
-    remote = _is_remote(manifest.root)
-    if remote:
-        base = urlsplit(manifest.root.rstrip("/") + "/")
-    else:
-        base_path = os.path.realpath(manifest.root)
     for split_name, split in manifest.splits.items():
         for shard in split.shards:
             for what, name in (("name", shard.name), ("index", shard.index), ("sums", shard.sums)):
                 if name is None:
                     continue
-                url = _join(manifest.root, name)
+                root = manifest.root
+                if what == "name" and manifest.data_root is not None:
+                    root = manifest.data_root
                 where = f"{manifest.root}: shard {shard.name!r} (split {split_name!r}) {what}"
-                if remote:
-                    got = urlsplit(url)
-                    inside = (got.scheme, got.netloc) == (base.scheme, base.netloc) and (
-                        posixpath.normpath(got.path) + "/"
-                    ).startswith(base.path)
-                    if not inside:
-                        raise ManifestError(f"{where}: {url} is outside {manifest.root}")
-                    continue
-                real = os.path.realpath(url)
-                if os.path.commonpath([real, base_path]) != base_path:
-                    raise ManifestError(
-                        f"{where}: {url} resolves to {real}, outside the dataset folder "
-                        f"{base_path} (a symlink out of it?); refusing it"
-                    )
-                try:
-                    mode = os.stat(real).st_mode
-                except FileNotFoundError:
-                    continue
-                except OSError as exc:  # a name too long, a component that is not a folder...
-                    raise ManifestError(
-                        f"{where}: {url} cannot be looked up ({exc.strerror}); refusing it"
-                    ) from exc
-                if not stat.S_ISREG(mode):
-                    raise ManifestError(
-                        f"{where}: {url} is not a regular file (a FIFO, device or folder); "
-                        "refusing it"
-                    )
+                _check_file(root, _join(root, name), where)
+
+
+def _check_file(root: str, url: str, where: str) -> None:
+    """`check_files` of one file under `root`."""
+    if _is_remote(root):
+        base = urlsplit(root.rstrip("/") + "/")
+        got = urlsplit(url)
+        inside = (got.scheme, got.netloc) == (base.scheme, base.netloc) and (
+            posixpath.normpath(got.path) + "/"
+        ).startswith(base.path)
+        if not inside:
+            raise ManifestError(f"{where}: {url} is outside {root}")
+        return
+    base_path = os.path.realpath(root)
+    real = os.path.realpath(url)
+    if os.path.commonpath([real, base_path]) != base_path:
+        raise ManifestError(
+            f"{where}: {url} resolves to {real}, outside the dataset folder "
+            f"{base_path} (a symlink out of it?); refusing it"
+        )
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:  # a name too long, a component that is not a folder...
+        raise ManifestError(
+            f"{where}: {url} cannot be looked up ({exc.strerror}); refusing it"
+        ) from exc
+    if not stat.S_ISREG(mode):
+        raise ManifestError(
+            f"{where}: {url} is not a regular file (a FIFO, device or folder); refusing it"
+        )

@@ -21,6 +21,7 @@ Beside each shard, a ``sums`` file lists a BLAKE2b-128 digest of every sample's 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -42,6 +43,7 @@ __all__ = [
     "label_and_id",
     "sample_digest",
     "sample_key",
+    "split_member",
     "sums_text",
 ]
 
@@ -106,15 +108,42 @@ def image_component(parts: Mapping[str, bytes | memoryview]) -> tuple[str, bytes
     )
 
 
-def label_and_id(key: str, parts: Mapping[str, bytes | memoryview]) -> tuple[int, int]:
-    """(label, sample id) of a sample: from ``lid``, else ``cls`` and the key's number."""
+def split_member(name: str) -> tuple[str, str] | None:
+    """(key, component) of a tar member, grouped as webdataset groups them: the key is the
+    member's path up to the first dot of its base name (``a/b.c/000012.mask.png`` ->
+    ``("a/b.c/000012", "mask.png")``); None for a member that belongs to no sample (no dot in
+    its base name, or nothing before or after the dot)."""
+    head, slash, base = name.rpartition("/")
+    stem, dot, ext = base.partition(".")
+    if not dot or not stem or not ext:
+        return None
+    return head + slash + stem, ext
+
+
+_OWN_KEY = re.compile(r"^[^/.]*_(\d{8,})$")
+
+
+def label_and_id(
+    key: str, parts: Mapping[str, bytes | memoryview], position: int | None = None
+) -> tuple[int, int]:
+    """(label, sample id) of a sample: from ``lid``, else ``cls`` and the key.
+
+    A key written by this project (``<split>_<id:08d>``) gives the id; a foreign key (another
+    tool's shard, read through `fastdata index`) has none: its id is `position`, the sample's
+    position in its split (`fastdata.read.shardio.ShardReader.position`), or -1 when the caller
+    does not give it.
+    """
     if LABEL_EXT in parts:
         return decode_lid(parts[LABEL_EXT])
     if LABEL_TEXT_EXT in parts:
         try:
-            return int(bytes(parts[LABEL_TEXT_EXT])), int(key.rsplit("_", 1)[1])
+            label = int(bytes(parts[LABEL_TEXT_EXT]))
         except ValueError as exc:
-            raise MissingComponentError(f"unreadable label or key ({exc})") from exc
+            raise MissingComponentError(f"unreadable label ({exc})") from exc
+        own = _OWN_KEY.match(key)
+        if own is not None:
+            return label, int(own.group(1))
+        return label, -1 if position is None else position
     raise MissingComponentError(
         f"sample has no label component (looked for {LABEL_EXT!r}, {LABEL_TEXT_EXT!r}, "
         f"found {sorted(parts)})"

@@ -35,6 +35,7 @@ from fastdata.read.integrity import (
     read_checked,
     scan_shard,
 )
+from fastdata.schema import split_member
 
 if TYPE_CHECKING:  # fastdata.remote is imported only for remote datasets
     from fastdata.remote import CachedShard, ShardCache
@@ -124,7 +125,7 @@ def parse_index(text: str, shard: str) -> ShardIndex:
             ) from None
         if min(min(pair) for pair in entry.values()) < 0:
             raise ShardReadError(shard, None, f"index line {number} has a negative number")
-        keys.append(name.split(".", 1)[0])
+        keys.append(_key_of(name))
         components.append(entry)
     head = lines[0].split()
     if len(head) != 2 or not head[1].isdigit():
@@ -150,12 +151,21 @@ def _parse_uniform(text: str) -> ShardIndex | None:
     exts = list(layout)
     # The key of a line is its last member's (as the line parser takes it); whether each
     # member's tar header names key + "." + component is checked against the tar itself.
-    keys = [m.partition(".")[0] for m in tokens[2:][4 * len(exts) - 1 :: 4 * len(exts)]]
+    keys = [_key_of(m) for m in tokens[2:][4 * len(exts) - 1 :: 4 * len(exts)]]
     if min(min(o.min(), s.min()) for o, s in layout.values()) < 0:
         return None
     columns = [zip(o.tolist(), s.tolist(), strict=False) for o, s in layout.values()]
     components = [dict(zip(exts, row, strict=False)) for row in zip(*columns, strict=False)]
     return ShardIndex(keys, components, layout)
+
+
+def _key_of(member: str) -> str:
+    """The sample key of a member name, as webdataset groups members (`schema.split_member`):
+    the path up to the first dot of the base name (this project's keys hold no '/' or '.')."""
+    if "/" not in member:
+        return member.partition(".")[0]
+    parsed = split_member(member)
+    return parsed[0] if parsed is not None else member
 
 
 def index_from_tar(data: bytes | mmap.mmap, shard: str) -> ShardIndex:
@@ -169,7 +179,12 @@ def index_from_tar(data: bytes | mmap.mmap, shard: str) -> ShardIndex:
             for member in tar:
                 if not member.isreg():
                     continue
-                key, _, ext = member.name.partition(".")
+                parsed = split_member(member.name)
+                if parsed is None:
+                    raise ShardReadError(
+                        shard, None, f"tar member {member.name!r} belongs to no sample"
+                    )
+                key, ext = parsed
                 if not keys or keys[-1] != key:
                     keys.append(key)
                     components.append({})
@@ -213,9 +228,15 @@ class ShardReader:
         self._remote = "://" in manifest.root
         self._open: OrderedDict[int, _OpenShard] = OrderedDict()
         self._failed: dict[int, str] = {}  # remote shards that failed to download: the reason
+        self._starts = np.cumsum([0] + [s.num_samples for s in self.shards]).tolist()
 
     def key(self, shard: int, index: int) -> str:
         return self._get(shard)[0].keys[index]
+
+    def position(self, shard: int, index: int) -> int:
+        """The sample's position in its split (shards in manifest order): the sample id of a
+        foreign sample, whose key carries none (`fastdata.schema.label_and_id`)."""
+        return int(self._starts[shard]) + index
 
     def sample(
         self, shard: int, index: int, exts: tuple[str, ...] | None = None
@@ -302,7 +323,9 @@ class ShardReader:
         try:
             tar = str(pin.tar) if pin else self.manifest.shard_url(info)
             data = _open_bytes(tar, info.name)
-            index_path = self.manifest.index_url(info) if pin is None else pin.index
+            index_path = self.manifest.index_url(info)
+            if pin is not None and "://" in index_path:
+                index_path = pin.index  # else a local index of remote tars (`fastdata index`)
             index = _load_index(str(index_path) if index_path else None, info, data)
             if len(index) != info.num_samples:
                 raise ShardReadError(

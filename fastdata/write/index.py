@@ -1,0 +1,451 @@
+"""`fastdata index`: other tools' WebDataset shards, read in place.
+
+`index_shards(SOURCE, out)` reads every tar of a folder, a URL pattern in webdataset's brace
+notation (`http://host/path/shards-{000000..000003}.tar`) or a list file of URLs, once, as a
+stream (`fastdata.write.foreign.scan_tar`), and writes beside a new `manifest.json` each tar's
+DALI index (`.idx`) and per-sample digests (`.sum`). The tars are never written: when they are
+not in OUT, the manifest's `data_root` names where they are (an absolute folder or a URL prefix)
+and `Manifest.shard_url` reads them from there.
+
+Splits come from the file names (`train-000000.tar` -> `train`, as `fastdata shard` names
+them; a single prefix that names no split is `train`) or from `--split NAME=PATTERN`; fields
+from the components the samples hold (`fastdata.fields.infer_fields`); classes from the `cls`
+values (0..max) or from a file of names. Everything is written under temporary names and renamed
+into place at the end, the manifest last: a failure leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import logging
+import os
+import re
+from collections.abc import Iterable
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fastdata import __version__
+from fastdata.fields import FieldSpec, infer_fields, is_classification
+from fastdata.manifest import MANIFEST_NAME, Manifest, ShardInfo, SplitInfo, load_manifest
+from fastdata.read.integrity import open_regular
+from fastdata.write.foreign import ForeignTarError, ScannedTar, scan_tar
+
+__all__ = ["IndexingError", "IndexOptions", "expand_braces", "index_shards", "register"]
+
+log = logging.getLogger("fastdata")
+
+SOURCE_KIND = "webdataset-index"
+_KNOWN_SPLITS = ("train", "val", "validation", "test")
+_BRACE = re.compile(r"\{([^{}]*)\}")
+_MAX_EXPANSION = 1_000_000
+
+
+class IndexingError(ValueError):
+    """`fastdata index` cannot index the given shards (the message says what to do)."""
+
+
+@dataclass(frozen=True)
+class IndexOptions:
+    """Options of `index_shards`.
+
+    Args:
+        splits: split name -> file-name pattern (fnmatch, on the name relative to the data
+            root or on its base name); empty: split by file-name prefix.
+        classes: class names (label i is classes[i]); None: "0".."max" of the `cls` values.
+        storage_options: for URLs, passed to fsspec.
+        retry: the retry policy of each tar's download (None: the default).
+        timeouts: connect and read timeouts (None: `Timeouts.from_env()`).
+    """
+
+    splits: dict[str, str] = field(default_factory=dict)
+    classes: list[str] | None = None
+    storage_options: dict | None = None
+    retry: object | None = None
+    timeouts: object | None = None
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """webdataset's brace notation: `a-{000..002}.tar` -> a-000.tar, a-001.tar, a-002.tar
+    (zero-padded to the width of the first bound); `{x,y}` lists; several braces multiply.
+
+    Raises:
+        IndexingError: a malformed range or an expansion of more than a million names.
+    """
+    match = _BRACE.search(pattern)
+    if match is None:
+        return [pattern]
+    body = match.group(1)
+    if ".." in body:
+        first, _, last = body.partition("..")
+        if not (first.isdigit() and last.isdigit()) or int(last) < int(first):
+            raise IndexingError(f"{pattern!r}: {{{body}}} is not a range N..M with N <= M")
+        width = len(first)
+        choices = [f"{i:0{width}d}" for i in range(int(first), int(last) + 1)]
+    else:
+        choices = body.split(",")
+    if len(choices) > _MAX_EXPANSION:
+        raise IndexingError(f"{pattern!r} expands to more than {_MAX_EXPANSION} names")
+    head, tail = pattern[: match.start()], pattern[match.end() :]
+    return [name for c in choices for name in expand_braces(head + c + tail)]
+
+
+@dataclass(frozen=True)
+class _Located:
+    data_root: str  # an absolute folder or a URL prefix ending in "/"
+    names: list[str]  # tar names relative to it
+    local_dir: str | None  # the folder, for a local source
+
+
+def _locate(source: str, options: IndexOptions) -> _Located:
+    """The tars of SOURCE: a folder, a URL (pattern), or a list file of URLs."""
+    if "://" in source:
+        urls = expand_braces(source)
+        if len(urls) == 1 and not urls[0].endswith(".tar"):
+            urls = _list_remote(urls[0], options)
+        return _common_root(urls, source)
+    path = Path(source)
+    if path.is_dir():
+        root = path.resolve()
+        names = sorted(
+            p.relative_to(root).as_posix()
+            for p in root.rglob("*.tar")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+        )
+        if not names:
+            raise IndexingError(f"{source}: no .tar files in this folder or below it")
+        return _Located(str(root), names, str(root))
+    if path.is_file():
+        lines = [ln.strip() for ln in path.read_text().splitlines()]
+        urls = [
+            u for line in lines if line and not line.startswith("#") for u in expand_braces(line)
+        ]
+        if not urls or not all("://" in u for u in urls):
+            raise IndexingError(
+                f"{source}: a list file must hold one shard URL a line (http(s)://, s3://, "
+                "gs://); for local tars pass their folder"
+            )
+        return _common_root(urls, source)
+    raise IndexingError(f"{source}: no such folder, list file or URL")
+
+
+def _list_remote(url: str, options: IndexOptions) -> list[str]:
+    from fastdata.remote.fs import filesystem
+
+    fs, path = filesystem(url, options.storage_options, options.timeouts)  # type: ignore[arg-type]
+    found = sorted(fs.glob(path.rstrip("/") + "/*.tar"))
+    if not found:
+        raise IndexingError(
+            f"{url}: no .tar objects listed there; name the shards with a brace pattern "
+            "(https://host/path/shards-{000000..000009}.tar) or a list file of URLs"
+        )
+    prefix = url.rstrip("/") + "/"
+    return [prefix + p.rstrip("/").rsplit("/", 1)[-1] for p in found]
+
+
+def _common_root(urls: list[str], source: str) -> _Located:
+    """The longest common folder URL of `urls`, and each URL's name relative to it."""
+    heads = [u.rsplit("/", 1)[0] + "/" for u in urls]
+    root = os.path.commonprefix(heads)
+    root = root[: root.rfind("/") + 1]
+    scheme_end = root.find("://") + 3
+    if scheme_end < 3 or "/" not in root[scheme_end:]:
+        raise IndexingError(
+            f"{source}: the shard URLs share no scheme and host (e.g. http://host/path/); "
+            "index each store on its own"
+        )
+    names = [u[len(root) :] for u in urls]
+    if len(set(names)) != len(names):
+        raise IndexingError(f"{source}: a shard URL is listed twice")
+    return _Located(root, names, None)
+
+
+def _split_of(name: str, patterns: dict[str, str], prefixes: set[str]) -> str | None:
+    if patterns:
+        base = name.rsplit("/", 1)[-1]
+        for split, pattern in patterns.items():
+            if fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(base, pattern):
+                return split
+        return None
+    prefix = _prefix(name)
+    if len(prefixes) == 1 and prefix not in _KNOWN_SPLITS:
+        return "train"
+    return prefix
+
+
+def _prefix(name: str) -> str:
+    """`train` of `train-000000.tar` (also `train_000000.tar`, `dir/train-0.tar`)."""
+    stem = name.rsplit("/", 1)[-1].removesuffix(".tar")
+    return re.sub(r"[-_.]?\d+$", "", stem) or stem
+
+
+def _open(located: _Located, name: str, options: IndexOptions, stack: ExitStack):
+    if located.local_dir is not None:
+        return stack.enter_context(
+            os.fdopen(open_regular(os.path.join(located.local_dir, name)), "rb")
+        )
+    from fastdata.remote.fs import filesystem
+
+    url = located.data_root + name
+    fs, path = filesystem(url, options.storage_options, options.timeouts)  # type: ignore[arg-type]
+    kwargs = {"block_size": 0} if url.split("://", 1)[0].lower() in ("http", "https") else {}
+    return stack.enter_context(fs.open(path, "rb", **kwargs))
+
+
+def _scan(located: _Located, name: str, options: IndexOptions) -> ScannedTar:
+    """Scan one tar; a remote one is streamed again from the start after a transient failure."""
+
+    where = located.data_root + name if located.local_dir is None else located.data_root
+    where = where if located.local_dir is None else os.path.join(where, name)
+
+    def once() -> ScannedTar | ForeignTarError:
+        with ExitStack() as stack:
+            try:
+                return scan_tar(_open(located, name, options, stack), name, where)
+            except ForeignTarError as exc:  # the tar itself is wrong: no retry
+                return exc
+
+    if located.local_dir is not None:
+        result = once()
+    else:
+        from fastdata.remote.retry import DEFAULT_RETRY, retry_call
+
+        url = located.data_root + name
+        result = retry_call(once, url, "download", options.retry or DEFAULT_RETRY)  # type: ignore[arg-type]
+    if isinstance(result, ForeignTarError):
+        raise result
+    return result
+
+
+def index_shards(
+    source: str | os.PathLike[str],
+    out: str | os.PathLike[str] | None = None,
+    options: IndexOptions | None = None,
+) -> Manifest:
+    """Index other tools' WebDataset tars in place and write OUT's manifest.
+
+    Args:
+        source: a folder of tars (searched recursively), a URL or URL pattern in brace notation,
+            or a local list file of URLs.
+        out: the folder for the manifest, index and digest files; None: SOURCE itself (a
+            writable local folder).
+        options: splits, classes, remote settings.
+
+    Returns:
+        The manifest, as loaded back from OUT.
+
+    Raises:
+        IndexingError: no tars, OUT missing where it is needed, a split without tars, labels
+            outside the given classes, samples lacking a field's component.
+        ForeignTarError: a tar that cannot be indexed (names the tar and the member).
+        RemoteError: a remote tar that cannot be read after the retries (names the URL).
+    """
+    options = options or IndexOptions()
+    text = os.fspath(source)
+    located = _locate(text, options)
+    if out is None:
+        if located.local_dir is None or not os.access(located.local_dir, os.W_OK):
+            raise IndexingError(
+                f"{text} is {'a URL' if located.local_dir is None else 'read-only'}: pass "
+                "--out OUT, a local folder for the manifest and index files"
+            )
+        out = located.local_dir
+    out_dir = Path(out).resolve()
+    in_place = located.local_dir is not None and Path(located.local_dir) == out_dir
+    _check_out(out_dir)
+    prefixes = {_prefix(n) for n in located.names}
+    by_split: dict[str, list[str]] = {}
+    for name in located.names:
+        split = _split_of(name, options.splits, prefixes)
+        if split is None:
+            log.warning("%s matches no --split pattern: left out", name)
+            continue
+        by_split.setdefault(split, []).append(name)
+    for split in options.splits:
+        if split not in by_split:
+            raise IndexingError(
+                f"--split {split}={options.splits[split]!r} matches none of the {len(located.names)} "
+                f"tars in {text}"
+            )
+    scanned = {
+        split: [_scan(located, name, options) for name in names]
+        for split, names in by_split.items()
+    }
+    classes = _classes(scanned, options.classes)
+    splits = {split: _split_info(split, tars, len(classes)) for split, tars in scanned.items()}
+    manifest = Manifest(
+        root=str(out_dir),
+        classes=classes,
+        splits={s: info for s, (info, _) in splits.items()},
+        source={"kind": SOURCE_KIND, "path": text, "tars": sum(map(len, by_split.values()))},
+        seed=0,
+        fastdata_version=__version__,
+        data_root=None if in_place else located.data_root.rstrip("/"),
+    )
+    _write(out_dir, [t for tars in scanned.values() for t in tars], manifest)
+    return load_manifest(out_dir)
+
+
+def _check_out(out_dir: Path) -> None:
+    existing = out_dir / MANIFEST_NAME
+    if not existing.exists():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        return
+    try:
+        kind = load_manifest(out_dir).source.get("kind")
+    except (ValueError, OSError):
+        kind = None
+    if kind != SOURCE_KIND:
+        raise IndexingError(
+            f"{out_dir} already holds a manifest not written by `fastdata index`; choose "
+            "another --out (nothing was written)"
+        )
+
+
+def _classes(scanned: dict[str, list[ScannedTar]], given: list[str] | None) -> list[str]:
+    labels = [
+        (tar.name, key, label)
+        for tars in scanned.values()
+        for tar in tars
+        for key, label in zip(tar.keys, tar.labels, strict=True)
+        if label is not None
+    ]
+    if given is None:
+        top = max((label for _, _, label in labels), default=-1)
+        return [str(i) for i in range(top + 1)]
+    for name, key, label in labels:
+        if label >= len(given):
+            raise IndexingError(
+                f"{name}: sample {key!r} has 'cls' {label}, outside the {len(given)} classes "
+                "of --classes; fix the class file or the tar"
+            )
+    return list(given)
+
+
+def _split_info(split: str, tars: list[ScannedTar], num_classes: int) -> tuple[SplitInfo, None]:
+    components = {c for tar in tars for comps in tar.components for c in comps}
+    fields = infer_fields(components)
+    image = fields.get("image")
+    if image is None:
+        raise IndexingError(
+            f"split {split!r} ({tars[0].name}, ...) holds no image component (jpg, png, "
+            f"webp); found {sorted(components)}"
+        )
+    if "rgb" in image.components:
+        raise IndexingError(
+            f"split {split!r}: 'rgb' members (raw pixels) carry no shape a reader could use; "
+            "store the images encoded (jpg, png)"
+        )
+    _check_samples(tars, fields)
+    counts = [0] * num_classes
+    for tar in tars:
+        for label in tar.labels:
+            if label is not None:
+                counts[label] += 1
+    exts = set(image.components)
+    encoding = "jpeg" if exts == {"jpg"} else "png" if exts == {"png"} else "mixed"
+    plain = is_classification(fields) and exts <= {"jpg", "png"}
+    shards = [
+        ShardInfo(
+            name=tar.name,
+            index=tar.name.removesuffix(".tar") + ".idx",
+            num_samples=tar.num_samples,
+            bytes=tar.bytes,
+            sha256=tar.sha256,
+            index_sha256=_sha(tar.index_text),
+            sums=tar.name.removesuffix(".tar") + ".sum",
+            sums_sha256=_sha(tar.sums_text),
+        )
+        for tar in tars
+    ]
+    info = SplitInfo(
+        shards=shards,
+        class_counts=counts if "label" in fields else [],
+        encoding=encoding,
+        fields=None if plain else fields,
+    )
+    return info, None
+
+
+def _check_samples(tars: Iterable[ScannedTar], fields: dict[str, FieldSpec]) -> None:
+    """Every sample holds every field (an image or label in any of its components)."""
+    for tar in tars:
+        for key, comps in zip(tar.keys, tar.components, strict=True):
+            have = set(comps)
+            for spec in fields.values():
+                some = spec.kind in ("image", "label")
+                ok = bool(have & set(spec.components)) if some else set(spec.components) <= have
+                if not ok:
+                    raise IndexingError(
+                        f"{tar.name}: sample {key!r} has no {spec.name} ({'/'.join(spec.components)}) "
+                        f"while other samples of its split do (it has {sorted(have)}); a reader "
+                        "would fail on it: fix or drop the sample"
+                    )
+
+
+def _sha(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _write(out_dir: Path, tars: list[ScannedTar], manifest: Manifest) -> None:
+    """Every index and digest file under a temporary name, then renamed; the manifest last."""
+    suffix = f".tmp-{os.getpid()}"
+    pending: list[tuple[Path, Path]] = []
+    try:
+        for tar in tars:
+            stem = tar.name.removesuffix(".tar")
+            for ext, text in ((".idx", tar.index_text), (".sum", tar.sums_text)):
+                final = out_dir / (stem + ext)
+                final.parent.mkdir(parents=True, exist_ok=True)
+                tmp = final.with_name(final.name + suffix)
+                tmp.write_text(text)
+                pending.append((tmp, final))
+        for tmp, final in pending:
+            os.replace(tmp, final)
+        manifest.save(out_dir)
+    finally:
+        for tmp, _ in pending:
+            tmp.unlink(missing_ok=True)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add `fastdata index` to the CLI."""
+    p = sub.add_parser(
+        "index",
+        help="index other tools' WebDataset tars in place (manifest + DALI index, tars untouched)",
+    )
+    p.add_argument("source", help="folder of tars, URL pattern (shards-{000..009}.tar) or URL list")
+    p.add_argument(
+        "--out", default=None, help="folder for manifest and index files (default: SOURCE)"
+    )
+    p.add_argument(
+        "--split",
+        action="append",
+        default=[],
+        metavar="NAME=PATTERN",
+        help="tars matching PATTERN form split NAME (default: by file-name prefix)",
+    )
+    p.add_argument("--classes", default=None, help="file of class names, one a line")
+    p.set_defaults(func=_command)
+
+
+def _command(args: argparse.Namespace) -> int:
+    splits = {}
+    for item in args.split:
+        name, eq, pattern = item.partition("=")
+        if not eq or not name or not pattern:
+            raise SystemExit(f"--split {item!r}: expected NAME=PATTERN, e.g. train='train-*.tar'")
+        splits[name] = pattern
+    classes = None
+    if args.classes:
+        classes = [ln.strip() for ln in Path(args.classes).read_text().splitlines() if ln.strip()]
+    manifest = index_shards(args.source, args.out, IndexOptions(splits, classes))
+    for name, split in manifest.splits.items():
+        kinds = ", ".join(f"{n} ({f.kind})" for n, f in split.field_specs.items())
+        print(f"{name}: {split.num_samples} samples in {len(split.shards)} tars; fields {kinds}")
+    where = manifest.data_root or manifest.root
+    print(f"wrote {manifest.root}/{MANIFEST_NAME} (tars read from {where})")
+    return 0
