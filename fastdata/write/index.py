@@ -169,15 +169,16 @@ def _split_of(name: str, patterns: dict[str, str], prefixes: set[str]) -> str | 
                 return split
         return None
     prefix = _prefix(name)
-    if len(prefixes) == 1 and prefix not in _KNOWN_SPLITS:
+    if not prefix or (len(prefixes) == 1 and prefix not in _KNOWN_SPLITS):
         return "train"
     return prefix
 
 
 def _prefix(name: str) -> str:
-    """`train` of `train-000000.tar` (also `train_000000.tar`, `dir/train-0.tar`)."""
+    """`train` of `train-000000.tar` (also `train_000000.tar`, `dir/train-0.tar`); "" of
+    `000000.tar`."""
     stem = name.rsplit("/", 1)[-1].removesuffix(".tar")
-    return re.sub(r"[-_.]?\d+$", "", stem) or stem
+    return re.sub(r"[-_.]?\d+$", "", stem)
 
 
 def _open(located: _Located, name: str, options: IndexOptions, stack: ExitStack):
