@@ -29,8 +29,9 @@ from pathlib import Path
 from fastdata import __version__
 from fastdata.fields import FieldSpec, infer_fields, is_classification
 from fastdata.manifest import MANIFEST_NAME, Manifest, ShardInfo, SplitInfo, load_manifest
-from fastdata.read.integrity import open_regular
+from fastdata.manifest_checks import check_name
 from fastdata.write.foreign import ForeignTarError, ScannedTar, scan_tar
+from fastdata.write.locate import IndexingError, Located, expand_braces, locate, open_tar
 
 __all__ = ["IndexingError", "IndexOptions", "expand_braces", "index_shards", "register"]
 
@@ -38,12 +39,6 @@ log = logging.getLogger("fastdata")
 
 SOURCE_KIND = "webdataset-index"
 _KNOWN_SPLITS = ("train", "val", "validation", "test")
-_BRACE = re.compile(r"\{([^{}]*)\}")
-_MAX_EXPANSION = 1_000_000
-
-
-class IndexingError(ValueError):
-    """`fastdata index` cannot index the given shards (the message says what to do)."""
 
 
 @dataclass(frozen=True)
@@ -66,101 +61,6 @@ class IndexOptions:
     timeouts: object | None = None
 
 
-def expand_braces(pattern: str) -> list[str]:
-    """webdataset's brace notation: `a-{000..002}.tar` -> a-000.tar, a-001.tar, a-002.tar
-    (zero-padded to the width of the first bound); `{x,y}` lists; several braces multiply.
-
-    Raises:
-        IndexingError: a malformed range or an expansion of more than a million names.
-    """
-    match = _BRACE.search(pattern)
-    if match is None:
-        return [pattern]
-    body = match.group(1)
-    if ".." in body:
-        first, _, last = body.partition("..")
-        if not (first.isdigit() and last.isdigit()) or int(last) < int(first):
-            raise IndexingError(f"{pattern!r}: {{{body}}} is not a range N..M with N <= M")
-        width = len(first)
-        choices = [f"{i:0{width}d}" for i in range(int(first), int(last) + 1)]
-    else:
-        choices = body.split(",")
-    if len(choices) > _MAX_EXPANSION:
-        raise IndexingError(f"{pattern!r} expands to more than {_MAX_EXPANSION} names")
-    head, tail = pattern[: match.start()], pattern[match.end() :]
-    return [name for c in choices for name in expand_braces(head + c + tail)]
-
-
-@dataclass(frozen=True)
-class _Located:
-    data_root: str  # an absolute folder or a URL prefix ending in "/"
-    names: list[str]  # tar names relative to it
-    local_dir: str | None  # the folder, for a local source
-
-
-def _locate(source: str, options: IndexOptions) -> _Located:
-    """The tars of SOURCE: a folder, a URL (pattern), or a list file of URLs."""
-    if "://" in source:
-        urls = expand_braces(source)
-        if len(urls) == 1 and not urls[0].endswith(".tar"):
-            urls = _list_remote(urls[0], options)
-        return _common_root(urls, source)
-    path = Path(source)
-    if path.is_dir():
-        root = path.resolve()
-        names = sorted(
-            p.relative_to(root).as_posix()
-            for p in root.rglob("*.tar")
-            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
-        )
-        if not names:
-            raise IndexingError(f"{source}: no .tar files in this folder or below it")
-        return _Located(str(root), names, str(root))
-    if path.is_file():
-        lines = [ln.strip() for ln in path.read_text().splitlines()]
-        urls = [
-            u for line in lines if line and not line.startswith("#") for u in expand_braces(line)
-        ]
-        if not urls or not all("://" in u for u in urls):
-            raise IndexingError(
-                f"{source}: a list file must hold one shard URL a line (http(s)://, s3://, "
-                "gs://); for local tars pass their folder"
-            )
-        return _common_root(urls, source)
-    raise IndexingError(f"{source}: no such folder, list file or URL")
-
-
-def _list_remote(url: str, options: IndexOptions) -> list[str]:
-    from fastdata.remote.fs import filesystem
-
-    fs, path = filesystem(url, options.storage_options, options.timeouts)  # type: ignore[arg-type]
-    found = sorted(fs.glob(path.rstrip("/") + "/*.tar"))
-    if not found:
-        raise IndexingError(
-            f"{url}: no .tar objects listed there; name the shards with a brace pattern "
-            "(https://host/path/shards-{000000..000009}.tar) or a list file of URLs"
-        )
-    prefix = url.rstrip("/") + "/"
-    return [prefix + p.rstrip("/").rsplit("/", 1)[-1] for p in found]
-
-
-def _common_root(urls: list[str], source: str) -> _Located:
-    """The longest common folder URL of `urls`, and each URL's name relative to it."""
-    heads = [u.rsplit("/", 1)[0] + "/" for u in urls]
-    root = os.path.commonprefix(heads)
-    root = root[: root.rfind("/") + 1]
-    scheme_end = root.find("://") + 3
-    if scheme_end < 3 or "/" not in root[scheme_end:]:
-        raise IndexingError(
-            f"{source}: the shard URLs share no scheme and host (e.g. http://host/path/); "
-            "index each store on its own"
-        )
-    names = [u[len(root) :] for u in urls]
-    if len(set(names)) != len(names):
-        raise IndexingError(f"{source}: a shard URL is listed twice")
-    return _Located(root, names, None)
-
-
 def _split_of(name: str, patterns: dict[str, str], prefixes: set[str]) -> str | None:
     if patterns:
         base = name.rsplit("/", 1)[-1]
@@ -181,20 +81,7 @@ def _prefix(name: str) -> str:
     return re.sub(r"[-_.]?\d+$", "", stem)
 
 
-def _open(located: _Located, name: str, options: IndexOptions, stack: ExitStack):
-    if located.local_dir is not None:
-        return stack.enter_context(
-            os.fdopen(open_regular(os.path.join(located.local_dir, name)), "rb")
-        )
-    from fastdata.remote.fs import filesystem
-
-    url = located.data_root + name
-    fs, path = filesystem(url, options.storage_options, options.timeouts)  # type: ignore[arg-type]
-    kwargs = {"block_size": 0} if url.split("://", 1)[0].lower() in ("http", "https") else {}
-    return stack.enter_context(fs.open(path, "rb", **kwargs))
-
-
-def _scan(located: _Located, name: str, options: IndexOptions) -> ScannedTar:
+def _scan(located: Located, name: str, options: IndexOptions) -> ScannedTar:
     """Scan one tar; a remote one is streamed again from the start after a transient failure."""
 
     where = located.data_root + name if located.local_dir is None else located.data_root
@@ -203,7 +90,7 @@ def _scan(located: _Located, name: str, options: IndexOptions) -> ScannedTar:
     def once() -> ScannedTar | ForeignTarError:
         with ExitStack() as stack:
             try:
-                return scan_tar(_open(located, name, options, stack), name, where)
+                return scan_tar(open_tar(located, name, options, stack), name, where)
             except ForeignTarError as exc:  # the tar itself is wrong: no retry
                 return exc
 
@@ -244,7 +131,7 @@ def index_shards(
     """
     options = options or IndexOptions()
     text = os.fspath(source)
-    located = _locate(text, options)
+    located = locate(text, options)
     if out is None:
         if located.local_dir is None or not os.access(located.local_dir, os.W_OK):
             raise IndexingError(
@@ -255,6 +142,8 @@ def index_shards(
     out_dir = Path(out).resolve()
     in_place = located.local_dir is not None and Path(located.local_dir) == out_dir
     _check_out(out_dir)
+    for name in located.names:  # what the manifest's loader would refuse, before any read
+        check_name(located.data_root, name, f"{text}: tar")
     prefixes = {_prefix(n) for n in located.names}
     by_split: dict[str, list[str]] = {}
     for name in located.names:
