@@ -19,9 +19,11 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import logging
+import multiprocessing as mp
 import os
 import re
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -52,6 +54,8 @@ class IndexOptions:
         storage_options: for URLs, passed to fsspec.
         retry: the retry policy of each tar's download (None: the default).
         timeouts: connect and read timeouts (None: `Timeouts.from_env()`).
+        workers: tars read at once (processes for local tars, threads for URLs); None: the
+            usable cores.
     """
 
     splits: dict[str, str] = field(default_factory=dict)
@@ -59,6 +63,7 @@ class IndexOptions:
     storage_options: dict | None = None
     retry: object | None = None
     timeouts: object | None = None
+    workers: int | None = None
 
 
 def _split_of(name: str, patterns: dict[str, str], prefixes: set[str]) -> str | None:
@@ -104,6 +109,20 @@ def _scan(located: Located, name: str, options: IndexOptions) -> ScannedTar:
     if isinstance(result, ForeignTarError):
         raise result
     return result
+
+
+def _scan_all(located: Located, names: list[str], options: IndexOptions) -> list[ScannedTar]:
+    """`_scan` of every tar, in order: in forked processes for local tars (tarfile's header
+    parsing is the cost), in threads for remote ones (the network is)."""
+    workers = min(options.workers or len(os.sched_getaffinity(0)), len(names))
+    if workers <= 1:
+        return [_scan(located, name, options) for name in names]
+    jobs = [(located, name, options) for name in names]
+    if located.local_dir is None:
+        with ThreadPoolExecutor(workers, thread_name_prefix="fastdata-index") as pool:
+            return list(pool.map(lambda job: _scan(*job), jobs))
+    with mp.get_context("fork").Pool(workers) as pool:  # terminated on leaving, even on error
+        return pool.starmap(_scan, jobs, chunksize=1)
 
 
 def index_shards(
@@ -158,10 +177,9 @@ def index_shards(
                 f"--split {split}={options.splits[split]!r} matches none of the {len(located.names)} "
                 f"tars in {text}"
             )
-    scanned = {
-        split: [_scan(located, name, options) for name in names]
-        for split, names in by_split.items()
-    }
+    order = [name for names in by_split.values() for name in names]
+    found = dict(zip(order, _scan_all(located, order, options), strict=True))
+    scanned = {split: [found[name] for name in names] for split, names in by_split.items()}
     classes = _classes(scanned, options.classes)
     splits = {split: _split_info(split, tars, len(classes)) for split, tars in scanned.items()}
     manifest = Manifest(
@@ -319,6 +337,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="tars matching PATTERN form split NAME (default: by file-name prefix)",
     )
     p.add_argument("--classes", default=None, help="file of class names, one a line")
+    p.add_argument(
+        "--workers", type=int, default=None, help="tars read at once (default: usable cores)"
+    )
     p.set_defaults(func=_command)
 
 
@@ -332,7 +353,9 @@ def _command(args: argparse.Namespace) -> int:
     classes = None
     if args.classes:
         classes = [ln.strip() for ln in Path(args.classes).read_text().splitlines() if ln.strip()]
-    manifest = index_shards(args.source, args.out, IndexOptions(splits, classes))
+    manifest = index_shards(
+        args.source, args.out, IndexOptions(splits, classes, workers=args.workers)
+    )
     for name, split in manifest.splits.items():
         kinds = ", ".join(f"{n} ({f.kind})" for n, f in split.field_specs.items())
         print(f"{name}: {split.num_samples} samples in {len(split.shards)} tars; fields {kinds}")
