@@ -181,3 +181,40 @@ def test_tampered_sample_and_label_are_caught(cls_shards: Path, tmp_path: Path) 
     with pytest.raises(ShardReadError, match=r"sample '000001'.*'cls' label 9 is outside"):
         reader.sample(0, 1)
     reader.close()
+
+
+def test_flaky_and_failing_servers(cls_shards: Path, tmp_path: Path) -> None:
+    """Cut bodies, resets and 503s are retried from the tar's start (the result is the tars'
+    own sha256); a tar that keeps failing names its URL and leaves OUT without a file."""
+    pytest.importorskip("aiohttp")
+    from fastdata.remote import RemoteError, RetryPolicy
+    from tests.remote.servers import FaultPlan, FaultProxy, FileServer
+
+    before = sha256s(cls_shards)
+    server = FileServer(cls_shards)
+    fast = RetryPolicy(attempts=8, base_delay=0.01, max_delay=0.05)
+    try:
+        plan = FaultPlan(every_503=4, every_short=3, resets=frozenset({2}))
+        proxy = FaultProxy(server.url, plan)
+        try:
+            opts = IndexOptions(retry=fast, workers=1)
+            manifest = index_shards(
+                f"{proxy.url}/train-{{000000..000002}}.tar", tmp_path / "a", opts
+            )
+            assert min(plan.injected[f] for f in ("503", "short", "reset")) >= 1  # all met
+        finally:
+            proxy.stop()
+        assert [s.sha256 for s in manifest.split("train").shards] == [
+            before[f"train-{i:06d}.tar"] for i in range(3)
+        ]
+        proxy = FaultProxy(server.url, FaultPlan(fail_paths=frozenset({"/train-000001.tar"})))
+        out = tmp_path / "b"
+        try:
+            pattern = f"{proxy.url}/train-{{000000..000002}}.tar"
+            with pytest.raises(RemoteError, match=r"train-000001.tar"):
+                index_shards(pattern, out, IndexOptions(retry=fast, workers=2))
+        finally:
+            proxy.stop()
+        assert not out.exists() or not any(out.rglob("*"))  # nothing half-written
+    finally:
+        server.stop()
