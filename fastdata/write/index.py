@@ -185,7 +185,7 @@ def index_shards(
     manifest = Manifest(
         root=str(out_dir),
         classes=classes,
-        splits={s: info for s, (info, _) in splits.items()},
+        splits=splits,
         source={"kind": SOURCE_KIND, "path": text, "tars": sum(map(len, by_split.values()))},
         seed=0,
         fastdata_version=__version__,
@@ -196,9 +196,8 @@ def index_shards(
 
 
 def _check_out(out_dir: Path) -> None:
-    existing = out_dir / MANIFEST_NAME
-    if not existing.exists():
-        out_dir.mkdir(parents=True, exist_ok=True)
+    """Refuse an OUT that holds another kind of dataset (re-indexing into OUT is fine)."""
+    if not (out_dir / MANIFEST_NAME).exists():
         return
     try:
         kind = load_manifest(out_dir).source.get("kind")
@@ -231,7 +230,7 @@ def _classes(scanned: dict[str, list[ScannedTar]], given: list[str] | None) -> l
     return list(given)
 
 
-def _split_info(split: str, tars: list[ScannedTar], num_classes: int) -> tuple[SplitInfo, None]:
+def _split_info(split: str, tars: list[ScannedTar], num_classes: int) -> SplitInfo:
     components = {c for tar in tars for comps in tar.components for c in comps}
     fields = infer_fields(components)
     image = fields.get("image")
@@ -267,13 +266,12 @@ def _split_info(split: str, tars: list[ScannedTar], num_classes: int) -> tuple[S
         )
         for tar in tars
     ]
-    info = SplitInfo(
+    return SplitInfo(
         shards=shards,
         class_counts=counts if "label" in fields else [],
         encoding=encoding,
         fields=None if plain else fields,
     )
-    return info, None
 
 
 def _check_samples(tars: Iterable[ScannedTar], fields: dict[str, FieldSpec]) -> None:
@@ -302,6 +300,7 @@ def _write(out_dir: Path, tars: list[ScannedTar], manifest: Manifest) -> None:
     """Every index and digest file under a temporary name, then renamed; the manifest last."""
     suffix = f".tmp-{os.getpid()}"
     pending: list[tuple[Path, Path]] = []
+    out_dir.mkdir(parents=True, exist_ok=True)
     try:
         for tar in tars:
             stem = tar.name.removesuffix(".tar")

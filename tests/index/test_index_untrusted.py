@@ -62,7 +62,7 @@ def test_bad_members_name_the_tar_and_member(tmp_path: Path, member: str, patter
     out = tmp_path / "out"
     with pytest.raises(ForeignTarError, match=r"train-000000.tar: " + pattern):
         index_shards(tmp_path / "wds", out)
-    assert not out.exists() or not any(out.iterdir())  # nothing written
+    assert not out.exists()  # nothing written
 
 
 def test_link_member_is_refused(tmp_path: Path) -> None:
@@ -88,7 +88,7 @@ def test_truncated_tar_names_tar_and_member(tmp_path: Path, cut: str) -> None:
     out = tmp_path / "out"
     with pytest.raises(ForeignTarError, match=r"train-000000.tar: .*after member '0002.jpg'"):
         index_shards(tmp_path / "wds", out)
-    assert not out.exists() or not any(out.iterdir())
+    assert not out.exists()
 
 
 def test_any_writers_headers_are_read(tmp_path: Path) -> None:
