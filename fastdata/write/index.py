@@ -87,10 +87,15 @@ def _prefix(name: str) -> str:
 
 
 def _scan(located: Located, name: str, options: IndexOptions) -> ScannedTar:
-    """Scan one tar; a remote one is streamed again from the start after a transient failure."""
+    """Scan one tar; a remote one is streamed again from the start after a transient failure.
 
-    where = located.data_root + name if located.local_dir is None else located.data_root
-    where = where if located.local_dir is None else os.path.join(where, name)
+    Raises:
+        ForeignTarError: the tar cannot be indexed (names it and the member).
+        IndexingError: no such file or object (names its path or URL).
+        RemoteError: a remote tar still failing after the retries (names the URL).
+    """
+    remote = located.local_dir is None
+    where = located.data_root + name if remote else os.path.join(located.data_root, name)
 
     def once() -> ScannedTar | ForeignTarError:
         with ExitStack() as stack:
@@ -99,13 +104,21 @@ def _scan(located: Located, name: str, options: IndexOptions) -> ScannedTar:
             except ForeignTarError as exc:  # the tar itself is wrong: no retry
                 return exc
 
-    if located.local_dir is not None:
-        result = once()
-    else:
-        from fastdata.remote.retry import DEFAULT_RETRY, retry_call
+    try:
+        if remote:
+            from fastdata.remote.retry import DEFAULT_RETRY, retry_call
 
-        url = located.data_root + name
-        result = retry_call(once, url, "download", options.retry or DEFAULT_RETRY)  # type: ignore[arg-type]
+            policy = options.retry or DEFAULT_RETRY
+            result = retry_call(once, where, "download", policy)  # type: ignore[arg-type]
+        else:
+            result = once()
+    except FileNotFoundError as exc:
+        cause = exc.__cause__ or exc.__context__
+        why = f" ({type(cause).__name__}: {cause})" if cause is not None else ""
+        raise IndexingError(
+            f"{where}: no such {'object, or its server did not answer' if remote else 'file'}"
+            f"{why}; check the path or URL"
+        ) from exc
     if isinstance(result, ForeignTarError):
         raise result
     return result

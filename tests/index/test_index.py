@@ -118,6 +118,9 @@ def test_over_http_brace_pattern_and_list_file(cls_shards: Path, tmp_path: Path)
         index_shards(pattern, out)  # 4 of the 5 tars...
         with pytest.raises(IndexingError, match="--out"):
             index_shards(pattern)  # a URL needs --out
+        with pytest.raises(IndexingError, match=r"/train-000009.tar: no such object"):
+            index_shards(f"{server.url}/train-00000{{2,9}}.tar", tmp_path / "none")
+        assert not (tmp_path / "none").exists()
         manifest = index_shards(listed, tmp_path / "one")  # ...and a list file
         assert manifest.data_root == server.url and manifest.split("train").num_samples == 6
         full = tmp_path / "all"
