@@ -13,6 +13,10 @@ A sample ``<split>_<sample_id:08d>`` has these components (tar members ``<key>.<
 | ``cls``   | the label as ASCII decimal (the WebDataset convention) |
 | ``lid``   | 16 bytes: little-endian int64 label, then int64 sample id (binary readers, DALI) |
 
+Other tools' shards, read in place through `fastdata index`, keep their own keys (members grouped
+as webdataset groups them: `split_member`) and have no ``lid``: the label is ``cls``, the sample id
+the sample's position in its split.
+
 Beside each shard, a ``sums`` file lists a BLAKE2b-128 digest of every sample's components
 (`sample_digest`), for readers that check samples (`verify_samples=True`): a header line
 ``fastdata-sums v1 blake2b-128 N``, then ``KEY HEX`` for each of the N samples in shard order.
