@@ -145,10 +145,10 @@ def scan_tar(stream: BinaryIO, name: str, where: str | None = None) -> ScannedTa
                     end = member.offset_data
                     continue
                 member_where = f"{where}: member {member.name!r}"
-                if not member.isreg():
+                if not member.isreg() or member.issparse():
                     raise ForeignTarError(
-                        f"{member_where} is a link or special file, not a sample's data; "
-                        "re-write the tar with regular members only"
+                        f"{member_where} is a link, sparse or special file, not a sample's "
+                        "data in one piece; re-write the tar with regular members only"
                     )
                 _check_member_name(member.name, member_where)
                 parsed = split_member(member.name)
