@@ -51,7 +51,14 @@ def split_from_dict(root: str, name: str, sp: Any, num_classes: int) -> SplitInf
             f"{num_classes}; re-run `fastdata shard`"
         )
     listed = sum(shard.num_samples for shard in shards)
-    if sum(counts) != listed:  # a shard entry lost (or added) leaves the counts behind
+    fields = _fields(root, name, sp.get("fields"))
+    # One label per sample: the counts add up to the samples. A split with boxes, masks or
+    # multi-labels counts each class once per sample that holds it (any sum).
+    kinds = [f.kind for f in fields.values()] if fields is not None else ["label"]
+    one_label = "label" in kinds and not {"labels", "boxes", "mask"} & set(kinds)
+    if (
+        one_label and sum(counts) != listed
+    ):  # a shard entry lost (or added) leaves the counts behind
         raise ManifestError(
             f"{root}: split {name!r} class_counts add up to {sum(counts)} samples, its shards "
             f"list {listed}; a tampered or broken manifest: re-run `fastdata shard`"
@@ -83,7 +90,7 @@ def split_from_dict(root: str, name: str, sp: Any, num_classes: int) -> SplitInf
         skipped=[SkippedSample(**s) for s in sp.get("skipped", [])],
         pixel_mean=sp.get("pixel_mean"),  # absent from older manifests: None
         pixel_std=sp.get("pixel_std"),
-        fields=_fields(root, name, sp.get("fields")),
+        fields=fields,
     )
 
 
