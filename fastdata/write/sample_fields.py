@@ -190,8 +190,7 @@ def _mask_value(
             f"{original[1]} x {original[0]}; a mask must have its image's size",
         )
     if new != original:  # --max-side shrank the image: nearest keeps the classes exact
-        mode = "I;16" if mask.dtype == np.uint16 else "L"
-        image = Image.fromarray(np.ascontiguousarray(mask), mode)
+        image = Image.fromarray(np.ascontiguousarray(mask))  # uint8 -> L, uint16 -> I;16
         mask = np.asarray(image.resize((new[1], new[0]), Image.NEAREST)).astype(mask.dtype)
     return mask
 
