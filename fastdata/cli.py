@@ -248,8 +248,8 @@ def _split_paths(args: argparse.Namespace) -> list[str | None]:
     if args.download and not inputs:
         inputs = [None]
     if len(inputs) != len(wanted):
-        raise SystemExit(
-            f"fastdata shard {args.source}: expected {' '.join(wanted)} OUT, got "
+        raise ValueError(
+            f"{args.source}: expected {' '.join(wanted)} OUT, got "
             f"{len(args.paths)} path(s)"
             + (" (or --download OUT)" if args.source.startswith("cifar") else "")
         )
@@ -264,11 +264,11 @@ def _source_options(args: argparse.Namespace) -> dict[str, Any]:
         kwargs["max_classes"] = args.max_classes
     if args.classes is not None:
         if args.source not in ("list", "segmentation"):
-            raise SystemExit("fastdata shard: --classes is for list and segmentation sources")
+            raise ValueError("--classes is for list and segmentation sources")
         kwargs["classes"] = _read_classes(args.classes)
     if args.split is not None:
         if args.source != "coco":
-            raise SystemExit("fastdata shard: --split is for the coco source")
+            raise ValueError("--split is for the coco source")
         kwargs["split"] = args.split
     if args.source == "segmentation":
         kwargs["ignore_index"] = None if args.ignore_index < 0 else args.ignore_index
@@ -281,10 +281,10 @@ def _read_classes(path: str) -> list[str]:
         with open(path, encoding="utf-8") as f:
             text = f.read(16 << 20)
     except (OSError, UnicodeDecodeError) as exc:
-        raise SystemExit(f"fastdata shard: --classes {path}: cannot read ({exc})") from exc
+        raise ValueError(f"--classes {path}: cannot read ({exc})") from exc
     names = [line.strip() for line in text.rstrip("\n").split("\n")]
     if not names or not all(names):
-        raise SystemExit(f"fastdata shard: --classes {path}: needs one non-empty name a line")
+        raise ValueError(f"--classes {path}: needs one non-empty name a line")
     return names
 
 
@@ -314,7 +314,7 @@ def _part_command(args: argparse.Namespace) -> str:
     from fastdata.sources.listfile import DEFAULT_MAX_CLASSES
     from fastdata.write.encode import DEFAULT_MAX_PIXELS
 
-    words = ["fastdata", "shard", args.source, *[p for p in args.paths[:-1]], args.out]
+    words = ["fastdata", "shard", args.source, *args.paths]
     defaults = {"seed": 0, "max_count": 10_000, "max_size": None, "encoding": "auto"}
     defaults |= {"resize": None, "quality": 90, "workers": None, "val_fraction": None}
     defaults |= {"max_side": None, "classes": None, "split": None, "ignore_index": 255}
