@@ -26,6 +26,7 @@ __all__ = [
     "column_kinds",
     "labels_of",
     "list_fields",
+    "merged_kinds",
     "text_value",
 ]
 
@@ -76,6 +77,16 @@ def column_kinds(columns: Iterable[str], csv: bool) -> dict[str, str]:
         kinds[name] = "text" if csv or name in TEXT_COLUMNS else "json"
     if len(kinds) > _MAX_COLUMNS:
         raise ColumnError(f"{len(kinds)} extra columns is more than {_MAX_COLUMNS}")
+    return kinds
+
+
+def merged_kinds(rows: Iterable[Mapping[str, Any]], csv: bool) -> dict[str, str]:
+    """Field kind of every extra column over all rows (JSONL rows may name different keys)."""
+    kinds: dict[str, str] = {}
+    for extras in rows:
+        for name in extras:
+            if name not in kinds:
+                kinds.update(column_kinds([name], csv))
     return kinds
 
 

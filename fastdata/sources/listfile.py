@@ -35,6 +35,7 @@ from fastdata.sources.listcolumns import (
     column_kinds,
     labels_of,
     list_fields,
+    merged_kinds,
     text_value,
 )
 
@@ -127,7 +128,8 @@ class ListSource:
                     "give every row a label or none",
                 )
         has_labels = any(row.labels is not None for row in rows)
-        kinds = _kinds(self.list_path, rows)
+        csv = self.list_path.suffix.lower() == ".csv"
+        kinds = merged_kinds((row.extras or {} for row in rows), csv)
         if not (has_label or has_labels or kinds):
             raise _bad(self.list_path, rows[0].line, "no 'label', 'labels' or other column")
         self._fields = list_fields(has_label, has_labels, kinds)
@@ -341,20 +343,6 @@ PARSERS: dict[str, Callable[[Path, str], list[_Row]]] = {
     ".jsonl": _parse_jsonl,
     ".ndjson": _parse_jsonl,
 }
-
-
-def _kinds(list_path: Path, rows: list[_Row]) -> dict[str, str]:
-    """Field kind of every extra column over all rows (JSONL rows may name different keys)."""
-    kinds: dict[str, str] = {}
-    for row in rows:
-        for name in row.extras or {}:
-            csv = list_path.suffix.lower() == ".csv"
-            kinds.setdefault(name, "text" if csv else _json_kind(name))
-    return kinds
-
-
-def _json_kind(name: str) -> str:
-    return column_kinds([name], csv=False)[name]
 
 
 def _as_index(label: int | str) -> int | None:
