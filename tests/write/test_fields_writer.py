@@ -170,3 +170,13 @@ def test_verify_decodes_every_field_and_names_the_one_that_fails(tmp_path: Path)
         "train-00000" in bad and "train_0000000" in bad and "field 'caption'" in bad
         for bad in report.bad_samples
     )
+
+
+def test_max_side_shrinks_array_sources_too(tmp_path: Path) -> None:
+    from tests.conftest import unique_label_source
+
+    options = ShardOptions(max_count=64, workers=1, progress=False, max_side=4)
+    manifest = write_shards(unique_label_source(), tmp_path / "out", options)
+    train = manifest.split("train")
+    assert (train.encoding, train.raw_shape, train.fields) == ("raw", [4, 4, 3], None)
+    assert verify(tmp_path / "out", progress=False).ok
