@@ -93,7 +93,7 @@ class SegmentationSource:
 
     def _scan_max(self) -> int:
         """The largest class value over every mask (unreadable masks move to `skipped`)."""
-        from fastdata.write.encode import BadSampleError
+        from fastdata.write.encode import DEFAULT_MAX_PIXELS, BadSampleError
         from fastdata.write.sample_fields import read_mask
 
         top = 0
@@ -101,7 +101,9 @@ class SegmentationSource:
             kept = []
             for image, mask in pairs:
                 try:
-                    values = read_mask(MaskFile(self.masks / mask), None, str(self.images / image))
+                    values = read_mask(
+                        MaskFile(self.masks / mask), DEFAULT_MAX_PIXELS, str(self.images / image)
+                    )
                 except BadSampleError as exc:
                     self.skipped.setdefault(split, []).append((exc.origin, exc.reason))
                     continue
