@@ -387,7 +387,7 @@ def _write_job(job: ShardJob) -> int:
             exts.add(encoded.ext)
             if job.split == "train":
                 pixels.add(encoded.ext, encoded.data, encoded.height, encoded.width)
-            for label in map(str, classes if parts is not None else (item.label,)):
+            for label in map(str, sorted(classes) if parts is not None else (item.label,)):
                 result.class_counts[label] = result.class_counts.get(label, 0) + 1
     except BaseException:
         writer.abort()
