@@ -1,6 +1,6 @@
 """The `fastdata` command line: a thin layer over library functions.
 
-fastdata shard SOURCE INPUT OUT [options]   # cifar10 | cifar100 | folder | list
+fastdata shard SOURCE INPUT... OUT [options]  # cifar10 | cifar100 | folder | list | coco | segmentation
 fastdata shard SOURCE INPUT OUT --part I/N  # part I of N, on any machine; then:
 fastdata merge OUT                          # check the parts, write the manifest
 fastdata index DIR_OR_URL [--out OUT]       # other tools' WebDataset tars, read in place
@@ -54,11 +54,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_LIST_COLUMNS = """\
+list files (CSV with a header, or JSON Lines): `path` (required), `split` (optional), and
+  label    one class (index or name)              -> a `label` field (cls)
+  labels   several classes: a JSON list, or "a;b" -> a `labels` field (multi-label)
+  caption / text                                 -> a text field (txt)
+  any other column: CSV text -> a text field `<name>.txt`; JSONL values -> a json field
+  `<name>.json` (strings stay text). Only path + label (+ split): classification, (x, y)."""
+
+
 def _add_shard(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("shard", help="convert a dataset into tar shards + manifest + DALI index")
-    p.add_argument("source", choices=["cifar10", "cifar100", "folder", "list"])
-    p.add_argument("input", nargs="?", help="archive, folder or list file (omit with --download)")
-    p.add_argument("out", help="output folder, or s3://bucket/prefix (uploaded, manifest last)")
+    from fastdata.sources import REGISTRY
+
+    kinds = "\n".join(
+        f"  {k.name:<13} {' '.join(k.inputs)} OUT: {k.help}" for k in REGISTRY.values()
+    )
+    p = sub.add_parser(
+        "shard",
+        help="convert a dataset into tar shards + manifest + DALI index",
+        description="Convert a dataset into tar shards + manifest + DALI index.",
+        epilog=f"sources:\n{kinds}\n\n{_LIST_COLUMNS}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("source", choices=list(REGISTRY), help="the kind of dataset (see below)")
+    p.add_argument(
+        "paths",
+        nargs="+",
+        metavar="INPUT... OUT",
+        help="the source's inputs (archive, folder or list file; IMAGES ANNOTATIONS for coco; "
+        "IMAGES MASKS for segmentation; none for cifar with --download), then the output folder "
+        "or s3://bucket/prefix (uploaded, manifest last)",
+    )
     p.add_argument(
         "--download", action="store_true", help="cifar: download the official archive (MD5-checked)"
     )
@@ -84,6 +110,27 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:
         metavar="F",
         help="carve this share of the training split into a 'val' split (seeded by --seed), "
         "for sources without one (cifar10/100, a folder without val/, a list file)",
+    )
+    p.add_argument(
+        "--max-side",
+        type=int,
+        default=None,
+        metavar="N",
+        help="store images no larger than N pixels on their longer side (resized, JPEG "
+        "re-encoded at --quality only when shrunk; masks and boxes move with them)",
+    )
+    p.add_argument(
+        "--classes",
+        default=None,
+        metavar="FILE",
+        help="list, segmentation: class names, one a line (index i = line i)",
+    )
+    p.add_argument("--split", default=None, help="coco: the split's name (default train)")
+    p.add_argument(
+        "--ignore-index",
+        type=int,
+        default=255,
+        help="segmentation: the mask value of pixels with no class (default 255; -1: none)",
     )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
@@ -156,12 +203,8 @@ def _shard(args: argparse.Namespace) -> int:
         raise SystemExit(
             f"fastdata shard: --download is only for cifar10/cifar100, not {args.source}"
         )
-    kwargs: dict[str, Any] = {"download": True} if args.download else {}
-    if args.source == "list":
-        kwargs["max_classes"] = args.max_classes
-    if args.input is None and not args.download:
-        raise SystemExit("fastdata shard: give INPUT, or --download for cifar10/cifar100")
-    source = open_source(args.source, args.input, **kwargs)
+    inputs = _split_paths(args)
+    source = open_source(args.source, *inputs, **_source_options(args))
     options = ShardOptions(
         seed=args.seed,
         max_count=args.max_count,
@@ -177,6 +220,7 @@ def _shard(args: argparse.Namespace) -> int:
         max_bad=args.max_bad,
         max_pixels=args.max_pixels,
         lock_timeout=args.lock_timeout,
+        max_side=args.max_side,
     )
     try:
         if args.part is not None:
@@ -195,6 +239,55 @@ def _shard(args: argparse.Namespace) -> int:
     print(summarize(manifest))
     print(f"wrote {args.out}/{MANIFEST_NAME}")
     return 0
+
+
+def _split_paths(args: argparse.Namespace) -> list[str | None]:
+    """The source's inputs from `paths` (OUT, the last, goes to `args.out`); checks the count."""
+    from fastdata.sources import REGISTRY
+
+    wanted = REGISTRY[args.source].inputs
+    *inputs, args.out = args.paths
+    if args.download and not inputs:
+        inputs = [None]
+    if len(inputs) != len(wanted):
+        raise ValueError(
+            f"{args.source}: expected {' '.join(wanted)} OUT, got "
+            f"{len(args.paths)} path(s)"
+            + (" (or --download OUT)" if args.source.startswith("cifar") else "")
+        )
+    args.input = inputs[0]
+    return inputs
+
+
+def _source_options(args: argparse.Namespace) -> dict[str, Any]:
+    """Keyword options of the source class from the shard flags that concern it."""
+    kwargs: dict[str, Any] = {"download": True} if args.download else {}
+    if args.source == "list":
+        kwargs["max_classes"] = args.max_classes
+    if args.classes is not None:
+        if args.source not in ("list", "segmentation"):
+            raise ValueError("--classes is for list and segmentation sources")
+        kwargs["classes"] = _read_classes(args.classes)
+    if args.split is not None:
+        if args.source != "coco":
+            raise ValueError("--split is for the coco source")
+        kwargs["split"] = args.split
+    if args.source == "segmentation":
+        kwargs["ignore_index"] = None if args.ignore_index < 0 else args.ignore_index
+    return kwargs
+
+
+def _read_classes(path: str) -> list[str]:
+    """Class names, one a line (blank lines at the end ignored)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read(16 << 20)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--classes {path}: cannot read ({exc})") from exc
+    names = [line.strip() for line in text.rstrip("\n").split("\n")]
+    if not names or not all(names):
+        raise ValueError(f"--classes {path}: needs one non-empty name a line")
+    return names
 
 
 def _shard_part(args: argparse.Namespace, source: Any, options: Any) -> int:
@@ -223,9 +316,10 @@ def _part_command(args: argparse.Namespace) -> str:
     from fastdata.sources.listfile import DEFAULT_MAX_CLASSES
     from fastdata.write.encode import DEFAULT_MAX_PIXELS
 
-    words = ["fastdata", "shard", args.source, *([args.input] if args.input else []), args.out]
+    words = ["fastdata", "shard", args.source, *args.paths]
     defaults = {"seed": 0, "max_count": 10_000, "max_size": None, "encoding": "auto"}
     defaults |= {"resize": None, "quality": 90, "workers": None, "val_fraction": None}
+    defaults |= {"max_side": None, "classes": None, "split": None, "ignore_index": 255}
     defaults |= {
         "max_bad": 0.1,
         "max_pixels": DEFAULT_MAX_PIXELS,

@@ -52,8 +52,12 @@ def split_from_dict(root: str, name: str, sp: Any, num_classes: int) -> SplitInf
         )
     fields = _fields(root, name, sp.get("fields"))
     listed = sum(shard.num_samples for shard in shards)
-    labelled = fields is None or any(f.kind == "label" for f in fields.values())
-    if labelled and sum(counts) != listed:  # a shard entry lost (or added) leaves the counts behind
+    # One label per sample: the counts add up to the samples. A split with boxes, masks or
+    # multi-labels counts each class once per sample that holds it (any sum); a split without
+    # labels (captions, other tools' shards) has no counts to check.
+    kinds = [f.kind for f in fields.values()] if fields is not None else ["label"]
+    one_label = "label" in kinds and not {"labels", "boxes", "mask"} & set(kinds)
+    if one_label and sum(counts) != listed:  # a shard entry lost (or added) leaves the counts
         raise ManifestError(
             f"{root}: split {name!r} class_counts add up to {sum(counts)} samples, its shards "
             f"list {listed}; a tampered or broken manifest: re-run `fastdata shard`"

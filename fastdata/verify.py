@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
+from fastdata.fields import FieldError, FieldSpec
 from fastdata.manifest import Manifest, ManifestError, ShardInfo, load_manifest
 from fastdata.read.decode import Geometry, decode_image, decode_raw
 from fastdata.read.integrity import IntegrityError, check_digest, open_regular, read_checked
@@ -40,6 +41,13 @@ def summarize(manifest: Manifest) -> str:
             f"per class {min(counts) if counts else 0}-{max(counts) if counts else 0}, "
             f"skipped {len(split.skipped)}"
         )
+        if split.fields is not None:
+            lines.append(
+                "      fields: "
+                + ", ".join(
+                    f"{n} ({f.kind}: {', '.join(f.components)})" for n, f in split.fields.items()
+                )
+            )
         for skipped in split.skipped[:10]:
             lines.append(f"      skipped {skipped.origin}: {skipped.reason}")
     return "\n".join(lines)
@@ -120,7 +128,10 @@ def verify(root: str | os.PathLike[str], progress: bool = True) -> VerifyReport:
             report.shards_checked += 1
             try:
                 _check_shard(manifest, shard, report)
-                _check_samples(reader, number, shard.num_samples, shape, report)
+                if split.fields is None:
+                    _check_samples(reader, number, shard.num_samples, shape, report)
+                else:
+                    _check_fields(reader, number, shard.num_samples, split.fields, shape, report)
             except (ShardReadError, OSError, IntegrityError) as exc:
                 reason = exc.reason if isinstance(exc, ShardReadError) else str(exc)
                 report.bad_shards.append(f"{shard.name}: {reason}")
@@ -196,3 +207,49 @@ def _check_samples(
         except (ShardReadError, ValueError) as exc:
             reason = exc.reason if isinstance(exc, ShardReadError) else str(exc)
             report.bad_samples.append(f"{name} {key}: {reason}")
+
+
+def _check_fields(
+    reader: ShardReader,
+    shard: int,
+    count: int,
+    fields: dict[str, FieldSpec],
+    shape,
+    report: VerifyReport,
+) -> None:
+    """Decode every field of every sample of a split with fields (errors name shard, key, field):
+    the image's pixels, and a mask's size against the image's."""
+    rng = np.random.default_rng(0)
+    name = reader.shards[shard].name
+    try:
+        reader.key(shard, 0)
+    except ShardReadError as exc:
+        if not any(b.startswith(f"{name}: ") for b in report.bad_shards):
+            report.bad_shards.append(f"{name}: {exc.reason}")
+        return
+    for index in range(count):
+        report.samples_checked += 1
+        key = reader.key(shard, index)
+        field = "-"
+        try:
+            components = reader.sample(shard, index)
+            size = None
+            for spec in fields.values():
+                field = spec.name
+                value = spec.decode(components)
+                if spec.kind == "image":
+                    pixels = (
+                        decode_raw(value, shape)
+                        if shape is not None and "rgb" in components
+                        else decode_image(value, Geometry("none"), rng)
+                    )
+                    size = tuple(np.asarray(pixels).shape[:2])
+                elif spec.kind == "mask" and size is not None and value.shape != size:
+                    raise FieldError(
+                        f"mask is {value.shape[1]} x {value.shape[0]} (W x H), its image "
+                        f"{size[1]} x {size[0]}"
+                    )
+        except ShardReadError as exc:
+            report.bad_samples.append(f"{name} {key}: {exc.reason}")
+        except (FieldError, ValueError) as exc:
+            report.bad_samples.append(f"{name} {key} field {field!r}: {exc}")

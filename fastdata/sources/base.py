@@ -8,17 +8,23 @@ choosing how a sample is stored is the writer's job (`fastdata.write.encode`).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from fastdata.fields import FieldSpec
 
 __all__ = [
     "SPLIT_NAME",
     "BadSourceError",
+    "MaskFile",
     "Source",
     "SourceItem",
+    "source_fields",
     "source_skipped",
     "split_name_problem",
 ]
@@ -33,16 +39,38 @@ class BadSourceError(ValueError):
 
 
 @dataclass(frozen=True)
+class MaskFile:
+    """A mask field's value that the writer reads (in its worker, not when the source opens).
+
+    Args:
+        path: the PNG file (8- or 16-bit single channel; a palette PNG is read as its indices).
+        num_classes: values must be below this (None: unchecked), except `ignore_index`.
+        ignore_index: a value that marks "no class" (e.g. VOC's 255 borders); None: none.
+    """
+
+    path: Path
+    num_classes: int | None = None
+    ignore_index: int | None = None
+
+
+@dataclass(frozen=True)
 class SourceItem:
     """One sample of a source, before encoding.
 
     Args:
         sample_id: index of the sample within its split in the source's own order (stable).
-        label: class index into `Source.classes`.
+        label: class index into `Source.classes`; -1 for a sample of a split with fields
+            (`Source.sample_fields`), whose classes are in `fields`.
         origin: where the sample comes from, for messages: a file path, or
             "archive.tar.gz:cifar-100-python/train[123]".
         pixels: uint8 HWC RGB array, for array sources; None for file sources.
         path: the image file, for file sources; None for array sources.
+        fields: the values of the split's fields besides the image, by field name (see
+            `fastdata.fields`: a `labels` field holds class indices, a `boxes` field a pair
+            (float32 (k, 4) xyxy pixels, int64 (k,) classes), a `mask` field an (H, W) array or
+            the `Path` of its PNG, read by the writer). None for a classification sample.
+        size: the (height, width) the source expects the image to have (a COCO record's size),
+            checked by the writer; None: not known.
     """
 
     sample_id: int
@@ -50,6 +78,8 @@ class SourceItem:
     origin: str
     pixels: np.ndarray | None = None
     path: Path | None = None
+    fields: Mapping[str, Any] | None = None
+    size: tuple[int, int] | None = None
 
 
 @runtime_checkable
@@ -58,6 +88,10 @@ class Source(Protocol):
 
     Implementations must be picklable or fork-safe: the writer's worker processes are forked after
     the source is opened and call `item` concurrently.
+
+    A source whose samples hold more than an image and a label also has
+    `sample_fields(split) -> dict[str, FieldSpec] | None`: the fields of `split` besides the
+    image (None: a classification split). Read it with `source_fields`.
     """
 
     kind: str  # "cifar10", "cifar100", "folder", "list"
@@ -88,6 +122,16 @@ def source_skipped(source: Source) -> dict[str, list[tuple[str, str]]]:
     if not isinstance(found, dict):
         return {}
     return {str(split): [(str(o), str(r)) for o, r in items] for split, items in found.items()}
+
+
+def source_fields(source: Source, split: str) -> dict[str, FieldSpec] | None:
+    """The fields of `split` besides its image (`Source.sample_fields`), or None for a
+    classification split (and for every source without that method: CIFAR, folders)."""
+    method = getattr(source, "sample_fields", None)
+    if method is None:
+        return None
+    found = method(split)
+    return None if found is None else dict(found)
 
 
 def describe_path(path: Path) -> str:

@@ -4,6 +4,10 @@
     img/0001.jpg,cat,val                  {"path": "img/0002.jpg", "label": 3}
     img/0002.jpg,3,
 
+More columns make more fields (`fastdata.sources.listcolumns`): `labels` (multi-label: a JSON
+list or "a;b"), `caption`/`text` (text), any other column (CSV: text; JSONL: any JSON value).
+`path` + `label` (+ `split`) alone is a classification list, stored as it always was.
+
 Relative paths are resolved against `root` (default: the list file's folder). Labels are class
 indices or class names. A list file is untrusted input: it must be UTF-8 (an error names the line
 of the first byte that is not, or of a NUL byte), split names must be plain names
@@ -24,7 +28,16 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from fastdata.fields import FieldSpec
 from fastdata.sources.base import BadSourceError, SourceItem, describe_path, split_name_problem
+from fastdata.sources.listcolumns import (
+    ColumnError,
+    column_kinds,
+    labels_of,
+    list_fields,
+    merged_kinds,
+    text_value,
+)
 
 __all__ = ["DEFAULT_MAX_CLASSES", "PARSERS", "ListSource"]
 
@@ -35,15 +48,26 @@ DEFAULT_MAX_CLASSES = 100_000
 _INT = re.compile(r"[+-]?\d+")
 _HELP = (
     "Expected a CSV with the header 'path,label' (optionally ',split') or JSON Lines with "
-    '{"path": ..., "label": ...} (optionally "split"); a label is a class index or a class name.'
+    '{"path": ..., "label": ...} (optionally "split"); a label is a class index or a class name. '
+    "Optional columns: 'labels' (several classes: a JSON list or \"a;b\"), 'caption'/'text' "
+    "(text), others (CSV: text, JSONL: JSON values)."
 )
 
 
 class _Row(NamedTuple):
     line: int
     path: str
-    label: int | str  # an int from JSON; a str from CSV (maybe decimal) or a JSON name
+    label: int | str | None  # an int from JSON; a str from CSV (maybe decimal) or a JSON name
     split: str | None
+    labels: list[int | str] | None = None  # the `labels` column's class tokens
+    extras: dict[str, Any] | None = None  # other columns by name
+
+
+class _Token(NamedTuple):
+    """One class token to resolve (a row's label, or one of its labels)."""
+
+    line: int
+    label: int | str
 
 
 class ListSource:
@@ -93,8 +117,30 @@ class ListSource:
         rows = parser(self.list_path, _read_text(self.list_path))
         if not rows:
             raise BadSourceError(f"{self.list_path}: lists no images. {_HELP}")
-        self.classes, labels = _resolve_labels(rows, classes, self.list_path, max_classes)
+        has_label = rows[0].label is not None
+        for row in rows:
+            if (row.label is not None) != has_label:
+                raise _bad(
+                    self.list_path,
+                    row.line,
+                    f"'label' is {'missing' if has_label else 'given'} here but "
+                    f"{'given' if has_label else 'missing'} on line {rows[0].line}; "
+                    "give every row a label or none",
+                )
+        has_labels = any(row.labels is not None for row in rows)
+        csv = self.list_path.suffix.lower() == ".csv"
+        kinds = merged_kinds((row.extras or {} for row in rows), csv)
+        if not (has_label or has_labels or kinds):
+            raise _bad(self.list_path, rows[0].line, "no 'label', 'labels' or other column")
+        self._fields = list_fields(has_label, has_labels, kinds)
+        tokens = [_Token(r.line, r.label) for r in rows if r.label is not None]
+        tokens += [_Token(r.line, t) for r in rows for t in (r.labels or [])]
+        self.classes, resolved = _resolve_labels(tokens, classes, self.list_path, max_classes)
+        labels = resolved[: len(rows)] if has_label else [-1] * len(rows)
+        rest = iter(resolved[len(rows) if has_label else 0 :])
         self._paths: dict[str, list[str]] = {}
+        self._multi: dict[str, list[np.ndarray]] = {}
+        self._extras: dict[str, list[dict[str, Any]]] = {}
         label_lists: dict[str, list[int]] = {}
         line_lists: dict[str, list[int]] = {}
         for row, label in zip(rows, labels, strict=True):
@@ -102,6 +148,14 @@ class ListSource:
             self._paths.setdefault(name, []).append(row.path)
             label_lists.setdefault(name, []).append(label)
             line_lists.setdefault(name, []).append(row.line)
+            if self._fields is not None:
+                mine = [next(rest) for _ in row.labels or []]
+                self._multi.setdefault(name, []).append(np.asarray(mine, dtype=np.int64))
+                extras = row.extras or {}
+                values = {
+                    k: extras.get(k, "" if kind == "text" else None) for k, kind in kinds.items()
+                }
+                self._extras.setdefault(name, []).append(values)
         # Arrays, not lists of ints: forked writer workers then share them without refcount writes.
         self._labels = {s: np.asarray(v, dtype=np.int64) for s, v in label_lists.items()}
         self._lines = {s: np.asarray(v, dtype=np.int64) for s, v in line_lists.items()}
@@ -109,6 +163,10 @@ class ListSource:
     def splits(self) -> dict[str, int]:
         """Split name -> number of listed images, in order of first appearance."""
         return {split: len(paths) for split, paths in self._paths.items()}
+
+    def sample_fields(self, split: str) -> dict[str, FieldSpec] | None:
+        """The list's fields besides the image (`listcolumns`); None: path + label only."""
+        return None if self._fields is None else dict(self._fields)
 
     def item(self, split: str, index: int) -> SourceItem:
         """The `index`-th listed image of `split` (file order)."""
@@ -119,11 +177,17 @@ class ListSource:
             raise IndexError(f"{split}[{index}] is out of range: the split has {len(paths)} images")
         path = self.root / paths[index]
         line = int(self._lines[split][index])
+        fields = None
+        if self._fields is not None:
+            fields = dict(self._extras[split][index])
+            fields["labels"] = self._multi[split][index]
+            fields["label"] = int(self._labels[split][index])
         return SourceItem(
             sample_id=index,
             label=int(self._labels[split][index]),
             origin=f"{path} ({self.list_path.name}:{line})",
             path=path,
+            fields=fields,
         )
 
     def fingerprint(self) -> dict[str, Any]:
@@ -188,17 +252,26 @@ def _parse_csv(list_path: Path, text: str) -> list[_Row]:
     rows = []
     try:
         header = reader.fieldnames or []
-        if "path" not in header or "label" not in header:
-            raise _bad(list_path, 1, f"header {header} lacks 'path' or 'label'")
+        if "path" not in header:
+            raise _bad(list_path, 1, f"header {header} lacks 'path'")
+        if len(set(header)) != len(header):
+            raise _bad(list_path, 1, f"header {header} names a column twice")
+        try:
+            kinds = column_kinds(header, csv=True)
+        except ColumnError as exc:
+            raise _bad(list_path, 1, str(exc)) from None
         for record in reader:
             line = reader.line_num
             if None in record or None in record.values():
                 raise _bad(list_path, line, f"{len(header)} columns expected")
-            path, label = record["path"].strip(), record["label"].strip()
-            if not path or not label:
+            path = record["path"].strip()
+            label = record["label"].strip() if "label" in record else None
+            if not path or label == "":
                 raise _bad(list_path, line, "empty path or label")
             split = _split_of(list_path, line, (record.get("split") or "").strip())
-            rows.append(_Row(line, path, label, split))
+            labels = labels_of(record["labels"]) if "labels" in record else None
+            extras = {name: record[name] for name in kinds}
+            rows.append(_Row(line, path, label, split, labels, extras))
     except csv.Error as exc:  # e.g. "field larger than field limit", "new-line in unquoted field"
         raise _bad(list_path, max(lines.count, 1), f"not valid CSV ({exc})") from None
     return rows
@@ -242,13 +315,25 @@ def _parse_jsonl(list_path: Path, text: str) -> list[_Row]:
         if "\x00" in path:
             raise _bad(list_path, line, f"'path' contains a NUL character: {_short(path)}")
         # bool is an int subclass: true/false are not labels.
-        if isinstance(label, bool) or not isinstance(label, (int, str)) or label == "":
+        if label is not None and (
+            isinstance(label, bool) or not isinstance(label, (int, str)) or label == ""
+        ):
             raise _bad(
                 list_path, line, f"'label' must be an int or a class name, got {_short(label)}"
             )
         if split is not None and not isinstance(split, str):
             raise _bad(list_path, line, f"'split' must be a string, got {_short(split)}")
-        rows.append(_Row(line, path.strip(), label, _split_of(list_path, line, split)))
+        try:
+            labels = labels_of(record["labels"]) if "labels" in record else None
+            kinds = column_kinds(record, csv=False)
+            extras = {
+                k: text_value(k, record[k]) if kind == "text" else record[k]
+                for k, kind in kinds.items()
+            }
+        except ColumnError as exc:
+            raise _bad(list_path, line, str(exc)) from None
+        split = _split_of(list_path, line, split)
+        rows.append(_Row(line, path.strip(), label, split, labels, extras))
     return rows
 
 
@@ -273,9 +358,11 @@ def _as_index(label: int | str) -> int | None:
 
 
 def _resolve_labels(
-    rows: list[_Row], classes: Sequence[str] | None, list_path: Path, max_classes: int
+    rows: Sequence[_Token], classes: Sequence[str] | None, list_path: Path, max_classes: int
 ) -> tuple[list[str], list[int]]:
     """(class names, label index per row) following the rules of `ListSource`."""
+    if not rows:  # a list of captions or other columns only: no classes
+        return list(classes or []), []
     if classes is not None:
         names = list(classes)
         lookup = {name: i for i, name in enumerate(names)}

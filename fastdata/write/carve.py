@@ -14,7 +14,7 @@ from typing import Any
 
 from fastdata.manifest import VAL_SPLITS
 from fastdata.read.carve import carve_ids, check_fraction
-from fastdata.sources.base import Source, SourceItem, source_skipped
+from fastdata.sources.base import Source, SourceItem, source_fields, source_skipped
 
 __all__ = ["CarvedSource", "carve_source"]
 
@@ -61,6 +61,10 @@ class CarvedSource:
     def skipped(self) -> dict[str, list[tuple[str, str]]]:
         """The wrapped source's unusable entries (`source_skipped`), under its own split names."""
         return source_skipped(self.source)
+
+    def sample_fields(self, split: str) -> dict[str, Any] | None:
+        """The source's fields of `split` ("train" and "val" both have the training split's)."""
+        return source_fields(self.source, "train" if split in self._ids else split)
 
     def item(self, split: str, index: int) -> SourceItem:
         """The `index`-th sample of `split`; "train"/"val" map onto the source's training split."""

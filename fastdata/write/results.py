@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fastdata import __version__, schema
+from fastdata.fields import fields_from_json
 from fastdata.manifest import Manifest, ShardInfo, SkippedSample, SplitInfo
 from fastdata.write.stats import PixelStats
 
@@ -44,6 +45,7 @@ class ShardResult:
     index_sha256: str | None = None  # None in done records of an older fastdata
     sums: str | None = None  # the per-sample digest file (fastdata.read.integrity)
     sums_sha256: str | None = None
+    fields: dict[str, Any] | None = None  # the split's fields besides the image (fields_to_json)
 
 
 def done_path(work: Path, stem: str) -> Path:
@@ -116,6 +118,16 @@ def build_manifest(
     )
 
 
+def _fields(results: list[ShardResult], exts: list[str]) -> dict[str, Any] | None:
+    """The split's fields: its image (the components written) and the source's others; None for
+    a classification split (its manifest stays as it always was)."""
+    others = next((r.fields for r in results if r.fields is not None), None)
+    if others is None:
+        return None
+    image = {"image": {"kind": "image", "components": exts or ["jpg"]}}
+    return fields_from_json(image | others, "the written split")
+
+
 def _split_info(results: list[ShardResult], num_classes: int, encoding: str) -> SplitInfo:
     counts = [0] * num_classes
     for r in results:
@@ -144,6 +156,7 @@ def _split_info(results: list[ShardResult], num_classes: int, encoding: str) -> 
         raw_shape = [int(stats["min_height"]), int(stats["min_width"]), 3]
     pixel = PixelStats.combine([r.pixel_sums for r in written])
     return SplitInfo(
+        fields=_fields(results, exts),
         shards=[
             ShardInfo(
                 r.name,

@@ -25,8 +25,15 @@ import numpy as np
 from tqdm import tqdm
 
 from fastdata import schema
+from fastdata.fields import fields_to_json
 from fastdata.manifest import Manifest
-from fastdata.sources.base import Source, SourceItem, source_skipped, split_name_problem
+from fastdata.sources.base import (
+    Source,
+    SourceItem,
+    source_fields,
+    source_skipped,
+    split_name_problem,
+)
 from fastdata.write.carve import carve_source
 from fastdata.write.encode import DEFAULT_MAX_PIXELS, BadSampleError, encode_item, resolve_encoding
 from fastdata.write.errors import (
@@ -47,6 +54,7 @@ from fastdata.write.results import (
     lost_results,
     report_skipped,
 )
+from fastdata.write.sample_fields import encode_with_fields
 from fastdata.write.stats import PixelStats
 from fastdata.write.tarshard import ShardTarWriter, sha256_file
 
@@ -87,6 +95,9 @@ class ShardOptions:
             decoded (a bigger one is a bad sample); None: no bound.
         lock_timeout: seconds to wait for another run that writes into the same output folder
             (0: refuse at once; see `fastdata.write.lock`).
+        max_side: store images no larger than this on their longer side (FFCV's
+            `max_resolution`): a larger one is resized and re-encoded (JPEG at `quality`), its
+            mask resized with nearest and its boxes scaled with it; None: as they are.
     """
 
     seed: int = 0
@@ -103,8 +114,11 @@ class ShardOptions:
     max_bad: float = 0.1
     max_pixels: int | None = DEFAULT_MAX_PIXELS
     lock_timeout: float = 0.0
+    max_side: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_side is not None and self.max_side < 1:
+            raise ValueError(f"max_side must be >= 1 or None, got {self.max_side}")
         if not 0.0 <= self.max_bad <= 1.0:
             raise ValueError(f"max_bad must be a fraction from 0 to 1, got {self.max_bad}")
         if self.max_pixels is not None and self.max_pixels < 1:
@@ -118,6 +132,8 @@ class ShardOptions:
             signature["val_fraction"] = self.val_fraction
         if self.max_pixels != DEFAULT_MAX_PIXELS:  # folders written before the option match
             signature["max_pixels"] = self.max_pixels
+        if self.max_side is not None:  # absent otherwise: older folders keep their identity
+            signature["max_side"] = self.max_side
         return signature
 
 
@@ -333,20 +349,36 @@ def _write_job(job: ShardJob) -> int:
     keys: list[str] = []
     digests: list[str] = []  # per sample, for verify_samples=True
     sums_path = out_dir / f"{job.stem}{SUMS_SUFFIX}"
+    specs = source_fields(source, job.split)  # None: classification (image + label)
+    result.fields = fields_to_json(specs) if specs is not None else None
+    extra = specs is not None or options.max_side is not None
+    classes = ()
     try:
         for sample_id in job.sample_ids:
             item = source.item(job.split, sample_id)
+            parts = None
             try:
                 encoded = encode_item(
                     item, encoding, options.resize, options.quality, options.max_pixels
                 )
+                if extra or item.size is not None:
+                    encoded, parts, classes = encode_with_fields(
+                        item,
+                        specs,
+                        encoded,
+                        options.max_side,
+                        options.quality,
+                        options.max_pixels,
+                        len(source.classes),
+                    )
             except BadSampleError as exc:
                 if options.strict:
                     raise ShardingError(f"bad sample (strict mode): {exc}") from exc
                 result.skipped.append([exc.origin, exc.reason])
                 _count_bad(result.skipped)
                 continue
-            key, components = _key(job.split, item), _components(item, encoded.ext, encoded.data)
+            key = _key(job.split, item)
+            components = parts or _components(item, encoded.ext, encoded.data)
             writer.write(key, components)
             keys.append(key)
             digests.append(schema.sample_digest(components))
@@ -355,8 +387,8 @@ def _write_job(job: ShardJob) -> int:
             exts.add(encoded.ext)
             if job.split == "train":
                 pixels.add(encoded.ext, encoded.data, encoded.height, encoded.width)
-            label = str(item.label)
-            result.class_counts[label] = result.class_counts.get(label, 0) + 1
+            for label in map(str, sorted(classes) if parts is not None else (item.label,)):
+                result.class_counts[label] = result.class_counts.get(label, 0) + 1
     except BaseException:
         writer.abort()
         raise

@@ -62,7 +62,7 @@ def test_given_classes_accept_names_and_indices(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("name", "text", "line", "problem"),
     [
-        ("h.csv", "file,label\na.png,1\n", 1, "lacks 'path' or 'label'"),
+        ("h.csv", "file,label\na.png,1\n", 1, "lacks 'path'"),
         ("c.csv", "path,label\na.png,1\nb.png\n", 3, "columns expected"),
         ("e.csv", "path,label\na.png,1\n,2\n", 3, "empty path or label"),
         ("m.csv", "path,label\na.png,1\nb.png,dog\n", 3, "differs in kind from the class indices"),
@@ -124,7 +124,7 @@ def test_source_survives_pickling(tmp_path: Path) -> None:
 
 
 def test_open_source_registry(tmp_path: Path) -> None:
-    assert set(SOURCES) == {"cifar10", "cifar100", "folder", "list"}
+    assert set(SOURCES) == {"cifar10", "cifar100", "folder", "list", "coco", "segmentation"}
     with pytest.raises(ValueError, match="'imagenet'.*cifar10, cifar100, folder, list"):
         open_source("imagenet", tmp_path)
     with pytest.raises(ValueError, match="needs the dataset folder"):
