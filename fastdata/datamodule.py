@@ -81,7 +81,8 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         num_workers: loader processes (cpu backend) or "auto" to size them from measured core
             load and sample cost (fastdata.tune).
         prefetch_factor: batches prefetched per worker, or "auto".
-        backend: a name in `fastdata.read.BACKENDS` ("cpu", "dali", "memory") or "auto" (memory
+        backend: a name in `fastdata.read.BACKENDS` (`fastdata.read.backend_choices()`) or
+            "auto" (memory
             if its store of the training split fits a share of the device's free memory, else a
             GPU decoder with a GPU, else cpu).
         train_transforms: a preset name ("cifar", "photo", "none"), a `fastdata.augment.Preset`,

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 from tqdm import tqdm
 
+from fastdata.fields import FieldSpec
 from fastdata.manifest import Manifest, ManifestError, ShardInfo, load_manifest
 from fastdata.read.decode import Geometry, decode_image, decode_raw
 from fastdata.read.integrity import IntegrityError, check_digest, open_regular, read_checked
 from fastdata.read.shardio import ShardReader, ShardReadError, _close, _open_bytes, parse_index
+from fastdata.schema import LABEL_EXT
 
 __all__ = ["VerifyReport", "inspect_findings", "summarize", "verify"]
 
@@ -116,11 +119,14 @@ def verify(root: str | os.PathLike[str], progress: bool = True) -> VerifyReport:
     for split_name, split in manifest.splits.items():
         reader = ShardReader(manifest, split_name, max_open=1, verify_samples=True)
         shape = tuple(split.raw_shape) if split.encoding == "raw" and split.raw_shape else None
+        fields = split.field_specs
         for number, shard in enumerate(split.shards):
             report.shards_checked += 1
             try:
                 _check_shard(manifest, shard, report)
-                _check_samples(reader, number, shard.num_samples, shape, report)
+                _check_samples(
+                    reader, number, shard.num_samples, shape, report, fields, split.fields is None
+                )
             except (ShardReadError, OSError, IntegrityError) as exc:
                 reason = exc.reason if isinstance(exc, ShardReadError) else str(exc)
                 report.bad_shards.append(f"{shard.name}: {reason}")
@@ -171,8 +177,18 @@ def _read_index(manifest: Manifest, shard: ShardInfo) -> None:
 
 
 def _check_samples(
-    reader: ShardReader, shard: int, count: int, shape, report: VerifyReport
+    reader: ShardReader,
+    shard: int,
+    count: int,
+    shape: tuple[int, ...] | None,
+    report: VerifyReport,
+    fields: Mapping[str, FieldSpec],
+    legacy: bool = True,
 ) -> None:
+    """Read and decode every sample of a shard: each of the split's `fields` (`fastdata.fields`:
+    the registry says which components hold it and how it decodes; images are decoded fully).
+    `legacy` (a split without declared fields, written by `fastdata shard`) also needs the
+    binary label component every fastdata reader uses."""
     rng = np.random.default_rng(0)
     name = reader.shards[shard].name
     try:
@@ -186,13 +202,16 @@ def _check_samples(
         key = reader.key(shard, index)
         try:
             components = reader.sample(shard, index)
-            image = next((components[e] for e in ("rgb", "jpg", "png") if e in components), None)
-            if image is None or "lid" not in components:
+            if legacy and LABEL_EXT not in components:
                 raise ValueError(f"missing components (has {sorted(components)})")
-            if shape is not None:
-                decode_raw(image, shape)
-            else:
-                decode_image(image, Geometry("none"), rng)
+            for spec in fields.values():
+                value = spec.decode(components)  # FieldError (a ValueError) names the field
+                if spec.kind != "image":
+                    continue
+                if shape is not None:
+                    decode_raw(value, shape)
+                else:
+                    decode_image(value, Geometry("none"), rng)
         except (ShardReadError, ValueError) as exc:
             reason = exc.reason if isinstance(exc, ShardReadError) else str(exc)
             report.bad_samples.append(f"{name} {key}: {reason}")
