@@ -34,6 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
+import torch
+
 from fastdata.read.base import WorkerSettings
 from fastdata.read.carve import check_fraction
 from fastdata.read.mix import mix_roots
@@ -123,8 +125,19 @@ class CacheSettings:
             )
 
 
+def _allow_in_checkpoints() -> None:
+    """Let `torch.load(weights_only=True)` (the default since torch 2.6, used by Lightning's
+    `load_from_checkpoint` and `fit(ckpt_path=)`) rebuild these settings when a DataModule's
+    `save_hyperparameters()` put them into a checkpoint: plain data, no code runs."""
+    add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
+    if add_safe_globals is not None:
+        add_safe_globals([ShardSet, CacheSettings, WorkerSettings])
+
+
+_allow_in_checkpoints()
+
 #: What `ShardDataModule(root=...)` takes: a root, a `ShardSet`, or a list of either (a mix).
-RootSpec = str | os.PathLike[str] | ShardSet | Sequence[str | os.PathLike[str] | ShardSet]
+RootSpec = Sequence[ShardSet | str | os.PathLike[str]] | ShardSet | str | os.PathLike[str]
 
 
 def resolve_roots(
