@@ -94,7 +94,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--photo-limit", type=int, default=None, help="photos per split (default all)")
     p.add_argument("--cifar-batch", type=int, default=512)
     p.add_argument("--cifar-limit", type=int, default=None, help="CIFAR samples per split")
-    p.add_argument("--backends", default="cpu,nvjpeg,dali,memory")
+    p.add_argument(
+        "--backends",
+        default=",".join(_backend_order()),
+        help="comma-separated registered backends (default: every one in fastdata.read.BACKENDS, "
+        "cpu first)",
+    )
     p.add_argument("--skip", default="", help="steps to skip, e.g. 'trainer,photo'")
     p.add_argument("--trainer-module", default="pipelines.cifar100")
     p.add_argument("--trainer-args", default=GPU_TRAINER_ARGS)
@@ -243,7 +248,7 @@ def unavailable(backend: str, step: str, device: torch.device) -> str | None:
         ok, why = get_backend("dali").check()
         if not ok:
             return f"NVIDIA DALI is not installed or does not load ({why}; see gpu_parts.py)"
-    if backend in ("dali", "nvjpeg") and device.type != "cuda":
+    if _registered(backend) and get_backend(backend).decodes_on_gpu and device.type != "cuda":
         return "needs a CUDA device" + (" (--cpu-smoke)" if torch.cuda.device_count() else "")
     if backend == "nvjpeg":
         ok, why = get_backend("nvjpeg").check()
@@ -280,6 +285,14 @@ def loader_steps(check: Check, step: str, data: Dataset | None) -> None:
             lambda r=run, g=args, s=settings, e=energy: r(*g, check.device, s, e),
             **labels,
         )
+
+
+def _backend_order() -> list[str]:
+    """Every registered backend: cpu first (the baseline the others' rows are read against), the
+    resident ones (memory) last."""
+    from fastdata.read import BACKENDS
+
+    return sorted(BACKENDS, key=lambda name: (name != "cpu", BACKENDS[name].resident))
 
 
 def _registered(name: str) -> bool:

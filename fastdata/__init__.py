@@ -15,6 +15,9 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "ShardDataModule": "fastdata.datamodule",
+    "ShardSet": "fastdata.shardset",
+    "CacheSettings": "fastdata.shardset",
+    "WorkerSettings": "fastdata.read.base",
     "Manifest": "fastdata.manifest",
     "load_manifest": "fastdata.manifest",
     "ShardOptions": "fastdata.write",
@@ -29,6 +32,8 @@ __all__ = ["__version__", *sorted(_EXPORTS)]
 if TYPE_CHECKING:  # pragma: no cover
     from fastdata.datamodule import ShardDataModule  # noqa: F401
     from fastdata.manifest import Manifest, load_manifest  # noqa: F401
+    from fastdata.read.base import WorkerSettings  # noqa: F401
+    from fastdata.shardset import CacheSettings, ShardSet  # noqa: F401
     from fastdata.sources import open_source  # noqa: F401
     from fastdata.train import make_trainer  # noqa: F401
     from fastdata.tune.monitor import LoaderMonitor  # noqa: F401

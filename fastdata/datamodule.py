@@ -19,6 +19,7 @@ import logging
 import os
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any, Literal
 
 import lightning.pytorch as pl
@@ -41,8 +42,8 @@ from fastdata.epoch_loader import (
 from fastdata.manifest import VAL_SPLITS, Manifest, load_manifest, resolve_splits
 from fastdata.read import BatchLoader, LoaderSpec, WorkerSettings, get_backend
 from fastdata.read.base import DEFAULT_LOADER_TIMEOUT
-from fastdata.read.carve import Carve, carve_fingerprint, check_fraction
-from fastdata.read.mix import epoch_mix, epoch_size, load_mix, mix_roots
+from fastdata.read.carve import Carve, carve_fingerprint
+from fastdata.read.mix import epoch_mix, epoch_size, load_mix
 from fastdata.resume import ResumeState, dataset_fingerprint, mix_description
 from fastdata.runtime import (
     check_options,
@@ -52,6 +53,7 @@ from fastdata.runtime import (
     training_device,
     warn_unit_scale,
 )
+from fastdata.shardset import CacheSettings, RootSpec, apply_groups, resolve_roots, shard_cache
 
 __all__ = ["ShardDataModule"]
 
@@ -69,21 +71,21 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
     `num_classes`, `classes` and `image_shape` (`fastdata.dataset_info`) read the manifest,
     before `setup()` too.
 
-    Keyword arguments rather than a config object (against the ~8-parameter rule of thumb): this
-    is the one public constructor users type, and Lightning's CLI and `save_hyperparameters` read
-    keyword arguments.
+    Arguments after `root` are keyword-only. Options also come grouped (`fastdata.shardset`,
+    after MosaicML Streaming's `Stream`): a `ShardSet` per dataset, `workers=`, `cache=`.
 
     Args:
-        root: the shard folder (holding manifest.json), or a URL prefix for remote shards; or a
-            list of them: a mix (`fastdata.read.mix`: each training epoch draws from each
-            dataset by its weight, classes merged by name, evaluation splits concatenated).
+        root: the shard folder (holding manifest.json), or a URL prefix for remote shards, or a
+            `ShardSet`; or a list of them: a mix (`fastdata.read.mix`: each training epoch draws
+            from each dataset by its weight, a ShardSet's or `weights=`', classes merged by name,
+            evaluation splits concatenated).
         batch_size: samples per batch on each rank.
         num_workers: loader processes (cpu backend) or "auto" to size them from measured core
             load and sample cost (fastdata.tune).
         prefetch_factor: batches prefetched per worker, or "auto".
-        backend: a name in `fastdata.read.BACKENDS` ("cpu", "dali", "memory") or "auto" (memory
-            if its store of the training split fits a share of the device's free memory, else a
-            GPU decoder with a GPU, else cpu).
+        backend: a name in `fastdata.read.BACKENDS` or "auto" (memory if its store of the
+            training split fits a share of the device's free memory, else a GPU decoder with a
+            GPU, else cpu).
         train_transforms: a preset name ("cifar", "photo", "none"), a `fastdata.augment.Preset`,
             or a callable on uint8 (N, 3, H, W) images on the device (e.g. torchvision
             transforms v2, kornia), called per image (own draws, seeded from the plan) at the
@@ -126,15 +128,20 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         verify_samples: hash every sample read and compare it with its digest written at shard
             time (cpu and memory backends; shards without digests are read with a warning).
             Off by default: index checksums, tar headers and labels are checked on every read.
+        workers: a `fastdata.read.WorkerSettings` in place of num_workers, prefetch_factor,
+            decode_threads, loader_timeout and mp_context, used as given (None: the flat ones).
+        cache: a `fastdata.shardset.CacheSettings(dir, limit)` in place of cache_dir/_limit.
 
     Raises:
         ValueError: a `val` that is neither a split name nor a fraction in (0, 1), or a
-            fraction with a mix (carve each dataset with `fastdata shard --val-fraction`).
+            fraction with a mix (carve each with `fastdata shard --val-fraction`); a group
+            with one of its flat keywords (not at its default); `weights=` with ShardSets.
     """
 
     def __init__(
         self,
-        root: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        root: RootSpec,
+        *,
         batch_size: int = 256,
         num_workers: int | Literal["auto"] = "auto",
         prefetch_factor: int | Literal["auto"] = "auto",
@@ -161,30 +168,29 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         val: str | float | None = None,
         decoded_cache_dir: str | os.PathLike[str] | None = None,
         verify_samples: bool = False,
+        workers: WorkerSettings | None = None,
+        cache: CacheSettings | None = None,
     ) -> None:
         super().__init__()
-        self.loader_timeout, self.mp_context = loader_timeout, mp_context
-        self.verify_samples = verify_samples
+        # The grouped settings, spread over the flat keywords they stand for (`fastdata.shardset`).
+        given = apply_groups(locals(), ShardDataModule.__init__.__kwdefaults__, workers, cache)
+        self.num_workers, self.prefetch_factor = given["num_workers"], given["prefetch_factor"]
+        self.decode_threads, self.loader_timeout = given["decode_threads"], given["loader_timeout"]
+        self.cache_dir, self.cache_limit = given["cache_dir"], given["cache_limit"]
+        self.workers, self.verify_samples = workers, verify_samples  # workers: + pin_memory etc.
         self.batch_size, self.seed, self.on_error = batch_size, seed, on_error
-        self.num_workers, self.prefetch_factor = num_workers, prefetch_factor
         self.backend, self.image_size, self.drop_last = backend, image_size, drop_last
-        self.rank, self.world_size = rank, world_size
-        self.decode_threads = decode_threads
+        self.rank, self.world_size, self.mp_context = rank, world_size, given["mp_context"]
         check_options(self)
-        self.roots, self.mixed = mix_roots(root, weights, epoch_samples)
+        self.roots, self.mixed, self.weights, self.val = resolve_roots(
+            root, weights, epoch_samples, val
+        )
         self.root = self.roots[0] if not self.mixed else f"the mix of {', '.join(self.roots)}"
-        self.weights, self.epoch_samples = weights, epoch_samples
+        self.epoch_samples = epoch_samples
         self.train_transforms_spec = train_transforms if train_transforms is not None else preset
         self.eval_transforms_spec = eval_transforms
         self.mean, self.std = mean, std
         self.split_names = dict(splits or {})
-        self.cache_dir, self.cache_limit = cache_dir, cache_limit
-        self.val = val if val is None or isinstance(val, str) else check_fraction(val)
-        if self.mixed and isinstance(self.val, float):
-            raise ValueError(
-                f"val={val!r} cannot carve a mix of datasets; shard each with "
-                "`fastdata shard ... --val-fraction F`, or pass val= a split name"
-            )
         self.decoded_cache_dir = None if decoded_cache_dir is None else os.fspath(decoded_cache_dir)
         self._carve_seed: int | None = None  # the manifest's shard seed, once loaded
         self.manifest: Manifest | None = None
@@ -351,15 +357,8 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             loader.close()
 
     def _shard_cache(self) -> Any:
-        remote = any("://" in root for root in self.roots)
-        if not remote or (self.cache_dir is None and self.cache_limit is None):
-            return None  # local shards, or the reader's default cache for a remote root
         if self._cache is None:
-            from fastdata.remote import DEFAULT_LIMIT, ShardCache, default_cache_dir
-
-            self._cache = ShardCache(
-                self.cache_dir or default_cache_dir(), self.cache_limit or DEFAULT_LIMIT
-            )
+            self._cache = shard_cache(self.roots, self.cache_dir, self.cache_limit)
         return self._cache
 
     def resize_workers(self, num_workers: int, prefetch_factor: int | None = None) -> None:
@@ -375,7 +374,8 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             loader.resize(num_workers, prefetch_factor)
 
     def _size_workers(self, spec: LoaderSpec) -> LoaderSpec:
-        settings = WorkerSettings(
+        settings = replace(
+            self.workers or WorkerSettings(),
             decode_threads=1 if self.decode_threads == "auto" else self.decode_threads,
             timeout=self.loader_timeout,
             mp_context=self.mp_context,

@@ -13,7 +13,20 @@ from dataclasses import dataclass
 
 from fastdata.read.base import BatchLoader, LoaderSpec, WorkerSettings
 
-__all__ = ["BACKENDS", "Backend", "BatchLoader", "LoaderSpec", "WorkerSettings", "get_backend"]
+__all__ = [
+    "AUTO",
+    "BACKENDS",
+    "Backend",
+    "BatchLoader",
+    "LoaderSpec",
+    "WorkerSettings",
+    "backend_choices",
+    "field_backends",
+    "get_backend",
+]
+
+#: The backend name that lets `fastdata.read.auto` choose one of `BACKENDS`.
+AUTO = "auto"
 
 
 @dataclass(frozen=True)
@@ -29,6 +42,9 @@ class Backend:
         resident: it keeps the decoded split resident on the device (auto checks memory).
         decodes_on_gpu: it decodes on the GPU (auto prefers it when the memory store won't fit).
         user_transforms: it hands uint8 batches over, so user callables can run on them.
+        carries_fields: it reads every field of a split (`fastdata.fields`: masks, boxes,
+            text, ...), not only the classification pair (image, label); `auto` picks only
+            such a backend for a split with other fields.
     """
 
     name: str
@@ -38,6 +54,7 @@ class Backend:
     resident: bool = False
     decodes_on_gpu: bool = False
     user_transforms: bool = True
+    carries_fields: bool = False
 
     def load(self) -> Callable[[LoaderSpec], BatchLoader]:
         """The loader factory, imported on first use."""
@@ -64,7 +81,12 @@ BACKENDS: dict[str, Backend] = {
     b.name: b
     for b in (
         Backend(
-            "memory", "fastdata.read.memory:make_memory_loader", _BUILTIN, False, resident=True
+            "memory",
+            "fastdata.read.memory:make_memory_loader",
+            _BUILTIN,
+            uses_workers=False,
+            resident=True,
+            carries_fields=True,
         ),
         Backend(
             "dali",
@@ -81,13 +103,35 @@ BACKENDS: dict[str, Backend] = {
             uses_workers=False,
             decodes_on_gpu=True,
         ),
-        Backend("cpu", "fastdata.read.cpu:make_cpu_loader", _BUILTIN, uses_workers=True),
+        Backend(
+            "cpu",
+            "fastdata.read.cpu:make_cpu_loader",
+            _BUILTIN,
+            uses_workers=True,
+            carries_fields=True,
+        ),
     )
 }
 
 
 def get_backend(name: str) -> Backend:
-    """The registered backend `name` (ValueError naming the choices otherwise)."""
+    """The registered backend `name`.
+
+    Raises:
+        ValueError: no backend of that name (the message lists the registered ones).
+    """
     if name not in BACKENDS:
-        raise ValueError(f"backend must be one of {sorted(BACKENDS)} or 'auto', got {name!r}")
+        raise ValueError(f"backend must be one of {sorted(BACKENDS)} or {AUTO!r}, got {name!r}")
     return BACKENDS[name]
+
+
+def backend_choices(auto: bool = True) -> list[str]:
+    """The names a user may pass as a backend (CLI choices): "auto" first, then `BACKENDS`'
+    names in registration order. Read at call time, so a backend registered later appears."""
+    return ([AUTO] if auto else []) + list(BACKENDS)
+
+
+def field_backends() -> list[str]:
+    """The registered backends that carry every field of a split (`Backend.carries_fields`):
+    the ones an error about a non-classification split should name."""
+    return [b.name for b in BACKENDS.values() if b.carries_fields]

@@ -10,7 +10,8 @@ Rule, in order:
    batches are one gather on the device.
 2. When it does not fit and the training device is a GPU: the first registered backend
    (`fastdata.read.BACKENDS`, in order: "dali", then "nvjpeg") that decodes on the GPU, is
-   available here and can run the preset's ops (a user's callable needs uint8 batches): decoding
+   available here, can run the preset's ops (a user's callable needs uint8 batches) and carries
+   the split's fields (`Backend.carries_fields`, for splits other than image + label): decoding
    on the GPU keeps up with the model where CPU workers would not.
 3. "cpu" otherwise.
 
@@ -26,6 +27,7 @@ from collections.abc import Callable
 import torch
 
 from fastdata.augment import BatchTransform, Preset, RandomResizedCrop
+from fastdata.fields import is_classification
 from fastdata.manifest import Manifest
 from fastdata.read import BACKENDS
 from fastdata.read.decode import stored_hw
@@ -125,7 +127,7 @@ def choose_backend(
     elif need is not None and need <= budget:
         name, reason = "memory", f"{figures}: it fits"
     elif on_gpu:
-        name, why = _gpu_decoder(preset, available)
+        name, why = _gpu_decoder(preset, available, is_classification(info.field_specs))
         reason = f"{figures}: it does not fit; " + why
     else:
         name, reason = "cpu", f"{figures}: it does not fit and {device} is not a GPU"
@@ -133,8 +135,11 @@ def choose_backend(
     return name, reason
 
 
-def _gpu_decoder(preset: Preset, available: Callable[[str], tuple[bool, str]]) -> tuple[str, str]:
-    """The first available GPU-decoding backend that can run `preset`, else "cpu" (and why)."""
+def _gpu_decoder(
+    preset: Preset, available: Callable[[str], tuple[bool, str]], classification: bool = True
+) -> tuple[str, str]:
+    """The first available GPU-decoding backend (`BACKENDS`, in order) that can run `preset` and
+    carry the split's fields, else "cpu" (and why)."""
     custom = any(isinstance(op, BatchTransform) for op in preset.train_ops + preset.eval_ops)
     missing = []
     for backend in BACKENDS.values():
@@ -142,6 +147,9 @@ def _gpu_decoder(preset: Preset, available: Callable[[str], tuple[bool, str]]) -
             continue
         if custom and not backend.user_transforms:
             missing.append(f"{backend.name}: cannot run a user transform")
+            continue
+        if not classification and not backend.carries_fields:
+            missing.append(f"{backend.name}: carries only an image and a label")
             continue
         ok, why = available(backend.name)
         if ok:

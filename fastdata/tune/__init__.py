@@ -250,7 +250,8 @@ def tune(
     Args:
         manifest_or_root: a Manifest or the shard folder.
         split: split to measure.
-        backend: the backend the settings are for ("cpu", "dali": CPU threads, "memory": none).
+        backend: the registered backend the settings are for (`fastdata.read.BACKENDS`; for
+            dali the workers are its CPU threads, a backend without workers needs none).
         batch_size: samples per batch.
         preset: augmentation preset ("auto" resolves as in ShardDataModule).
         image_size: output side of variable-size photos (default 224).

@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 from collections.abc import Sequence
 
+from fastdata.read import backend_choices
 from fastdata.tune import (
     SweepPoint,
     TuneOptions,
@@ -35,7 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("out", help="shard folder (holding manifest.json)")
     p.add_argument("--split", default="train", help="split to measure (default: train)")
     p.add_argument("--batch-size", type=_positive, default=256, help="samples per batch")
-    p.add_argument("--backend", default="cpu", choices=["cpu", "dali", "memory"])
+    p.add_argument(
+        "--backend",
+        default="cpu",
+        choices=backend_choices(auto=False),  # `fastdata.read.BACKENDS`, read now
+        help="the registered backend to size the loader for (default: cpu)",
+    )
     p.add_argument("--image-size", type=_positive, default=None, help="output side of photos")
     p.add_argument(
         "--consumer-rate",
@@ -61,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
         print(result.cost.describe())
     settings = result.settings
     print("choice (for training, a core kept for the training loop): " + settings.describe())
-    if args.backend == "memory":
-        return 0
+    if result.probe is None:
+        return 0  # a backend without loader workers (memory, nvjpeg): nothing more to measure
     if result.probe is not None:
         # The loader alone (no training step): the rule without a core kept, then timed
         # candidates (workers, and decode threads for photos), on the same machine reading.

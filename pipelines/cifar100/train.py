@@ -47,6 +47,7 @@ import torch
 
 from fastdata._env import cpu_description, data_dir
 from fastdata.manifest import MANIFEST_NAME
+from fastdata.read import backend_choices
 from fastdata.train.ddp import end_process_group
 
 from .budget import NO_EPOCH_EVAL, BudgetPlanner
@@ -136,7 +137,10 @@ OPTIONS: dict[str, dict[str, Any]] = {
     "--devices": {"type": int, "default": 1, "help": "devices (processes) per node"},
     "--num-nodes": {"type": int, "default": 1},
     "--precision": {"default": "auto", "help": "'auto' or a Lightning precision string"},
-    "--backend": {"default": "auto", "choices": ["auto", "cpu", "dali", "memory"]},
+    "--backend": {
+        "default": "auto",
+        "help": "a registered backend (fastdata.read.BACKENDS) or 'auto'",
+    },
     "--workers": {"type": _workers, "default": "auto", "help": "loader workers or 'auto'"},
     "--threads": {
         "type": _workers,
@@ -168,6 +172,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--download", action="store_true", help="download the official archive (MD5-checked)"
     )
     for flag, keywords in OPTIONS.items():
+        if flag == "--backend":  # the registry's names, read when the parser is built
+            keywords = {**keywords, "choices": backend_choices()}
         parser.add_argument(flag, **keywords)
 
 
