@@ -139,14 +139,13 @@ def conversion(args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
         )
         shutil.rmtree(out)
         shutil.rmtree(floor_out)
-        if args.no_baseline:
-            continue
-        out = work / f"baseline-{r}"
-        start = time.perf_counter()
-        baseline_webdataset_png(args.archive, out)
-        seconds["baseline"].append(time.perf_counter() - start)
-        sizes["baseline"] = sum(p.stat().st_size for p in _files(out))
-        shutil.rmtree(out)
+        if not args.no_baseline:
+            out = work / f"baseline-{r}"
+            start = time.perf_counter()
+            baseline_webdataset_png(args.archive, out)
+            seconds["baseline"].append(time.perf_counter() - start)
+            sizes["baseline"] = sum(p.stat().st_size for p in _files(out))
+            shutil.rmtree(out)
         done = {k: v[-1] for k, v in seconds.items() if len(v) > r}
         print(f"  round {r + 1}: " + ", ".join(f"{k} {v:.2f} s" for k, v in done.items()))
     names = {
