@@ -17,6 +17,7 @@ import numpy as np
 __all__ = [
     "SPLIT_NAME",
     "BadSourceError",
+    "PixelBlock",
     "Source",
     "SourceItem",
     "source_skipped",
@@ -50,6 +51,25 @@ class SourceItem:
     origin: str
     pixels: np.ndarray | None = None
     path: Path | None = None
+
+
+@dataclass(frozen=True)
+class PixelBlock:
+    """Many samples of an array source at once: what `item` gives for each, stacked.
+
+    An array source may offer ``pixel_block(split, indices) -> PixelBlock``: the writer then
+    lays out a raw-encoded shard in one go (`fastdata.write.rawblock`) instead of calling `item`
+    per sample. Row i must equal ``item(split, indices[i])``.
+
+    Args:
+        pixels: (N, H, W, 3) uint8, C-contiguous: row i is item i's `pixels`.
+        labels: (N,) int64: item i's `label`.
+        sample_ids: (N,) int64: item i's `sample_id`.
+    """
+
+    pixels: np.ndarray
+    labels: np.ndarray
+    sample_ids: np.ndarray
 
 
 @runtime_checkable

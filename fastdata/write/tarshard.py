@@ -15,11 +15,13 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
-__all__ = ["INDEX_VERSION", "ShardTarWriter", "sha256_file"]
+__all__ = ["BLOCK", "INDEX_VERSION", "ShardTarWriter", "sha256_file", "ustar_header"]
 
 INDEX_VERSION = "v1.2"
-_BLOCK = 512
+BLOCK = 512  # tar's unit: headers are one block, data is padded to whole blocks
+_BLOCK = BLOCK
 _RECORD = 20 * _BLOCK  # tar files are padded to whole records, as GNU tar and tarfile do
 
 
@@ -88,6 +90,27 @@ class ShardTarWriter:
             self._offset += _BLOCK + size + padding
         self._index_lines.append(" ".join(entries))
         self.num_samples += 1
+
+    @property
+    def offset(self) -> int:
+        """Bytes written so far: where the next member's header starts."""
+        return self._offset
+
+    def write_records(self, records: Any, index_lines: list[str]) -> None:
+        """Append samples already laid out as `write` lays them out (headers, data, padding),
+        one per index line (`fastdata.write.rawblock` builds them for a whole shard at once).
+
+        Args:
+            records: a bytes-like object of whole 512-byte blocks.
+            index_lines: each sample's DALI index line, offsets counted from `offset`.
+        """
+        size = memoryview(records).nbytes
+        if size % _BLOCK:
+            raise ValueError(f"records must be whole {_BLOCK}-byte blocks, got {size} bytes")
+        self._file.write(records)
+        self._offset += size
+        self._index_lines.extend(index_lines)
+        self.num_samples += len(index_lines)
 
     def commit(self) -> tuple[int, str]:
         """Close, fsync and rename into place. Returns (tar bytes, tar sha256)."""

@@ -38,6 +38,7 @@ from fastdata.write.errors import (
 )
 from fastdata.write.lock import lock_folder
 from fastdata.write.outdir import WORK_DIR, atomic_write, prepare_out, same_identity
+from fastdata.write.rawblock import pixel_block, write_block
 from fastdata.write.results import (
     ShardResult,
     build_manifest,
@@ -334,7 +335,14 @@ def _write_job(job: ShardJob) -> int:
     digests: list[str] = []  # per sample, for verify_samples=True
     sums_path = out_dir / f"{job.stem}{SUMS_SUFFIX}"
     try:
-        for sample_id in job.sample_ids:
+        # Raw-encoded array sources: the whole shard at once (same bytes; see rawblock).
+        block = pixel_block(source, job.split, job.sample_ids, encoding)
+        fast = block and write_block(writer, job.split, block, _train_stats(job, pixels))
+        if fast:
+            keys, digests, exts = fast.keys, fast.digests, {schema.RAW_EXT}
+            heights, widths = [fast.height] * len(keys), [fast.width] * len(keys)
+            result.class_counts.update(fast.class_counts)
+        for sample_id in job.sample_ids if not fast else ():
             item = source.item(job.split, sample_id)
             try:
                 encoded = encode_item(
@@ -380,6 +388,11 @@ def _write_job(job: ShardJob) -> int:
     result.pixel_sums = pixels.to_list() if pixels.count else []
     atomic_write(done_path(out_dir / WORK_DIR, job.stem), json.dumps(asdict(result)))
     return len(job.sample_ids)
+
+
+def _train_stats(job: ShardJob, stats: PixelStats) -> PixelStats | None:
+    """The statistics a shard's images go into: only the training split's are measured."""
+    return stats if job.split == "train" else None
 
 
 def _count_bad(mine: list[list[str]]) -> None:
