@@ -65,11 +65,14 @@ class PixelBlock:
         pixels: (N, H, W, 3) uint8, C-contiguous: row i is item i's `pixels`.
         labels: (N,) int64: item i's `label`.
         sample_ids: (N,) int64: item i's `sample_id`.
+        planes: the same pixels channel-first, (N, 3, H * W), when the source holds them that
+            way (CIFAR): the writer's statistics read them faster. None: not at hand.
     """
 
     pixels: np.ndarray
     labels: np.ndarray
     sample_ids: np.ndarray
+    planes: np.ndarray | None = None
 
 
 @runtime_checkable

@@ -191,7 +191,7 @@ class CifarSource:
         interleaved = pixels.reshape(len(ids), _SIDE * _SIDE, 3)
         for channel in range(3):  # three strided copies: faster than one transposing copy
             interleaved[:, :, channel] = planes[:, channel]
-        return PixelBlock(pixels, self._labels[split][ids], ids)
+        return PixelBlock(pixels, self._labels[split][ids], ids, planes)
 
     def fingerprint(self) -> dict[str, Any]:
         """Kind, label mode, resolved path, and the file's size and mtime (a folder: member sizes)."""

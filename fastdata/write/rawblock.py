@@ -36,6 +36,8 @@ _SIZE = (124, 12)
 _CHECKSUM = (148, 8)
 # The components of a raw sample, and the order a tar holds them in (sorted extension).
 _EXTS = tuple(sorted((schema.RAW_EXT, schema.LABEL_TEXT_EXT, schema.LABEL_EXT)))
+# `_digests` frames them in this order: label text, lid, then the image.
+assert _EXTS == (schema.LABEL_TEXT_EXT, schema.LABEL_EXT, schema.RAW_EXT), _EXTS
 
 
 @dataclass
@@ -92,54 +94,85 @@ def write_block(
         starts[ext] = record
         record += BLOCK + spans[ext]
     rows = np.zeros((n, record), dtype=np.uint8)
-    template = np.frombuffer(ustar_header("x", 0), dtype=np.uint8)
+    template = np.frombuffer(ustar_header("x", 0), dtype=np.uint8).copy()
+    template[_NAME[0] : _NAME[0] + _NAME[1]] = 0
+    template[_SIZE[0] : _SIZE[0] + _SIZE[1]] = 0
+    template[_CHECKSUM[0] : _CHECKSUM[0] + _CHECKSUM[1]] = ord(" ")
+    fixed = int(template.sum())  # the checksum of the fields every header shares
     for ext in _EXTS:
         values, sizes = data[ext]
         at = starts[ext]
         header = rows[:, at : at + BLOCK]
         header[:] = template
-        header[:, _NAME[0] : _NAME[0] + _NAME[1]] = 0
-        _put(header, _NAME, _bytes_array(names[ext]))
-        _put(header, _SIZE, _bytes_array([b"%011o\x00" % s for s in sizes.tolist()]))
-        header[:, _CHECKSUM[0] : _CHECKSUM[0] + _CHECKSUM[1]] = ord(" ")
-        checksum = header.sum(axis=1, dtype=np.int64)
-        for digit in range(6):  # "%06o\0 "
+        name_bytes = _bytes_array(names[ext])
+        size_bytes = _bytes_array([b"%011o\x00" % s for s in sizes.tolist()])
+        header[:, _NAME[0] : _NAME[0] + name_bytes.shape[1]] = name_bytes
+        header[:, _SIZE[0] : _SIZE[0] + _SIZE[1]] = size_bytes
+        checksum = fixed + name_bytes.sum(axis=1, dtype=np.int64)
+        checksum += size_bytes.sum(axis=1, dtype=np.int64)
+        for digit in range(6):  # "%06o\0 ": the field's last two bytes stay NUL and space
             header[:, _CHECKSUM[0] + digit] = 48 + ((checksum >> (3 * (5 - digit))) & 7)
         header[:, _CHECKSUM[0] + 6] = 0
         rows[:, at + BLOCK : at + BLOCK + values.shape[1]] = values
-    base = writer.offset
-    index_lines = [
-        " ".join(
-            f"{ext} {base + i * record + starts[ext] + BLOCK} {int(data[ext][1][i])} "
-            f"{names[ext][i].decode()}"
-            for ext in _EXTS
-        )
-        for i in range(n)
-    ]
-    writer.write_records(rows, index_lines)
+    writer.write_records(rows, _index_lines(writer.offset, record, starts, names, data))
     if stats is not None:
-        stats.add_block(block.pixels)
+        stats.add_block(block.pixels, block.planes)
     counts: dict[str, int] = {}
     for label in block.labels.tolist():  # first-seen order, as the per-sample path counts
         counts[str(label)] = counts.get(str(label), 0) + 1
-    return BlockResult(keys, _digests(rows, starts, data), height, width, counts)
+    digests = _digests(labels, lid, rows, starts[schema.RAW_EXT] + BLOCK, height * width * 3)
+    return BlockResult(keys, digests, height, width, counts)
+
+
+def _index_lines(
+    base: int,
+    record: int,
+    starts: dict[str, int],
+    names: dict[str, list[bytes]],
+    data: dict[str, tuple[np.ndarray, np.ndarray]],
+) -> list[str]:
+    """Each sample's DALI index line (`ext offset size name` per member) for records that
+    start at byte `base` of the tar."""
+    columns = []
+    for ext in _EXTS:
+        offsets = range(
+            base + starts[ext] + BLOCK,
+            base + starts[ext] + BLOCK + len(names[ext]) * record,
+            record,
+        )
+        sizes = data[ext][1].tolist()
+        columns.append(
+            [
+                f"{ext} {o} {s} {name.decode()}"
+                for o, s, name in zip(offsets, sizes, names[ext], strict=True)
+            ]
+        )
+    return [" ".join(parts) for parts in zip(*columns, strict=True)]
 
 
 def _digests(
-    rows: np.ndarray, starts: dict[str, int], data: dict[str, tuple[np.ndarray, np.ndarray]]
+    labels: list[bytes], lid: np.ndarray, rows: np.ndarray, image_at: int, image_size: int
 ) -> list[str]:
-    """`schema.sample_digest` of every sample, read from the laid-out records."""
+    """`schema.sample_digest` of every sample: the label text, the lid and the image (read
+    from the laid-out records), each framed by its extension and size, in extension order."""
     record = rows.shape[1]
     flat = memoryview(rows.reshape(-1))
-    framed = [(ext.encode(), starts[ext] + BLOCK, data[ext][1].tolist()) for ext in sorted(starts)]
+    lids = lid.tobytes()
+    cls, lid_ext, raw = (ext.encode() for ext in _EXTS)
     digests = []
-    for i in range(len(rows)):
-        digest = hashlib.blake2b(digest_size=16)
-        row = i * record
-        for ext, at, sizes in framed:
-            size = sizes[i]
-            digest.update(b"%s\0%d\0" % (ext, size))
-            digest.update(flat[row + at : row + at + size])
+    for i, label in enumerate(labels):
+        head = b"%s\0%d\0%s%s\x0016\x00%s%s\0%d\0" % (
+            cls,
+            len(label),
+            label,
+            lid_ext,
+            lids[16 * i : 16 * i + 16],
+            raw,
+            image_size,
+        )
+        digest = hashlib.blake2b(head, digest_size=16)
+        start = i * record + image_at
+        digest.update(flat[start : start + image_size])
         digests.append(digest.hexdigest())
     return digests
 
@@ -148,8 +181,3 @@ def _bytes_array(values: list[bytes]) -> np.ndarray:
     """(len(values), longest) uint8, each row a value padded with NULs."""
     width = max(1, max(len(v) for v in values))
     return np.array(values, dtype=f"S{width}").view(np.uint8).reshape(len(values), width)
-
-
-def _put(header: np.ndarray, field: tuple[int, int], values: np.ndarray) -> None:
-    start, length = field
-    header[:, start : start + min(length, values.shape[1])] = values[:, :length]

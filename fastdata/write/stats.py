@@ -47,17 +47,28 @@ class PixelStats:
         self.squares += np.einsum("ij,ij->j", wide, wide, dtype=np.uint64)
         self.count += len(flat)
 
-    def add_block(self, pixels: np.ndarray, chunk: int = 512) -> None:
-        """Account for a stack of raw images at once: `pixels` (N, H, W, C >= 3) uint8.
+    def add_block(self, pixels: np.ndarray, planes: np.ndarray | None = None) -> None:
+        """Account for a stack of raw RGB images at once, as `add` on each would.
 
-        The same figures as `add` on each image: the sums are integers below 2**53, exact in
-        float64 whatever the order they are added in.
+        Args:
+            pixels: (N, H, W, 3) uint8.
+            planes: the same pixels channel-first, (N, 3, H * W), when the caller has them:
+                contiguous channels sum about 3x faster than interleaved ones.
+
+        The sums are integers below 2**53, exact in float64 whatever the order they are added
+        in, so the figures equal `add`'s. No BLAS call: its threads slow a busy machine down.
         """
-        for start in range(0, len(pixels), chunk):
-            part = pixels[start : start + chunk, ..., :3].astype(np.float64).reshape(-1, 3)
-            self.sums += part.sum(axis=0)
-            self.squares += np.einsum("ij,ij->j", part, part)
-            self.count += len(part)
+        chunk = 512
+        if planes is None:
+            planes = pixels.reshape(len(pixels), -1, 3)  # (N, H * W, 3): sums over axes 0 and 1
+            spec, axes = "kic,kic->c", (0, 1)
+        else:
+            spec, axes = "kci,kci->c", (0, 2)
+        for start in range(0, len(planes), chunk):
+            part = planes[start : start + chunk].astype(np.float64)
+            self.sums += part.sum(axis=axes)
+            self.squares += np.einsum(spec, part, part)
+        self.count += int(pixels.shape[0] * pixels.shape[1] * pixels.shape[2])
 
     def to_list(self) -> list[float]:
         """[3 sums, 3 sums of squares, count]: the shard's record in its `done` file."""
