@@ -59,11 +59,24 @@ def test_pixel_block_equals_items(tmp_path: Path, fake_cifar: FakeBuilder, kind:
 
 @pytest.mark.parametrize(("kind", "workers"), [("cifar10", 1), ("cifar100", 2)])
 def test_fast_shards_are_the_per_sample_bytes(
-    tmp_path: Path, fake_cifar: FakeBuilder, kind: str, workers: int
+    tmp_path: Path,
+    fake_cifar: FakeBuilder,
+    kind: str,
+    workers: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     source = CifarSource(fake_cifar(tmp_path / "in", kind, n_train=45, n_test=12).path, kind=kind)
     options = ShardOptions(max_count=16, workers=workers, progress=False)
     write_shards(PerSample(source), tmp_path / "per-sample", options)
+    probes = []
+
+    def first_item_only(split: str, index: int) -> SourceItem:
+        """The writer's identity probe may read one item; shards must come from blocks."""
+        assert not probes, "the writer read items one by one: the block path was not taken"
+        probes.append(index)
+        return CifarSource.item(source, split, index)
+
+    monkeypatch.setattr(source, "item", first_item_only)
     write_shards(source, tmp_path / "fast", options)
     names = sorted(p.name for p in (tmp_path / "fast").iterdir())
     assert names == sorted(p.name for p in (tmp_path / "per-sample").iterdir())
