@@ -74,8 +74,9 @@ def write_block(
     n, height, width, _ = block.pixels.shape
     keys = [schema.sample_key(split, int(i)) for i in block.sample_ids]
     labels = [b"%d" % label for label in block.labels.tolist()]
-    names = {ext: [f"{k}.{ext}".encode() for k in keys] for ext in _EXTS}
-    if max(len(name) for name in names[_EXTS[-1]] + names[_EXTS[0]]) > _NAME[1]:
+    names = {ext: [f"{k}.{ext}" for k in keys] for ext in _EXTS}  # ASCII: see SPLIT_NAME
+    name_bytes = {ext: _bytes_array(names[ext]) for ext in _EXTS}
+    if max(b.shape[1] for b in name_bytes.values()) > _NAME[1]:
         return None
     lid = np.empty((n, 2), dtype="<i8")
     lid[:, 0], lid[:, 1] = block.labels, block.sample_ids
@@ -104,11 +105,11 @@ def write_block(
         at = starts[ext]
         header = rows[:, at : at + BLOCK]
         header[:] = template
-        name_bytes = _bytes_array(names[ext])
+        name = name_bytes[ext]
         size_bytes = _bytes_array([b"%011o\x00" % s for s in sizes.tolist()])
-        header[:, _NAME[0] : _NAME[0] + name_bytes.shape[1]] = name_bytes
+        header[:, _NAME[0] : _NAME[0] + name.shape[1]] = name
         header[:, _SIZE[0] : _SIZE[0] + _SIZE[1]] = size_bytes
-        checksum = fixed + name_bytes.sum(axis=1, dtype=np.int64)
+        checksum = fixed + name.sum(axis=1, dtype=np.int64)
         checksum += size_bytes.sum(axis=1, dtype=np.int64)
         for digit in range(6):  # "%06o\0 ": the field's last two bytes stay NUL and space
             header[:, _CHECKSUM[0] + digit] = 48 + ((checksum >> (3 * (5 - digit))) & 7)
@@ -128,7 +129,7 @@ def _index_lines(
     base: int,
     record: int,
     starts: dict[str, int],
-    names: dict[str, list[bytes]],
+    names: dict[str, list[str]],
     data: dict[str, tuple[np.ndarray, np.ndarray]],
 ) -> list[str]:
     """Each sample's DALI index line (`ext offset size name` per member) for records that
@@ -142,10 +143,7 @@ def _index_lines(
         )
         sizes = data[ext][1].tolist()
         columns.append(
-            [
-                f"{ext} {o} {s} {name.decode()}"
-                for o, s, name in zip(offsets, sizes, names[ext], strict=True)
-            ]
+            [f"{ext} {o} {s} {name}" for o, s, name in zip(offsets, sizes, names[ext], strict=True)]
         )
     return [" ".join(parts) for parts in zip(*columns, strict=True)]
 
@@ -177,7 +175,8 @@ def _digests(
     return digests
 
 
-def _bytes_array(values: list[bytes]) -> np.ndarray:
-    """(len(values), longest) uint8, each row a value padded with NULs."""
-    width = max(1, max(len(v) for v in values))
-    return np.array(values, dtype=f"S{width}").view(np.uint8).reshape(len(values), width)
+def _bytes_array(values: list[bytes] | list[str]) -> np.ndarray:
+    """(len(values), longest) uint8, each row a value padded with NULs (str: ASCII)."""
+    packed = np.array(values, dtype=np.bytes_)
+    width = max(1, packed.dtype.itemsize)
+    return packed.view(np.uint8).reshape(len(values), width)
