@@ -38,7 +38,7 @@ from fastdata.write.errors import (
 )
 from fastdata.write.lock import lock_folder
 from fastdata.write.outdir import WORK_DIR, atomic_write, prepare_out, same_identity
-from fastdata.write.rawblock import pixel_block, write_block
+from fastdata.write.rawblock import block_path, write_blocks
 from fastdata.write.results import (
     ShardResult,
     build_manifest,
@@ -336,12 +336,14 @@ def _write_job(job: ShardJob) -> int:
     sums_path = out_dir / f"{job.stem}{SUMS_SUFFIX}"
     try:
         # Raw-encoded array sources: the whole shard at once (same bytes; see rawblock).
-        block = pixel_block(source, job.split, job.sample_ids, encoding)
-        fast = block and write_block(writer, job.split, block, _train_stats(job, pixels))
+        fast = block_path(source, encoding)
         if fast:
-            keys, digests, exts = fast.keys, fast.digests, {schema.RAW_EXT}
-            heights, widths = [fast.height] * len(keys), [fast.width] * len(keys)
-            result.class_counts.update(fast.class_counts)
+            done = write_blocks(
+                source, writer, job.split, job.sample_ids, _train_stats(job, pixels)
+            )
+            keys, digests, heights, widths = done.keys, done.digests, done.heights, done.widths
+            exts = {schema.RAW_EXT}
+            result.class_counts.update(done.class_counts)
         for sample_id in job.sample_ids if not fast else ():
             item = source.item(job.split, sample_id)
             try:

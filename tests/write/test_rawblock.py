@@ -14,7 +14,7 @@ import pytest
 
 from fastdata.sources.arrays import ArraySource
 from fastdata.sources.base import PixelBlock, SourceItem
-from fastdata.write import ShardOptions, write_shards
+from fastdata.write import ShardOptions, rawblock, write_shards
 from fastdata.write.stats import PixelStats
 
 
@@ -69,12 +69,20 @@ def assert_same_folders(a: Path, b: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("height", "width", "classes", "workers"),
-    [(5, 7, 1000, 1), (8, 8, 7, 2), (1, 171, 12, 1)],  # labels of 1-3 digits; data not whole blocks
+    ("height", "width", "classes", "workers", "chunk"),
+    # labels of 1-3 digits; image data not whole blocks; chunks that do not divide a shard
+    [(5, 7, 1000, 1, 1024), (8, 8, 7, 2, 1024), (1, 171, 12, 1, 7), (8, 8, 300, 2, 10)],
 )
 def test_block_path_writes_the_per_sample_bytes(
-    tmp_path: Path, height: int, width: int, classes: int, workers: int
+    tmp_path: Path,
+    height: int,
+    width: int,
+    classes: int,
+    workers: int,
+    chunk: int,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    monkeypatch.setattr(rawblock, "CHUNK", chunk)
     arrays = _arrays(height, width, classes)
     options = ShardOptions(max_count=64, workers=workers, progress=False)
     write_shards(PerSample(arrays), tmp_path / "per-sample", options)
@@ -83,6 +91,28 @@ def test_block_path_writes_the_per_sample_bytes(
     # The block path was taken: only the writer's identity probe asked for one item
     # (a stacked block reads items through `_source`, not through the counting `item`).
     assert blocks.items == 1
+    assert_same_folders(tmp_path / "per-sample", tmp_path / "blocks")
+
+
+def test_chunks_without_a_common_layout_are_written_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk the block layout refuses goes through `ShardTarWriter.write`, between chunks
+    that do not: the tar, its index, digests and sha256 are still the per-sample path's."""
+    arrays = _arrays(6, 6, 50)
+    options = ShardOptions(max_count=64, workers=1, progress=False)
+    write_shards(PerSample(arrays), tmp_path / "per-sample", options)
+    lay_out, calls = rawblock._lay_out, []
+
+    def every_other(*args: Any) -> Any:
+        calls.append(1)
+        return None if len(calls) % 2 else lay_out(*args)
+
+    monkeypatch.setattr(rawblock, "CHUNK", 9)
+    monkeypatch.setattr(rawblock, "_lay_out", every_other)
+    blocks = Blocks(arrays)
+    write_shards(blocks, tmp_path / "blocks", options)
+    assert blocks.items == 1 and len(calls) > 4
     assert_same_folders(tmp_path / "per-sample", tmp_path / "blocks")
 
 
