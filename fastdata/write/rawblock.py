@@ -17,7 +17,6 @@ one by one, which raises the usual error.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,14 +64,12 @@ def block_path(source: Any, encoding: str) -> bool:
 
 
 def write_blocks(
-    source: Any,
-    writer: ShardTarWriter,
-    split: str,
-    ids: Sequence[int],
-    stats: PixelStats | None,
+    source: Any, writer: ShardTarWriter, job: Any, stats: PixelStats | None
 ) -> BlockResult:
-    """Append the samples `ids` of `split` to `writer`, `CHUNK` at a time, and account their
-    pixels in `stats` (None: not measured). `block_path(source, ...)` must hold."""
+    """Append the samples of `job` (a `writer.ShardJob`: split, sample ids) to `writer`, `CHUNK`
+    at a time, and account their pixels in `stats` (None: not measured). `block_path(source,
+    ...)` must hold."""
+    split, ids = job.split, job.sample_ids
     result = BlockResult()
     buffer = np.empty(0, dtype=np.uint8)
     for start in range(0, len(ids), CHUNK):

@@ -335,15 +335,11 @@ def _write_job(job: ShardJob) -> int:
     digests: list[str] = []  # per sample, for verify_samples=True
     sums_path = out_dir / f"{job.stem}{SUMS_SUFFIX}"
     try:
-        # Raw-encoded array sources: the whole shard at once (same bytes; see rawblock).
-        fast = block_path(source, encoding)
-        if fast:
-            done = write_blocks(
-                source, writer, job.split, job.sample_ids, _train_stats(job, pixels)
-            )
+        # Raw-encoded array sources: many samples at once (same bytes; see rawblock).
+        if fast := block_path(source, encoding):
+            done = write_blocks(source, writer, job, pixels if job.split == "train" else None)
             keys, digests, heights, widths = done.keys, done.digests, done.heights, done.widths
-            exts = {schema.RAW_EXT}
-            result.class_counts.update(done.class_counts)
+            exts, result.class_counts = {schema.RAW_EXT}, done.class_counts
         for sample_id in job.sample_ids if not fast else ():
             item = source.item(job.split, sample_id)
             try:
@@ -390,11 +386,6 @@ def _write_job(job: ShardJob) -> int:
     result.pixel_sums = pixels.to_list() if pixels.count else []
     atomic_write(done_path(out_dir / WORK_DIR, job.stem), json.dumps(asdict(result)))
     return len(job.sample_ids)
-
-
-def _train_stats(job: ShardJob, stats: PixelStats) -> PixelStats | None:
-    """The statistics a shard's images go into: only the training split's are measured."""
-    return stats if job.split == "train" else None
 
 
 def _count_bad(mine: list[list[str]]) -> None:
