@@ -144,15 +144,21 @@ def test_block_path_resumes_into_the_same_bytes(tmp_path: Path) -> None:
     assert_same_folders(tmp_path / "ref", out)
 
 
-@pytest.mark.parametrize("channels_first", [False, True])
-def test_block_statistics_equal_per_image_ones(channels_first: bool) -> None:
+@pytest.mark.parametrize(("side", "channels_first"), [(6, False), (6, True), (16, True)])
+def test_block_statistics_equal_per_image_ones(side: int, channels_first: bool) -> None:
+    """16 x 16 planes take the float32 runs; the sums must still be exact (255s included)."""
     rng = np.random.default_rng(2)
-    pixels = rng.integers(0, 256, (1100, 6, 5, 3), dtype=np.uint8)
+    pixels = rng.integers(0, 256, (1100, side, side + 1, 3), dtype=np.uint8)
+    if side == 16:
+        pixels = pixels[:, :, :16]  # 256 pixels: whole runs
+    pixels = np.ascontiguousarray(pixels)
     pixels[:7] = 255  # the largest values, where a float32 sum would round
+    height, width = pixels.shape[1:3]
     one_by_one = PixelStats()
     for image in pixels:
-        one_by_one.add("rgb", image.tobytes(), 6, 5)
+        one_by_one.add("rgb", image.tobytes(), height, width)
     block = PixelStats()
-    planes = pixels.reshape(len(pixels), 30, 3).transpose(0, 2, 1) if channels_first else None
+    flat = pixels.reshape(len(pixels), height * width, 3)
+    planes = np.ascontiguousarray(flat.transpose(0, 2, 1)) if channels_first else None
     block.add_block(pixels, planes)
     assert block.to_list() == one_by_one.to_list()
