@@ -32,7 +32,13 @@ EXTERNAL_COMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: Commands defined in this module: running one imports no feature command (`tune` imports
+#: torch, `train` Lightning: seconds of start-up that `fastdata shard` does not need).
+BUILTIN_COMMANDS = ("shard", "merge", "inspect", "verify")
+
+
+def build_parser(features: bool = True) -> argparse.ArgumentParser:
+    """The `fastdata` parser; `features=False` leaves out `EXTERNAL_COMMANDS` (not imported)."""
     parser = argparse.ArgumentParser(prog="fastdata", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"fastdata {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -45,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("out", help="shard folder (holding manifest.json)")
     verify.add_argument("--no-progress", action="store_true")
     verify.set_defaults(func=_verify)
-    for name, target in EXTERNAL_COMMANDS.items():
+    for name, target in EXTERNAL_COMMANDS.items() if features else ():
         module, func = target.split(":")
         try:
             getattr(importlib.import_module(module), func)(sub)
@@ -196,7 +202,7 @@ def _shard(args: argparse.Namespace) -> int:
 
     from fastdata.manifest import MANIFEST_NAME
     from fastdata.sources import open_source
-    from fastdata.verify import summarize
+    from fastdata.summary import summarize
     from fastdata.write import ShardOptions, TooManyBadSamplesError, write_shards
 
     if args.download and args.source not in ("cifar10", "cifar100"):
@@ -336,7 +342,7 @@ def _part_command(args: argparse.Namespace) -> str:
 
 def _merge(args: argparse.Namespace) -> int:
     from fastdata.manifest import MANIFEST_NAME
-    from fastdata.verify import summarize
+    from fastdata.summary import summarize
     from fastdata.write import TooManyBadSamplesError
     from fastdata.write.parts import merge_parts
 
@@ -352,7 +358,8 @@ def _merge(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     from fastdata.manifest import ManifestError, load_manifest
-    from fastdata.verify import inspect_findings, summarize
+    from fastdata.summary import summarize
+    from fastdata.verify import inspect_findings
 
     try:
         manifest = load_manifest(args.out)
@@ -382,7 +389,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Before the parser is built: it logs (at debug) a feature command that could not load.
     verbose = "-v" in argv or "--verbose" in argv
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s")
-    args = build_parser().parse_args(argv)
+    # The command is the first word that is not an option (the top-level options take no value).
+    command = next((word for word in argv if not word.startswith("-")), None)
+    args = build_parser(features=command not in BUILTIN_COMMANDS).parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except (ValueError, RuntimeError, OSError) as exc:

@@ -2,7 +2,10 @@
 
 Backends are registered in `BACKENDS` with their metadata; `auto`, the tuner, the CLI and the
 pipelines read it. A new backend is one module plus one line here. Optional backends (DALI,
-torchvision's nvJPEG) are imported only when chosen or probed.
+torchvision's nvJPEG) are imported only when chosen or probed. `BatchLoader`, `LoaderSpec` and
+`WorkerSettings` (from `fastdata.read.base`, which imports torch) load on first use, so that the
+torch-free modules of this package (`carve`, `integrity`, `shardio`) can be imported without
+torch: the shard writer uses them.
 """
 
 from __future__ import annotations
@@ -10,8 +13,12 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from fastdata.read.base import BatchLoader, LoaderSpec, WorkerSettings
+if TYPE_CHECKING:  # pragma: no cover
+    from fastdata.read.base import BatchLoader, LoaderSpec, WorkerSettings
+
+_FROM_BASE = ("BatchLoader", "LoaderSpec", "WorkerSettings")
 
 __all__ = [
     "AUTO",
@@ -135,3 +142,14 @@ def field_backends() -> list[str]:
     """The registered backends that carry every field of a split (`Backend.carries_fields`):
     the ones an error about a non-classification split should name."""
     return [b.name for b in BACKENDS.values() if b.carries_fields]
+
+
+def __getattr__(name: str) -> Any:
+    """`BatchLoader`, `LoaderSpec`, `WorkerSettings`: imported from `fastdata.read.base` on use."""
+    if name in _FROM_BASE:
+        from fastdata.read import base
+
+        value = getattr(base, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'fastdata.read' has no attribute {name!r}")

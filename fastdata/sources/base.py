@@ -22,6 +22,7 @@ __all__ = [
     "SPLIT_NAME",
     "BadSourceError",
     "MaskFile",
+    "PixelBlock",
     "Source",
     "SourceItem",
     "source_fields",
@@ -80,6 +81,28 @@ class SourceItem:
     path: Path | None = None
     fields: Mapping[str, Any] | None = None
     size: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True)
+class PixelBlock:
+    """Many samples of an array source at once: what `item` gives for each, stacked.
+
+    An array source may offer ``pixel_block(split, indices) -> PixelBlock``: the writer then
+    lays out a raw-encoded shard in one go (`fastdata.write.rawblock`) instead of calling `item`
+    per sample. Row i must equal ``item(split, indices[i])``.
+
+    Args:
+        pixels: (N, H, W, 3) uint8, C-contiguous: row i is item i's `pixels`.
+        labels: (N,) int64: item i's `label`.
+        sample_ids: (N,) int64: item i's `sample_id`.
+        planes: the same pixels channel-first, (N, 3, H * W), when the source holds them that
+            way (CIFAR): the writer's statistics read them faster. None: not at hand.
+    """
+
+    pixels: np.ndarray
+    labels: np.ndarray
+    sample_ids: np.ndarray
+    planes: np.ndarray | None = None
 
 
 @runtime_checkable

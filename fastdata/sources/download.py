@@ -2,17 +2,14 @@
 
 The file is streamed to `<dest>.part` and renamed only once its MD5 matches, so `dest` either does
 not exist or is complete and verified; an interrupted or corrupted download leaves nothing behind.
+urllib and tqdm are imported when a download runs: every `fastdata shard` imports this module.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
-
-from tqdm.auto import tqdm
 
 from fastdata.sources.base import BadSourceError
 
@@ -53,6 +50,8 @@ def download(
         DownloadError: the server could not be reached, answered with an error status, or the
             digest differs (the partial file is deleted in every case).
     """
+    import urllib.error
+
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     # name + ".part" rather than with_suffix: "x.tar.gz" and "x.tar.xz" must not share "x.tar.part".
@@ -89,6 +88,10 @@ def download(
 
 def _fetch(url: str, part: Path, *, progress: bool, timeout: float) -> str:
     """Stream `url` into `part`; return the hex MD5 of what was written."""
+    import urllib.request
+
+    from tqdm.auto import tqdm
+
     digest = hashlib.md5(usedforsecurity=False)
     with urllib.request.urlopen(url, timeout=timeout) as response, open(part, "wb") as out:
         length = response.headers.get("Content-Length")

@@ -19,6 +19,7 @@ from fastdata import schema
 
 __all__ = ["PixelStats"]
 
+_RUN = 256  # float32 sums of squares stay exact over 256 values (256 * 255**2 < 2**24)
 _DRAFT_SIDE = 64  # encoded images are measured at about this many pixels a side (draft mode)
 
 
@@ -46,6 +47,40 @@ class PixelStats:
         wide = flat.astype(np.uint32)
         self.squares += np.einsum("ij,ij->j", wide, wide, dtype=np.uint64)
         self.count += len(flat)
+
+    def add_block(self, pixels: np.ndarray, planes: np.ndarray | None = None) -> None:
+        """Account for a stack of raw RGB images at once, as `add` on each would.
+
+        Args:
+            pixels: (N, H, W, 3) uint8.
+            planes: the same pixels channel-first, (N, 3, H * W), when the caller has them:
+                contiguous channels sum about 3x faster than interleaved ones.
+
+        The figures equal `add`'s: every partial sum is an integer that its type holds exactly
+        (float32 below 2**24: runs of `_RUN` values of at most 255**2; float64 below 2**53),
+        whatever order they are added in. No BLAS call: its threads slow a busy machine down.
+        """
+        chunk = 512
+        count = int(pixels.shape[0] * pixels.shape[1] * pixels.shape[2])
+        if planes is not None and planes.shape[2] % _RUN == 0:
+            runs = planes.shape[2] // _RUN
+            for start in range(0, len(planes), chunk):
+                part = planes[start : start + chunk].astype(np.float32).reshape(-1, 3, runs, _RUN)
+                self.sums += np.einsum("kcri->kcr", part).sum(axis=(0, 2), dtype=np.float64)
+                squares = np.einsum("kcri,kcri->kcr", part, part)
+                self.squares += squares.sum(axis=(0, 2), dtype=np.float64)
+            self.count += count
+            return
+        if planes is None:
+            planes = pixels.reshape(len(pixels), -1, 3)  # (N, H * W, 3): sums over axes 0 and 1
+            spec, axes = "kic,kic->c", (0, 1)
+        else:
+            spec, axes = "kci,kci->c", (0, 2)
+        for start in range(0, len(planes), chunk):
+            part = planes[start : start + chunk].astype(np.float64)
+            self.sums += part.sum(axis=axes)
+            self.squares += np.einsum(spec, part, part)
+        self.count += count
 
     def to_list(self) -> list[float]:
         """[3 sums, 3 sums of squares, count]: the shard's record in its `done` file."""

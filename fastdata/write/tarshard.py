@@ -15,11 +15,13 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
-__all__ = ["INDEX_VERSION", "ShardTarWriter", "sha256_file"]
+__all__ = ["BLOCK", "INDEX_VERSION", "ShardTarWriter", "sha256_file", "ustar_header"]
 
 INDEX_VERSION = "v1.2"
-_BLOCK = 512
+BLOCK = 512  # tar's unit: headers are one block, data is padded to whole blocks
+_BLOCK = BLOCK
 _RECORD = 20 * _BLOCK  # tar files are padded to whole records, as GNU tar and tarfile do
 
 
@@ -69,12 +71,16 @@ class ShardTarWriter:
         self._offset = 0
         self._index_lines: list[str] = []
         self.num_samples = 0
+        # sha256 of what was written, while only `write_records` wrote (its chunks are hashed
+        # while in cache); None once `write` was used: commit then reads the file back.
+        self._sha256: Any = hashlib.sha256()
 
     def write(self, key: str, components: dict[str, bytes]) -> None:
         """Append one sample; components are written in sorted extension order."""
         if "." in key or "/" in key:
             raise ValueError(f"sample key {key!r} must not contain '.' or '/'")
         entries = []
+        self._sha256 = None
         for ext in sorted(components):
             data = components[ext]
             name = f"{key}.{ext}"
@@ -89,10 +95,34 @@ class ShardTarWriter:
         self._index_lines.append(" ".join(entries))
         self.num_samples += 1
 
+    @property
+    def offset(self) -> int:
+        """Bytes written so far: where the next member's header starts."""
+        return self._offset
+
+    def write_records(self, records: Any, index_lines: list[str]) -> None:
+        """Append samples already laid out as `write` lays them out (headers, data, padding),
+        one per index line (`fastdata.write.rawblock` lays out many samples at once).
+
+        Args:
+            records: a bytes-like object of whole 512-byte blocks.
+            index_lines: each sample's DALI index line, offsets counted from `offset`.
+        """
+        size = memoryview(records).nbytes
+        if size % _BLOCK:
+            raise ValueError(f"records must be whole {_BLOCK}-byte blocks, got {size} bytes")
+        self._file.write(records)
+        if self._sha256 is not None:
+            self._sha256.update(records)
+        self._offset += size
+        self._index_lines.extend(index_lines)
+        self.num_samples += len(index_lines)
+
     def commit(self) -> tuple[int, str]:
         """Close, fsync and rename into place. Returns (tar bytes, tar sha256)."""
         end = self._offset + 2 * _BLOCK  # two zero blocks end the archive
-        self._file.write(bytes(2 * _BLOCK + (-end % _RECORD)))
+        tail = bytes(2 * _BLOCK + (-end % _RECORD))
+        self._file.write(tail)
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
@@ -100,7 +130,10 @@ class ShardTarWriter:
         self._tmp_index.write_text(header + "".join(line + "\n" for line in self._index_lines))
         os.replace(self._tmp_index, self.index_path)
         os.replace(self._tmp, self.path)
-        return self.path.stat().st_size, sha256_file(self.path)
+        if self._sha256 is None:
+            return self.path.stat().st_size, sha256_file(self.path)
+        self._sha256.update(tail)
+        return self._offset + len(tail), self._sha256.hexdigest()
 
     def abort(self) -> None:
         """Drop the partial shard: nothing is left under a final name."""

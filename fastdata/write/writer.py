@@ -45,6 +45,7 @@ from fastdata.write.errors import (
 )
 from fastdata.write.lock import lock_folder
 from fastdata.write.outdir import WORK_DIR, atomic_write, prepare_out, same_identity
+from fastdata.write.rawblock import block_path, write_blocks
 from fastdata.write.results import (
     ShardResult,
     build_manifest,
@@ -354,7 +355,12 @@ def _write_job(job: ShardJob) -> int:
     extra = specs is not None or options.max_side is not None
     classes = ()
     try:
-        for sample_id in job.sample_ids:
+        # Raw-encoded array sources: many samples at once (same bytes; see rawblock).
+        if fast := block_path(source, encoding):
+            done = write_blocks(source, writer, job, pixels if job.split == "train" else None)
+            keys, digests, heights, widths = done.keys, done.digests, done.heights, done.widths
+            exts, result.class_counts = {schema.RAW_EXT}, done.class_counts
+        for sample_id in job.sample_ids if not fast else ():
             item = source.item(job.split, sample_id)
             parts = None
             try:
