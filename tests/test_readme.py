@@ -102,3 +102,32 @@ def test_data_where_you_keep_it_runs_as_written(real_data, tmp_path):
     assert "s3://demo/photos: folder shards" in out
     assert "epoch 0: [300, 100] samples" in out and "epoch 1: [300, 100] samples" in out
     assert "3 parts + merge: byte-identical to one run" in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_beyond_classification_runs_as_written(tmp_path, monkeypatch):
+    """The section's shell blocks as one script, then its python blocks in one namespace, from an
+    empty folder (the section makes its own small datasets)."""
+    section = "Beyond classification"
+    project = tmp_path / "project"
+    project.mkdir()
+    script = "\n".join(_blocks("bash", section))
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env["PYTHONPATH"] = str(README.parent)
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=project,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert "fields: image (image" in done.stdout and "boxes (boxes" in done.stdout
+    monkeypatch.chdir(project)
+    namespace: dict = {"__name__": "__readme__"}
+    for block in _blocks("python", section):
+        exec(compile(block, str(README), "exec"), namespace)
