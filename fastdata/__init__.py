@@ -15,6 +15,8 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "ShardDataModule": "fastdata.datamodule",
+    "SegmentationDataModule": "fastdata.datamodules",
+    "DetectionDataModule": "fastdata.datamodules",
     "Manifest": "fastdata.manifest",
     "load_manifest": "fastdata.manifest",
     "ShardOptions": "fastdata.write",
@@ -28,6 +30,7 @@ __all__ = ["__version__", *sorted(_EXPORTS)]
 
 if TYPE_CHECKING:  # pragma: no cover
     from fastdata.datamodule import ShardDataModule  # noqa: F401
+    from fastdata.datamodules import DetectionDataModule, SegmentationDataModule  # noqa: F401
     from fastdata.manifest import Manifest, load_manifest  # noqa: F401
     from fastdata.sources import open_source  # noqa: F401
     from fastdata.train import make_trainer  # noqa: F401
