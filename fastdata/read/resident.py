@@ -138,7 +138,7 @@ class ResidentSamples:
                     t = t.permute(2, 0, 1)
                 v = t.contiguous().to(self.device)
             elif field.kind == "mask":
-                t = v if isinstance(v, torch.Tensor) else torch.from_numpy(np.asarray(v))
+                t = v if isinstance(v, torch.Tensor) else torch.from_numpy(np.array(v))
                 t = t.to(torch.int64)
                 small = t.numel() == 0 or int(t.max()) < 256
                 v = t.to(torch.uint8 if small else torch.int32).to(self.device)

@@ -221,8 +221,10 @@ def _decode_image(
     if "rgb" in sample.parts and "rgb" in field.components:
         if spec.raw_shape is None:
             raise FieldError("rgb sample in a split without raw_shape; re-run `fastdata shard`")
-        return decode_raw(data, spec.raw_shape)
-    return decode_image(data, Geometry("none"), _NO_DRAWS)
+        pixels = decode_raw(data, spec.raw_shape)
+    else:
+        pixels = decode_image(data, Geometry("none"), _NO_DRAWS)
+    return pixels if pixels.flags.writeable else pixels.copy()  # not a view of the shard
 
 
 def warp_fields(values: dict[str, Any], spec: SampleSpec, region: Any) -> dict[str, Any]:
@@ -375,6 +377,8 @@ def finish_sample(
         return out
     image = out["image"]
     n, _, h, w = image.shape
+    if n == 0:
+        return out
     out_hw = (preset.image_size, preset.image_size) if preset.image_size else (h, w)
     if applied >= len(ops) and (h, w) == out_hw:
         return out
