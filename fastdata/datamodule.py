@@ -9,7 +9,10 @@ of the transforms and the normalization batched on the training device, after th
 copy, seeded per batch from the plan (`prepared`: both, for code that iterates a loader itself). The module keeps its position in
 the epoch as global samples consumed (`state_dict`), so a run resumed from a mid-epoch
 checkpoint, even with another world size or batch size, continues with exactly the samples not
-yet trained on. A list of roots is a mix of datasets
+yet trained on. Splits with fields beyond an image and a label (masks, boxes, multi-labels,
+text: `fastdata.fields`) yield dict batches (`fastdata.read.samples`) from the cpu and memory
+backends; `fastdata.datamodules` holds the segmentation and detection members. A list of roots
+is a mix of datasets
 (`fastdata.read.mix`): each training epoch draws from each in proportion to its weight.
 """
 
@@ -44,7 +47,8 @@ from fastdata.read import BatchLoader, LoaderSpec, WorkerSettings, get_backend
 from fastdata.read.base import DEFAULT_LOADER_TIMEOUT
 from fastdata.read.carve import Carve, carve_fingerprint, check_fraction
 from fastdata.read.mix import epoch_mix, epoch_size, load_mix, mix_roots
-from fastdata.read.samples import FIELD_BACKENDS, EvalSample, TrainSample, finish_sample
+from fastdata.read.resident import finish_sample
+from fastdata.read.samples import FIELD_BACKENDS, EvalSample, TrainSample
 from fastdata.resume import ResumeState, dataset_fingerprint, mix_description
 from fastdata.runtime import (
     check_options,
@@ -426,8 +430,11 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the transforms the loader left (training: seeded from the plan) on the device.
 
-        Anything but an (images, labels) pair passes unchanged: Lightning also sends the model's
-        `example_input_array` through this hook (for the model summary).
+        A dict dataset's batch (`TrainSample` / `EvalSample`, `fastdata.read.samples`) gets the
+        regions its loader left (the memory backend: image, masks and boxes moved together,
+        `fastdata.read.resident.finish_sample`) and its image normalized; its other fields pass
+        as they are. Anything else but an (images, labels) pair passes unchanged: Lightning also
+        sends the model's `example_input_array` through this hook (for the model summary).
         """
         if isinstance(batch, Mapping):
             return self._finish_sample(batch)
@@ -469,7 +476,8 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """`loader`'s uint8 batches as the model gets them (moved to `device`, default the training
         device, and finished by `on_after_batch_transfer`), for code that iterates a loader itself:
-        ``torch.optim.swa_utils.update_bn(dm.prepared(dm.train_dataloader()), model)``."""
+        ``torch.optim.swa_utils.update_bn(dm.prepared(dm.train_dataloader()), model)``. Dict
+        batches come out as dicts (`TrainSample` / `EvalSample`) with their targets moved too."""
         target = torch.device(device) if device is not None else self._device()
         for batch in loader:
             yield self.on_after_batch_transfer(self.transfer_batch_to_device(batch, target, 0), 0)

@@ -15,7 +15,7 @@ A split that is not classification (`fastdata.read.samples`) is decoded once per
 Each batch of the epoch plan gathers its rows (rows skipped as corrupt under
 ``on_error="skip"`` are left out), marks evaluation padding (mask all `ignore_index`, no boxes,
 label -100, multi-hot zeros) and is yielded at the stored size: the preset's ops run batched on
-the device in `ShardDataModule.on_after_batch_transfer` (`samples.finish_sample`: the regions
+the device in `ShardDataModule.on_after_batch_transfer` (`finish_sample`: the regions
 drawn from the plan's batch seed move image, masks and boxes together), then normalizing.
 Nothing is cached on disk: dict splits are decoded when the loader is made.
 """
@@ -24,21 +24,30 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import torch
 
+from fastdata.augment import Preset
+from fastdata.fields import FieldSpec
 from fastdata.read.base import LoaderSpec
 from fastdata.read.decode import stored_hw
 from fastdata.read.plan import EpochPlan
 from fastdata.read.rows import RowReader, Skip, log_skips
-from fastdata.read.samples import Sample, SampleSpec, collate_samples, decode_fields, sample_spec
+from fastdata.read.samples import (
+    Sample,
+    SampleSpec,
+    box_labels_key,
+    collate_samples,
+    decode_fields,
+    sample_spec,
+)
 from fastdata.read.shardio import ShardReader, ShardReadError
 
-__all__ = ["ResidentSamples", "cover_region", "make_resident_loader"]
+__all__ = ["ResidentSamples", "cover_region", "finish_sample", "make_resident_loader"]
 
 log = logging.getLogger("fastdata")
 
@@ -187,3 +196,55 @@ def _on(batch: Sample, device: torch.device) -> Sample:
 def make_resident_loader(spec: LoaderSpec) -> ResidentSamples:
     """The memory backend's loader of a dict split (see the module docstring)."""
     return ResidentSamples(spec)
+
+
+def finish_sample(
+    batch: Mapping[str, Any],
+    fields: Mapping[str, FieldSpec],
+    preset: Preset,
+    train: bool,
+    batch_seed: int,
+    applied: int,
+    ignore_index: int = 255,
+) -> Sample:
+    """A dict batch with the preset's ops the loader left applied on its device (`warp_batch`).
+
+    The cpu backend applies every op in its workers (`applied` = all of them): the batch is
+    returned as it is (a copy of the same type). The memory backend applies none: each sample's
+    `Region` is drawn from `batch_seed` for the stored size and the image, masks and boxes move
+    together, batched on the device. Normalizing is left to the caller.
+    """
+    out = type(batch)(batch)
+    ops = preset.ops(train)
+    if applied >= len(ops) and preset.image_size is None:
+        return out
+    image = out["image"]
+    n, _, h, w = image.shape
+    if n == 0:
+        return out
+    out_hw = (preset.image_size, preset.image_size) if preset.image_size else (h, w)
+    if applied >= len(ops) and (h, w) == out_hw:
+        return out
+    from fastdata.augment.targets import draw_regions, warp_batch
+
+    regions = draw_regions(preset, train, [(h, w)] * n, out_hw, batch_seed)
+    masks = [k for k, f in fields.items() if f.kind == "mask" and k in out]
+    boxes = [k for k, f in fields.items() if f.kind == "boxes" and k in out]
+    first: dict[str, Any] = {}
+    if masks:
+        first["masks"] = out[masks[0]]
+    if boxes:
+        first["boxes"], first["box_labels"] = out[boxes[0]], out[box_labels_key(boxes[0])]
+    warped = warp_batch(image, regions, ignore_index=ignore_index, **first)
+    out["image"] = warped["image"]
+    if masks:
+        out[masks[0]] = warped["mask"]
+    if boxes:
+        out[boxes[0]], out[box_labels_key(boxes[0])] = warped["boxes"], warped["box_labels"]
+    for name in masks[1:]:
+        out[name] = warp_batch(image, regions, masks=out[name], ignore_index=ignore_index)["mask"]
+    for name in boxes[1:]:
+        key = box_labels_key(name)
+        w2 = warp_batch(image, regions, boxes=out[name], box_labels=out[key])
+        out[name], out[key] = w2["boxes"], w2["box_labels"]
+    return out

@@ -52,7 +52,6 @@ __all__ = [
     "collate_samples",
     "decode_fields",
     "decode_samples",
-    "finish_sample",
     "refuse_fields",
     "sample_spec",
 ]
@@ -353,55 +352,3 @@ def _int64(value: Any) -> torch.Tensor:
     if isinstance(value, torch.Tensor):
         return value.to(torch.int64)
     return torch.from_numpy(np.asarray(value).astype(np.int64))
-
-
-def finish_sample(
-    batch: Mapping[str, Any],
-    fields: Mapping[str, FieldSpec],
-    preset: Preset,
-    train: bool,
-    batch_seed: int,
-    applied: int,
-    ignore_index: int = 255,
-) -> Sample:
-    """A dict batch with the preset's ops the loader left applied on its device (`warp_batch`).
-
-    The cpu backend applies every op in its workers (`applied` = all of them): the batch is
-    returned as it is (a copy of the same type). The memory backend applies none: each sample's
-    `Region` is drawn from `batch_seed` for the stored size and the image, masks and boxes move
-    together, batched on the device. Normalizing is left to the caller.
-    """
-    out = type(batch)(batch)
-    ops = preset.ops(train)
-    if applied >= len(ops) and preset.image_size is None:
-        return out
-    image = out["image"]
-    n, _, h, w = image.shape
-    if n == 0:
-        return out
-    out_hw = (preset.image_size, preset.image_size) if preset.image_size else (h, w)
-    if applied >= len(ops) and (h, w) == out_hw:
-        return out
-    from fastdata.augment.targets import draw_regions, warp_batch
-
-    regions = draw_regions(preset, train, [(h, w)] * n, out_hw, batch_seed)
-    masks = [k for k, f in fields.items() if f.kind == "mask" and k in out]
-    boxes = [k for k, f in fields.items() if f.kind == "boxes" and k in out]
-    first: dict[str, Any] = {}
-    if masks:
-        first["masks"] = out[masks[0]]
-    if boxes:
-        first["boxes"], first["box_labels"] = out[boxes[0]], out[box_labels_key(boxes[0])]
-    warped = warp_batch(image, regions, ignore_index=ignore_index, **first)
-    out["image"] = warped["image"]
-    if masks:
-        out[masks[0]] = warped["mask"]
-    if boxes:
-        out[boxes[0]], out[box_labels_key(boxes[0])] = warped["boxes"], warped["box_labels"]
-    for name in masks[1:]:
-        out[name] = warp_batch(image, regions, masks=out[name], ignore_index=ignore_index)["mask"]
-    for name in boxes[1:]:
-        key = box_labels_key(name)
-        w2 = warp_batch(image, regions, boxes=out[name], box_labels=out[key])
-        out[name], out[key] = w2["boxes"], w2["box_labels"]
-    return out

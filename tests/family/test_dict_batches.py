@@ -175,3 +175,19 @@ def test_a_preset_with_a_user_callable_is_refused_for_a_dict_split(datasets):
     with pytest.raises(ValueError, match="moves only the images"):
         next(iter(dm.train_dataloader()))
     assert Preset  # a Preset of built-in ops is the way
+
+
+def test_worker_processes_give_the_same_dict_batches_as_the_training_process(datasets):
+    root, _ = datasets["None"]
+
+    def epochs(workers: int) -> list:
+        dm = _dm(root, "cpu", "photo", num_workers=workers, prefetch_factor=2)
+        return [list(dm.prepared(dm.train_dataloader())) for _epoch in range(2)]
+
+    for one, other in zip(epochs(0), epochs(2), strict=True):  # epoch 2: the look-ahead batch
+        assert len(one) == len(other) == 5
+        for a, b in zip(one, other, strict=True):
+            assert type(a) is type(b) is TrainSample and a.keys() == b.keys()
+            assert torch.equal(a["image"], b["image"]) and torch.equal(a["mask"], b["mask"])
+            assert a["meta"] == b["meta"] and a["caption"] == b["caption"]
+            assert all(torch.equal(x, y) for x, y in zip(a["boxes"], b["boxes"], strict=True))
