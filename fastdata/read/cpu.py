@@ -172,22 +172,19 @@ class ShardBatchDataset(IterableDataset):
         skips += batch.skips
         if self.fields is not None:  # a dict dataset: every field, decoded in `samples`
             return self._sample_batch(rows, plan, batch, skips)
-        images: list[np.ndarray] = []
-        labels: list[int] = []
-        payloads, where, refs = [], [], {}
-        for sample in batch.samples:
-            data = sample.image[1]
-            if self.raw_shape is not None:
+        if self.raw_shape is not None:
+            images: list[np.ndarray] = []
+            labels: list[int] = []
+            for slot, label, (_, data) in zip(batch.slots, batch.labels, batch.images, strict=True):
                 try:
                     images.append(decode_raw(data, self.raw_shape))
                 except ValueError as exc:
-                    skips.append(rows.fail(sample.shard, sample.index, exc))
+                    skips.append(rows.fail(*batch.refs[slot], exc))
                     continue
-            else:
-                payloads.append(data)
-            where.append(sample.slot)  # both or neither: images and labels stay aligned
-            labels.append(sample.label)
-            refs[sample.slot] = (sample.shard, sample.index)
+                labels.append(label)  # both or neither: images and labels stay aligned
+            return _collate(images, labels, self._empty_hw())
+        images, labels, refs = [], batch.labels, batch.refs
+        payloads, where = [data for _, data in batch.images], batch.slots
         if payloads:
             images, labels = self._decode(
                 reader, plan, number, refs, payloads, where, labels, skips

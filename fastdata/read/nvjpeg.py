@@ -118,13 +118,13 @@ def read_batch(reader: ShardReader, spec: LoaderSpec, plan: EpochPlan, number: i
     """The bytes and labels of batch `number` of `plan` (errors name shard and key)."""
     rows = RowReader(reader, spec.shard_sizes, train=spec.train)  # on_error="raise" only
     batch = EncodedBatch(number, [], [], [], [], [])
-    for sample in rows.read(plan, number).samples:
-        ext, data = sample.image
+    read = rows.read(plan, number)
+    for slot, label, (ext, data) in zip(read.slots, read.labels, read.images, strict=True):
         batch.payloads.append(bytes(data))
         batch.exts.append(ext)
-        batch.labels.append(sample.label)
-        batch.positions.append(sample.position)
-        batch.keys.append((sample.shard, sample.index))
+        batch.labels.append(label)
+        batch.positions.append(read.positions[slot])
+        batch.keys.append(tuple(read.refs[slot]))
     return batch
 
 

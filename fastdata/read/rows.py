@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -49,9 +50,9 @@ class Skip:
     shard_failed: bool = False
 
 
-@dataclass
-class RowSample:
-    """One sample of a planned batch, read but not decoded.
+class RowSample(NamedTuple):
+    """One sample of a planned batch, read but not decoded (`PlannedBatch.rows` holds them as
+    plain tuples in this order: a tuple costs a tenth of an object, per sample of every batch).
 
     Attributes:
         slot: its place in the planned batch (0 .. batch size - 1).
@@ -77,11 +78,44 @@ class RowSample:
 
 @dataclass
 class PlannedBatch:
-    """The samples of one planned batch that could be read, and those skipped."""
+    """The samples of one planned batch that could be read, and those skipped.
+
+    Classification batches are kept as columns (`slots`, `labels`, `images`: no object per
+    sample, which the garbage collector would walk), other batches as `rows`; `samples` gives
+    either as `RowSample`s.
+
+    Attributes:
+        number: the batch's number in the plan.
+        refs: (shard, index in shard) of every planned sample, by slot.
+        positions: every planned sample's position in the epoch order, by slot.
+        padded: every planned sample's evaluation-padding flag, by slot.
+        slots, labels, images: classification: the readable samples' slots, labels and
+            (component, bytes) images, in plan order.
+        rows: other splits: one tuple per readable sample, fields as in `RowSample`.
+        skips: the samples skipped under on_error='skip'.
+    """
 
     number: int
-    samples: list[RowSample] = field(default_factory=list)
+    refs: list[list[int]] = field(default_factory=list)
+    positions: list[int] = field(default_factory=list)
+    padded: list[bool] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+    images: list[tuple[str, memoryview]] = field(default_factory=list)
+    rows: list[tuple] = field(default_factory=list)
     skips: list[Skip] = field(default_factory=list)
+
+    @property
+    def samples(self) -> list[RowSample]:
+        """The readable samples as `RowSample`s (classification: without their `parts`)."""
+        if self.rows:
+            return [RowSample._make(row) for row in self.rows]
+        return [
+            RowSample(
+                slot, *self.refs[slot], {}, label, image, self.padded[slot], self.positions[slot]
+            )
+            for slot, label, image in zip(self.slots, self.labels, self.images, strict=True)
+        ]
 
 
 class RowReader:
@@ -117,31 +151,54 @@ class RowReader:
             ShardReadError: a sample cannot be read and on_error is "raise" (names shard, key).
         """
         refs = rows_to_refs(plan.rows[number], self.shard_sizes).tolist()
-        pad, positions = plan.padding[number], plan.positions[number]
-        batch = PlannedBatch(number)
+        n = len(refs)
+        pads = [False] * n if self.train else plan.padding[number].tolist()
+        batch = PlannedBatch(number, refs, plan.positions[number].tolist(), pads)
+        if not self.classification:
+            for slot, (shard, index) in enumerate(refs):
+                try:
+                    parts = self.reader.sample(shard, index)
+                except (ShardReadError, ValueError) as exc:
+                    batch.skips.append(self.fail(shard, index, exc))
+                    continue
+                batch.rows.append(
+                    (slot, shard, index, parts, None, None, pads[slot], batch.positions[slot])
+                )
+            return batch
+        slots, labels, images = batch.slots, batch.labels, batch.images
+        reader = self.reader
+        sample, key, entries = reader.sample, reader.key, reader.shards
+        # `_read` inlined: this loop runs for every sample of every classification batch.
         for slot, (shard, index) in enumerate(refs):
-            padded = bool(pad[slot]) and not self.train
             try:
-                sample = self.sample(shard, index, padded)
+                parts = sample(shard, index)
+                label, _ = schema.label_and_id(key(shard, index), parts)
+                label = PAD_LABEL if pads[slot] else entries[shard].map_label(label)
+                image = schema.image_component(parts)
             except (ShardReadError, ValueError) as exc:
                 batch.skips.append(self.fail(shard, index, exc))
                 continue
-            sample.slot, sample.position = slot, int(positions[slot])
-            batch.samples.append(sample)
+            slots.append(slot)
+            labels.append(label)
+            images.append(image)
         return batch
 
     def sample(self, shard: int, index: int, padded: bool = False) -> RowSample:
         """One sample by (shard, index); raises ShardReadError or ValueError (unnamed)."""
+        parts, label, image = self._read(shard, index, padded)
+        return RowSample(0, shard, index, parts, label, image, padded, 0)
+
+    def _read(
+        self, shard: int, index: int, padded: bool
+    ) -> tuple[Mapping[str, memoryview], int | None, tuple[str, memoryview] | None]:
         reader = self.reader
         parts = reader.sample(shard, index)
-        label = image = None
-        if self.classification:
-            label, _ = schema.label_and_id(reader.key(shard, index), parts)
-            label = reader.shards[shard].map_label(label)  # a mix's merged classes
-            image = schema.image_component(parts)
-            if padded:
-                label = PAD_LABEL
-        return RowSample(0, shard, index, parts, label, image, padded, 0)
+        if not self.classification:
+            return parts, None, None
+        label, _ = schema.label_and_id(reader.key(shard, index), parts)
+        label = reader.shards[shard].map_label(label)  # a mix's merged classes
+        image = schema.image_component(parts)
+        return parts, PAD_LABEL if padded else label, image
 
     def error(
         self, shard: int, index: int, exc: Exception, field: str | None = None

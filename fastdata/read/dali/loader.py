@@ -153,9 +153,10 @@ class DaliLoader:
         try:
             for number in range(len(plan.rows)):
                 data, labels = [], []
-                for sample in rows.read(plan, number).samples:
-                    data.append(np.frombuffer(sample.image[1], dtype=np.uint8).copy())
-                    labels.append(np.array([sample.label], dtype=np.int64))
+                read = rows.read(plan, number)
+                for label, (_, image) in zip(read.labels, read.images, strict=True):
+                    data.append(np.frombuffer(image, dtype=np.uint8).copy())
+                    labels.append(np.array([label], dtype=np.int64))
                 yield data, labels
         finally:
             reader.close()
