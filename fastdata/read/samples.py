@@ -190,6 +190,8 @@ def decode_fields(rows: RowReader, sample: RowSample, spec: SampleSpec) -> dict[
                 value = _decode_image(value, field, sample, spec)
             elif field.kind == "label":
                 value = rows.reader.shards[sample.shard].map_label(value)
+            elif field.kind in ("labels", "boxes"):
+                value = _map_classes(value, field.kind, rows.reader.shards[sample.shard])
             elif (
                 field.kind == "labels"
                 and len(value)
@@ -212,6 +214,20 @@ def decode_fields(rows: RowReader, sample: RowSample, spec: SampleSpec) -> dict[
                 )
                 return rows.fail(sample.shard, sample.index, exc, field=name)
     return values
+
+
+def _map_classes(value: Any, kind: str, entry: Any) -> Any:
+    """Class indices of a `labels` or `boxes` field in a mix's merged classes (`map_label`)."""
+    if entry.label_map is None:
+        return value
+    table = np.asarray(entry.label_map, dtype=np.int64)
+    classes = value if kind == "labels" else value[1]
+    if len(classes) and (classes.min() < 0 or classes.max() >= len(table)):
+        raise FieldError(
+            f"class indices {classes.tolist()[:8]} outside the dataset's {len(table)} classes"
+        )
+    mapped = table[classes]
+    return mapped if kind == "labels" else (value[0], mapped)
 
 
 def _decode_image(

@@ -191,3 +191,30 @@ def test_worker_processes_give_the_same_dict_batches_as_the_training_process(dat
             assert torch.equal(a["image"], b["image"]) and torch.equal(a["mask"], b["mask"])
             assert a["meta"] == b["meta"] and a["caption"] == b["caption"]
             assert all(torch.equal(x, y) for x, y in zip(a["boxes"], b["boxes"], strict=True))
+
+
+def test_a_mix_of_dict_datasets_keeps_fields_and_merges_classes(tmp_path: Path) -> None:
+    """Two datasets whose classes are listed in other orders: the mix's class of every target
+    (label list, box labels) is the one its name has in the mix."""
+    import json
+
+    a = write_field_shards(tmp_path / "a", {"train": rectangles(16, 21), "val": rectangles(4, 22)})
+    b = write_field_shards(tmp_path / "b", {"train": rectangles(16, 23), "val": rectangles(4, 24)})
+    manifest = json.loads((b / "manifest.json").read_text())
+    manifest["classes"] = manifest["classes"][::-1]  # b's class i is the mix's class 4 - i
+    (b / "manifest.json").write_text(json.dumps(manifest))
+    rects = {r.key: r for s in (21, 23) for r in rectangles(16, s)}
+    dm = SegmentationDataModule(
+        [a, b], batch_size=8, num_workers=0, backend="cpu", image_size=16, drop_last=False
+    )
+    seen = 0
+    for batch in dm.prepared(dm.train_dataloader()):
+        for i, meta in enumerate(batch["meta"]):
+            rect = rects[meta["key"]]
+            cls = rect.cls if meta["key"].startswith("s21") else NUM_CLASSES - 1 - rect.cls
+            other = (rect.cls + 2) % NUM_CLASSES
+            other = other if meta["key"].startswith("s21") else NUM_CLASSES - 1 - other
+            assert batch["labels"][i].nonzero().flatten().tolist() == sorted({cls, other})
+            assert batch["box_labels"][i].tolist() in ([cls], [])
+            seen += 1
+    assert seen == 32
