@@ -239,7 +239,10 @@ class ShardBatchDataset(IterableDataset):
             return
         info = get_worker_info()
         self.state[_SKIPS + (info.id if info else 0)] += len(skips)
-        log_skips(skips, self.__dict__.setdefault("_failed_shards", set()))
+        # Failed shards: warned once an epoch (`__iter__` resets them); bad samples: once a key
+        # in this process (a worker that persists between epochs, or the training process).
+        logged = self.__dict__.setdefault("_logged_keys", set())
+        log_skips(skips, self.__dict__.setdefault("_failed_shards", set()), logged)
 
 
 _Skip = Skip

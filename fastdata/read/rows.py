@@ -22,8 +22,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-import numpy as np
-
 from fastdata import schema
 from fastdata.read.plan import PAD_LABEL, EpochPlan, rows_to_refs
 from fastdata.read.shardio import ShardReader, ShardReadError
@@ -235,8 +233,15 @@ def _key_or_index(reader: ShardReader, shard: int, index: int) -> str:
         return f"#{index}"
 
 
-def log_skips(skips: list[Skip], warned: set[str]) -> None:
-    """Log skipped samples once per key (a failed shard once per shard), noting them in `warned`."""
+def log_skips(skips: list[Skip], warned: set[str], keys: set[str] | None = None) -> None:
+    """Log skipped samples once per key, a failed shard once per shard.
+
+    Args:
+        skips: the skips of a batch.
+        warned: shards already warned about (noted here).
+        keys: samples already logged (noted here); None: `warned` holds them too.
+    """
+    keys = warned if keys is None else keys
     for skip in skips:
         if skip.shard_failed:  # a remote shard that failed to download: warned once
             if skip.shard not in warned:
@@ -244,19 +249,9 @@ def log_skips(skips: list[Skip], warned: set[str]) -> None:
                 log.warning("skipped shard %s (on_error='skip'): %s", skip.shard, skip.reason)
             continue
         tag = f"{skip.shard}\0{skip.key}"
-        if tag in warned:
+        if tag in keys:
             continue
-        warned.add(tag)
+        keys.add(tag)
         log.warning(
             "skipped bad sample %s in %s (on_error='skip'): %s", skip.key, skip.shard, skip.reason
         )
-
-
-def plan_refs(plan: EpochPlan, numbers: list[int], shard_sizes: tuple[int, ...]) -> np.ndarray:
-    """The shards that batches `numbers` of `plan` read, in their order of first reading."""
-    if not numbers:
-        return np.zeros(0, dtype=np.int64)
-    rows = np.concatenate([plan.rows[n] for n in numbers])
-    shards = rows_to_refs(rows, shard_sizes)[:, 0]
-    first = np.sort(np.unique(shards, return_index=True)[1])
-    return shards[first]
