@@ -59,8 +59,20 @@ def _pixels(dm: ShardDataModule, image: torch.Tensor) -> torch.Tensor:
     return image.float() * std + mean
 
 
+def _cpu(batch):
+    """The batch's tensors on the CPU (the DataModule's device is CUDA where there is one)."""
+    out = type(batch)(batch)
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor):
+            out[key] = value.cpu()
+        elif isinstance(value, list) and value and isinstance(value[0], torch.Tensor):
+            out[key] = [v.cpu() for v in value]
+    return out
+
+
 def check_sample(batch, i: int, rects: dict, dm: ShardDataModule) -> None:
     """Every property of sample `i` of a prepared dict batch (see the module docstring)."""
+    batch = _cpu(batch)
     rect = rects[batch["meta"][i]["key"]]
     assert batch["caption"][i] == f"a white box of class {rect.cls} in {rect.key}"
     expected = torch.zeros(NUM_CLASSES)
