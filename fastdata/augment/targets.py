@@ -123,9 +123,15 @@ def _draw_one(
             top, left, bh, bw = rrc_params(hw[0], hw[1], op.scale, op.ratio, rng)
             state, hw = _canvas_box(state, hw, (left, top, left + bw, top + bh)), out_hw
         elif isinstance(op, ResizeCenterCrop):
-            s = min(hw[0] / out_hw[0], hw[1] / out_hw[1]) / op.ratio
-            bh = min(hw[0], max(1, round(out_hw[0] * s)))
-            bw = min(hw[1], max(1, round(out_hw[1] * s)))
+            # The limiting side gives 1 / ratio of itself (a square output: of the shorter
+            # side, as the cpu backend's decode-time centre crop), the other the output's aspect.
+            if hw[0] * out_hw[1] <= hw[1] * out_hw[0]:
+                bh = round(hw[0] / op.ratio)
+                bw = round(hw[0] / op.ratio * out_hw[1] / out_hw[0])
+            else:
+                bw = round(hw[1] / op.ratio)
+                bh = round(hw[1] / op.ratio * out_hw[0] / out_hw[1])
+            bh, bw = min(hw[0], max(1, bh)), min(hw[1], max(1, bw))
             top, left = (hw[0] - bh) // 2, (hw[1] - bw) // 2
             state, hw = _canvas_box(state, hw, (left, top, left + bw, top + bh)), out_hw
         elif isinstance(op, PadCrop):
@@ -229,7 +235,7 @@ def warp_boxes(
     b, labels = check_boxes(boxes, box_labels, "")
     params = torch.tensor([box_params(region, in_hw)], dtype=torch.float64, device=b.device)
     out, keep = map_boxes(b, params.expand(b.shape[0], -1))
-    return out[keep].to(torch.float32), None if labels is None else labels[keep]
+    return out[keep], None if labels is None else labels[keep]
 
 
 # ----------------------------------------------------------------------------- public warps

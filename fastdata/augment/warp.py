@@ -56,7 +56,11 @@ def box_params(region: Region, in_hw: tuple[int, int]) -> list[float]:
 
 
 def map_boxes(b: Tensor, p: Tensor) -> tuple[Tensor, Tensor]:
-    """(mapped and clipped float64 boxes, keep flags) of boxes `b` with per-box parameters `p`."""
+    """(mapped and clipped float32 boxes, keep flags) of boxes `b` with per-box parameters `p`.
+
+    Computed in float64 (the same on every device), rounded to float32, then a box with no width
+    or no height left is flagged for dropping.
+    """
     x0, y0, x1, y1, flip, oh, ow, h, w = p.unbind(1)
     bx0, bx1 = torch.minimum(b[:, 0].clamp(min=0), w), torch.minimum(b[:, 2].clamp(min=0), w)
     by0, by1 = torch.minimum(b[:, 1].clamp(min=0), h), torch.minimum(b[:, 3].clamp(min=0), h)
@@ -75,6 +79,7 @@ def map_boxes(b: Tensor, p: Tensor) -> tuple[Tensor, Tensor]:
         ],
         1,
     )
+    out = out.to(torch.float32)  # then the area test: a sliver may round to nothing in float32
     return out, (out[:, 2] > out[:, 0]) & (out[:, 3] > out[:, 1])
 
 
@@ -230,9 +235,7 @@ def warp_box_lists(
     params = torch.tensor([box_params(r, in_hw) for r in regions], dtype=torch.float64, device=dev)
     mapped, keep = map_boxes(cat, params.repeat_interleave(torch.tensor(counts, device=dev), 0))
     kept = keep.split(counts)
-    result = {
-        "boxes": [m[k].to(torch.float32) for m, k in zip(mapped.split(counts), kept, strict=True)]
-    }
+    result = {"boxes": [m[k] for m, k in zip(mapped.split(counts), kept, strict=True)]}
     if box_labels is not None:
         result["box_labels"] = [lab.to(dev)[k] for (_, lab), k in zip(pairs, kept, strict=True)]
     return result

@@ -168,7 +168,11 @@ def test_pad_crop_region_pads_with_zeros_and_ignore_index():
     image = np.full((6, 8, 3), 200, np.uint8)
     mask = np.arange(48, dtype=np.uint8).reshape(6, 8)
     region = Region((-2.0, 1.0, 6.0, 7.0), False, (6, 8))  # 2 columns left, 1 row below
-    out = warp_sample(image, region, mask=mask, ignore_index=99)
+    # past the image's left edge (into the padding); past its right edge (cut off by the crop)
+    boxes = np.array([[-3, 2, 4, 5], [7, 0, 9, 3]], np.float32)
+    out = warp_sample(image, region, mask=mask, ignore_index=99, boxes=boxes)
+    # clipped to the image before the map: the padding holds no part of a box
+    assert out["boxes"].tolist() == [[2.0, 1.0, 6.0, 4.0]]
     assert (out["image"][:, :, :2] == 0).all() and (out["image"][:, 5:] == 0).all()
     assert (out["image"][:, :5, 2:] == 200).all()
     want = np.full((6, 8), 99)
@@ -209,3 +213,33 @@ def test_warp_checks_shapes():
             boxes=[torch.zeros(0, 4), torch.ones(1, 4)],
             box_labels=[torch.zeros(0), torch.zeros(2)],
         )
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_photo_regions_match_the_cpu_decoders_crop(train):
+    """With the same seeds, the photo preset's regions are the boxes and flips that the cpu
+    backend's decode-time geometry draws (fastdata.read.decode), so a worker can warp targets
+    for a crop it fused into decoding."""
+    from fastdata.read.decode import Geometry, _draw
+
+    geometry = Geometry("rrc", 64, flip_p=0.5) if train else Geometry("center", 64)
+    sizes = [(480, 640), (333, 500), (64, 64), (701, 129), (100, 1000)]
+    seeds = list(range(100, 105))
+    regions = draw_regions(get_preset("photo", 64), train, sizes, (64, 64), 0, seeds=seeds)
+    for (h, w), seed, region in zip(sizes, seeds, regions, strict=True):
+        box, flip = _draw((w, h), geometry, np.random.default_rng(seed))
+        assert region.box == tuple(float(v) for v in box) and region.flip == flip
+
+
+def test_mask_samples_the_pixel_under_each_output_centre():
+    """Nearest is "nearest-exact": output pixel i reads source floor((i + 0.5) * scale)."""
+    mask = torch.arange(8 * 12, dtype=torch.int64).reshape(1, 8, 12)
+    images = torch.zeros(1, 3, 8, 12, dtype=torch.uint8)
+    down = Region((0.0, 0.0, 12.0, 8.0), False, (4, 4))  # x / 3, y / 2
+    out = warp_batch(images, [down], masks=mask)["mask"][0]
+    assert torch.equal(out, mask[0, 1::2, 1::3])
+    up = Region((2.0, 2.0, 6.0, 4.0), True, (6, 10))  # 2.5x wider, 3x taller, mirrored
+    out = warp_sample(images[0], up, mask=mask[0])["mask"]
+    rows = [2 + int((i + 0.5) * 2 / 6) for i in range(6)]
+    cols = [2 + int((9 - j + 0.5) * 4 / 10) for j in range(10)]
+    assert out.tolist() == mask[0][rows][:, cols].tolist()
