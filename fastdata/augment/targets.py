@@ -56,7 +56,7 @@ from fastdata.augment.warp import (
     warp_masks,
 )
 
-__all__ = ["Region", "draw_regions", "warp_batch", "warp_boxes", "warp_sample"]
+__all__ = ["Region", "cover_region", "draw_regions", "warp_batch", "warp_boxes", "warp_sample"]
 
 Box = tuple[float, float, float, float]
 
@@ -206,6 +206,27 @@ def draw_regions(
         rng = np.random.default_rng(seed)
         regions.append(_draw_one(ops, (int(h), int(w)), out_hw, rng, preset.name, allow_custom))
     return regions
+
+
+def cover_region(in_hw: tuple[int, int], out_hw: tuple[int, int]) -> Region:
+    """The region of a resize that just covers `out_hw`, keeping the centre window.
+
+    The geometry of the "cover" decode (`fastdata.read.decode.Geometry("cover")`: how the memory
+    backend and the decoded cache store photos at `stored_hw`), so a sample's mask and boxes can
+    be stored the way its image is; the box is fractional when the aspects differ.
+
+    Args:
+        in_hw: the source ``(H, W)``.
+        out_hw: the stored ``(H, W)``.
+    """
+    (h, w), (th, tw) = in_hw, out_hw
+    if min(h, w, th, tw) < 1:
+        raise ValueError(f"cover_region needs positive sizes, got {in_hw} -> {out_hw}")
+    cover = max(tw / w, th / h)  # the formula of decode._cover
+    box = ((w - tw / cover) / 2, (h - th / cover) / 2, (w + tw / cover) / 2, (h + th / cover) / 2)
+    # float noise off a whole pixel (15 - 21 / 1.4 = -2e-15) snaps back to it
+    snapped = tuple(float(round(v)) if abs(v - round(v)) < 1e-9 else v for v in box)
+    return Region(snapped, False, (int(th), int(tw)))  # type: ignore[arg-type]
 
 
 # ----------------------------------------------------------------------------- boxes

@@ -243,3 +243,12 @@ def test_mask_samples_the_pixel_under_each_output_centre():
     rows = [2 + int((i + 0.5) * 2 / 6) for i in range(6)]
     cols = [2 + int((9 - j + 0.5) * 4 / 10) for j in range(10)]
     assert out.tolist() == mask[0][rows][:, cols].tolist()
+
+
+def test_float_noise_at_an_edge_pulls_in_no_padding():
+    """A box edge a hair past the image (as float arithmetic may leave it) is taken as on it."""
+    image = torch.full((1, 3, 10, 15), 200, dtype=torch.uint8)
+    noisy = Region((-1e-5, 0.0, 15.0 + 1e-5, 10.0), False, (4, 7))  # float32-sized noise
+    out = warp_batch(image, [noisy], masks=torch.ones(1, 10, 15, dtype=torch.uint8))
+    assert (out["image"] == 200).all()
+    assert (out["mask"] == 1).all()

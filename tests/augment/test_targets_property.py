@@ -271,3 +271,55 @@ def test_warp_batch_equals_warp_sample(name, preset, train, device):
             assert torch.equal(got["box_labels"].cpu(), one["box_labels"])
             check_sample(got, _exact(region, (h, w)), stats, _footprint(region, (h, w)))
     assert stats["kept"] > 0
+
+
+@pytest.mark.parametrize("out_hw", [(48, 64), (37, 37), (90, 21)])
+def test_cover_region_matches_the_cover_decode(out_hw):
+    """The memory backend stores photos with the "cover" decode (Pillow); `cover_region` moves
+    the mask and boxes the same way, read back from the Pillow-decoded pixels."""
+    import io
+
+    from PIL import Image
+
+    from fastdata.augment import cover_region
+    from fastdata.read.decode import Geometry, decode_image
+
+    stats = _stats()
+    for seed in range(24):
+        rng = np.random.default_rng([seed, 22])
+        h, w = (int(v) for v in rng.integers(9, 160, size=2))
+        scene = _scene(rng, h, w, style=seed % 3)
+        scene.image.flags.writeable = False  # as Pillow's arrays are: no torch warning
+        png = io.BytesIO()
+        Image.fromarray(scene.image).save(png, format="PNG")
+        region = cover_region((h, w), out_hw)
+        try:
+            pixels = decode_image(png.getvalue(), Geometry("cover", hw=out_hw), rng)
+        except ValueError as exc:  # decode._cover's float noise: see the xfail test below
+            assert "box offset can't be negative" in str(exc)
+            stats["decode_bug"] = stats.get("decode_bug", 0) + 1
+            continue
+        out = warp_sample(
+            scene.image, region, mask=scene.mask, boxes=scene.box, box_labels=scene.labels
+        )
+        out["image"] = torch.from_numpy(pixels.copy()).permute(2, 0, 1)  # Pillow's pixels
+        check_sample(out, False, stats, _footprint(region, (h, w)))
+    assert stats["kept"] > 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="fastdata.read.decode._cover: (w - tw / cover) / 2 = -1e-15 for a 65x15 image covering "
+    "90x21, and Pillow refuses a negative box offset (decode.py is not this module's to fix)",
+)
+def test_cover_decode_of_an_image_with_the_output_aspect():
+    import io
+
+    from PIL import Image
+
+    from fastdata.read.decode import Geometry, decode_image
+
+    png = io.BytesIO()
+    Image.new("RGB", (15, 65)).save(png, format="PNG")
+    pixels = decode_image(png.getvalue(), Geometry("cover", hw=(90, 21)), np.random.default_rng(0))
+    assert pixels.shape == (90, 21, 3)
