@@ -21,6 +21,15 @@ sample seeded ``image_seed(batch_seed, i)`` (or the caller's seeds). `warp_sampl
 to one sample on the CPU (a DataLoader worker, at decode time); `warp_batch` applies a batch of
 regions on the batch's device (two batched matrix products for the images, one gather for the
 masks) and gives `warp_sample`'s result (images within one grey level, masks and boxes equal).
+
+Why not torchvision.transforms.v2 (whose tv_tensors move masks and boxes too, and which a user
+can still call on a whole sample): v2 draws one set of parameters per call, so a batch on the
+device needs a Python loop over samples; torchvision is not in the CPU environment fastdata
+installs; and a worker (decode time) and the device (resident split) must apply the *same*
+region, drawn from the plan's seed, which `Region` carries between them. For a whole-pixel box
+the images equal v2's ``resized_crop`` + ``horizontal_flip`` (both are torch's antialiased
+bilinear); masks differ: v2's NEAREST samples ``floor(i * scale)``, half a pixel off the image,
+where this module samples the pixel under each output centre.
 """
 
 from __future__ import annotations
