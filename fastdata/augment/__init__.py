@@ -73,7 +73,14 @@ from fastdata.augment.presets import (
     get_preset,
     image_seed,
 )
-from fastdata.augment.targets import Region, draw_regions, warp_batch, warp_boxes, warp_sample
+from fastdata.augment.targets import (
+    Region,
+    cover_region,
+    draw_regions,
+    warp_batch,
+    warp_boxes,
+    warp_sample,
+)
 
 __all__ = [
     "CIFAR10_MEAN",
@@ -93,6 +100,7 @@ __all__ = [
     "ResizeCenterCrop",
     "batch_rrc_params",
     "center_crop_params",
+    "cover_region",
     "crop_with_padding",
     "draw_regions",
     "flip_horizontal",

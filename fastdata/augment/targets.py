@@ -21,6 +21,15 @@ sample seeded ``image_seed(batch_seed, i)`` (or the caller's seeds). `warp_sampl
 to one sample on the CPU (a DataLoader worker, at decode time); `warp_batch` applies a batch of
 regions on the batch's device (two batched matrix products for the images, one gather for the
 masks) and gives `warp_sample`'s result (images within one grey level, masks and boxes equal).
+
+Why not torchvision.transforms.v2 (whose tv_tensors move masks and boxes too, and which a user
+can still call on a whole sample): v2 draws one set of parameters per call, so a batch on the
+device needs a Python loop over samples; torchvision is not in the CPU environment fastdata
+installs; and a worker (decode time) and the device (resident split) must apply the *same*
+region, drawn from the plan's seed, which `Region` carries between them. For a whole-pixel box
+the images equal v2's ``resized_crop`` + ``horizontal_flip`` (both are torch's antialiased
+bilinear); masks differ: v2's NEAREST samples ``floor(i * scale)``, half a pixel off the image,
+where this module samples the pixel under each output centre.
 """
 
 from __future__ import annotations
@@ -56,7 +65,7 @@ from fastdata.augment.warp import (
     warp_masks,
 )
 
-__all__ = ["Region", "draw_regions", "warp_batch", "warp_boxes", "warp_sample"]
+__all__ = ["Region", "cover_region", "draw_regions", "warp_batch", "warp_boxes", "warp_sample"]
 
 Box = tuple[float, float, float, float]
 
@@ -123,9 +132,15 @@ def _draw_one(
             top, left, bh, bw = rrc_params(hw[0], hw[1], op.scale, op.ratio, rng)
             state, hw = _canvas_box(state, hw, (left, top, left + bw, top + bh)), out_hw
         elif isinstance(op, ResizeCenterCrop):
-            s = min(hw[0] / out_hw[0], hw[1] / out_hw[1]) / op.ratio
-            bh = min(hw[0], max(1, round(out_hw[0] * s)))
-            bw = min(hw[1], max(1, round(out_hw[1] * s)))
+            # The limiting side gives 1 / ratio of itself (a square output: of the shorter
+            # side, as the cpu backend's decode-time centre crop), the other the output's aspect.
+            if hw[0] * out_hw[1] <= hw[1] * out_hw[0]:
+                bh = round(hw[0] / op.ratio)
+                bw = round(hw[0] / op.ratio * out_hw[1] / out_hw[0])
+            else:
+                bw = round(hw[1] / op.ratio)
+                bh = round(hw[1] / op.ratio * out_hw[0] / out_hw[1])
+            bh, bw = min(hw[0], max(1, bh)), min(hw[1], max(1, bw))
             top, left = (hw[0] - bh) // 2, (hw[1] - bw) // 2
             state, hw = _canvas_box(state, hw, (left, top, left + bw, top + bh)), out_hw
         elif isinstance(op, PadCrop):
@@ -202,6 +217,27 @@ def draw_regions(
     return regions
 
 
+def cover_region(in_hw: tuple[int, int], out_hw: tuple[int, int]) -> Region:
+    """The region of a resize that just covers `out_hw`, keeping the centre window.
+
+    The geometry of the "cover" decode (`fastdata.read.decode.Geometry("cover")`: how the memory
+    backend and the decoded cache store photos at `stored_hw`), so a sample's mask and boxes can
+    be stored the way its image is; the box is fractional when the aspects differ.
+
+    Args:
+        in_hw: the source ``(H, W)``.
+        out_hw: the stored ``(H, W)``.
+    """
+    (h, w), (th, tw) = in_hw, out_hw
+    if min(h, w, th, tw) < 1:
+        raise ValueError(f"cover_region needs positive sizes, got {in_hw} -> {out_hw}")
+    cover = max(tw / w, th / h)  # the formula of decode._cover
+    box = ((w - tw / cover) / 2, (h - th / cover) / 2, (w + tw / cover) / 2, (h + th / cover) / 2)
+    # float noise off a whole pixel (15 - 21 / 1.4 = -2e-15) snaps back to it
+    snapped = tuple(float(round(v)) if abs(v - round(v)) < 1e-9 else v for v in box)
+    return Region(snapped, False, (int(th), int(tw)))  # type: ignore[arg-type]
+
+
 # ----------------------------------------------------------------------------- boxes
 def warp_boxes(
     boxes: Tensor | np.ndarray,
@@ -229,7 +265,7 @@ def warp_boxes(
     b, labels = check_boxes(boxes, box_labels, "")
     params = torch.tensor([box_params(region, in_hw)], dtype=torch.float64, device=b.device)
     out, keep = map_boxes(b, params.expand(b.shape[0], -1))
-    return out[keep].to(torch.float32), None if labels is None else labels[keep]
+    return out[keep], None if labels is None else labels[keep]
 
 
 # ----------------------------------------------------------------------------- public warps

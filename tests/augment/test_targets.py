@@ -168,7 +168,11 @@ def test_pad_crop_region_pads_with_zeros_and_ignore_index():
     image = np.full((6, 8, 3), 200, np.uint8)
     mask = np.arange(48, dtype=np.uint8).reshape(6, 8)
     region = Region((-2.0, 1.0, 6.0, 7.0), False, (6, 8))  # 2 columns left, 1 row below
-    out = warp_sample(image, region, mask=mask, ignore_index=99)
+    # past the image's left edge (into the padding); past its right edge (cut off by the crop)
+    boxes = np.array([[-3, 2, 4, 5], [7, 0, 9, 3]], np.float32)
+    out = warp_sample(image, region, mask=mask, ignore_index=99, boxes=boxes)
+    # clipped to the image before the map: the padding holds no part of a box
+    assert out["boxes"].tolist() == [[2.0, 1.0, 6.0, 4.0]]
     assert (out["image"][:, :, :2] == 0).all() and (out["image"][:, 5:] == 0).all()
     assert (out["image"][:, :5, 2:] == 200).all()
     want = np.full((6, 8), 99)
@@ -209,3 +213,81 @@ def test_warp_checks_shapes():
             boxes=[torch.zeros(0, 4), torch.ones(1, 4)],
             box_labels=[torch.zeros(0), torch.zeros(2)],
         )
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_photo_regions_match_the_cpu_decoders_crop(train):
+    """With the same seeds, the photo preset's regions are the boxes and flips that the cpu
+    backend's decode-time geometry draws (fastdata.read.decode), so a worker can warp targets
+    for a crop it fused into decoding."""
+    from fastdata.read.decode import Geometry, _draw
+
+    geometry = Geometry("rrc", 64, flip_p=0.5) if train else Geometry("center", 64)
+    sizes = [(480, 640), (333, 500), (64, 64), (701, 129), (100, 1000)]
+    seeds = list(range(100, 105))
+    regions = draw_regions(get_preset("photo", 64), train, sizes, (64, 64), 0, seeds=seeds)
+    for (h, w), seed, region in zip(sizes, seeds, regions, strict=True):
+        box, flip = _draw((w, h), geometry, np.random.default_rng(seed))
+        assert region.box == tuple(float(v) for v in box) and region.flip == flip
+
+
+def test_mask_samples_the_pixel_under_each_output_centre():
+    """Nearest is "nearest-exact": output pixel i reads source floor((i + 0.5) * scale)."""
+    mask = torch.arange(8 * 12, dtype=torch.int64).reshape(1, 8, 12)
+    images = torch.zeros(1, 3, 8, 12, dtype=torch.uint8)
+    down = Region((0.0, 0.0, 12.0, 8.0), False, (4, 4))  # x / 3, y / 2
+    out = warp_batch(images, [down], masks=mask)["mask"][0]
+    assert torch.equal(out, mask[0, 1::2, 1::3])
+    up = Region((2.0, 2.0, 6.0, 4.0), True, (6, 10))  # 2.5x wider, 3x taller, mirrored
+    out = warp_sample(images[0], up, mask=mask[0])["mask"]
+    rows = [2 + int((i + 0.5) * 2 / 6) for i in range(6)]
+    cols = [2 + int((9 - j + 0.5) * 4 / 10) for j in range(10)]
+    assert out.tolist() == mask[0][rows][:, cols].tolist()
+
+
+def test_float_noise_at_an_edge_pulls_in_no_padding():
+    """A box edge a hair past the image (as float arithmetic may leave it) is taken as on it."""
+    image = torch.full((1, 3, 10, 15), 200, dtype=torch.uint8)
+    noisy = Region((-1e-5, 0.0, 15.0 + 1e-5, 10.0), False, (4, 7))  # float32-sized noise
+    out = warp_batch(image, [noisy], masks=torch.ones(1, 10, 15, dtype=torch.uint8))
+    assert (out["image"] == 200).all()
+    assert (out["mask"] == 1).all()
+
+
+# The README's "Targets that move with the image" example, verbatim (the coordinator places it).
+README_EXAMPLE = """
+import numpy as np
+import torch
+
+from fastdata.augment import draw_regions, get_preset, warp_batch, warp_sample
+
+image = np.full((375, 500, 3), 40, np.uint8)  # HWC uint8, as decoded
+image[100:200, 150:300] = (230, 30, 200)  # one object...
+mask = np.zeros((375, 500), np.uint8)
+mask[100:200, 150:300] = 1  # ...its pixels...
+boxes = np.array([[150, 100, 300, 200]], np.float32)  # ...and its box (xyxy, pixels)
+labels = np.array([1])
+
+# One region per sample from the preset's train ops (random-resized crop, flip), seeded per sample.
+preset = get_preset("photo", image_size=224)
+regions = draw_regions(preset, True, [image.shape[:2]] * 4, (224, 224), batch_seed=0)
+one = warp_sample(image, regions[0], mask=mask, boxes=boxes, box_labels=labels)
+print(one["image"].shape, one["mask"].shape, one["boxes"], one["box_labels"])
+
+# The same regions on a batch, on any device: one batched resize, one gather.
+images = torch.from_numpy(image).permute(2, 0, 1).expand(4, -1, -1, -1).contiguous()
+batch = warp_batch(
+    images,
+    regions,
+    masks=torch.from_numpy(mask).expand(4, -1, -1),
+    boxes=[torch.from_numpy(boxes)] * 4,
+    box_labels=[torch.from_numpy(labels)] * 4,
+)
+assert torch.equal(batch["mask"][0], one["mask"])
+assert (batch["image"][0].int() - one["image"].int()).abs().max() <= 1
+"""
+
+
+def test_readme_example_runs(capsys):
+    exec(compile(README_EXAMPLE, "README-targets", "exec"), {"__name__": "__readme__"})
+    assert "torch.Size([3, 224, 224]) torch.Size([224, 224])" in capsys.readouterr().out

@@ -36,7 +36,7 @@ CUDA = pytest.param(
 )
 COLOUR = np.array([230.0, 30.0, 200.0])
 BACKGROUND = np.array([40.0, 160.0, 70.0])
-CLASS, IGNORE = 5, 255
+CLASS, DECOY, IGNORE = 5, 9, 255
 _UNMIX = np.linalg.pinv(np.stack([COLOUR, BACKGROUND], axis=1))  # (2, 3): pixel -> fractions
 
 
@@ -66,11 +66,16 @@ SAMPLE_SEEDS, BATCH_SEEDS = 36, 6  # per case; raise them to search further (all
 class Scene:
     image: np.ndarray  # (H, W, 3) uint8
     mask: np.ndarray  # (H, W) uint8: CLASS on the rectangle, 0 elsewhere
-    box: np.ndarray  # (1, 4) float32 xyxy
+    box: np.ndarray  # (2, 4) float32 xyxy: the rectangle's and a decoy's, in random order
+    labels: np.ndarray  # (2,) int64: CLASS for the rectangle, DECOY for the other box
 
 
 def _scene(rng: np.random.Generator, h: int, w: int, style: int) -> Scene:
-    """A background image with one rectangle: 0 random, 1 one pixel, 2 touching the border."""
+    """A background image with one rectangle: 0 random, 1 one pixel, 2 touching the border.
+
+    The targets also hold a decoy box of background somewhere else, before or after the
+    rectangle's, so a label that does not follow its box (when the other is dropped) shows.
+    """
     if style == 1:
         rh = rw = 1
     else:
@@ -84,8 +89,13 @@ def _scene(rng: np.random.Generator, h: int, w: int, style: int) -> Scene:
     image[y0 : y0 + rh, x0 : x0 + rw] = COLOUR.astype(np.uint8)
     mask = np.zeros((h, w), np.uint8)
     mask[y0 : y0 + rh, x0 : x0 + rw] = CLASS
-    box = np.array([[x0, y0, x0 + rw, y0 + rh]], np.float32)
-    return Scene(image, mask, box)
+    dh, dw = int(rng.integers(1, h + 1)), int(rng.integers(1, w + 1))
+    dy, dx = int(rng.integers(0, h - dh + 1)), int(rng.integers(0, w - dw + 1))
+    boxes = [[x0, y0, x0 + rw, y0 + rh], [dx, dy, dx + dw, dy + dh]]
+    labels = [CLASS, DECOY]
+    if rng.random() < 0.5:
+        boxes, labels = boxes[::-1], labels[::-1]
+    return Scene(image, mask, np.array(boxes, np.float32), np.array(labels, np.int64))
 
 
 def _fractions(image: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
@@ -139,7 +149,9 @@ def check_sample(out: dict, exact: bool, stats: dict, footprint: np.ndarray) -> 
     image, mask = out["image"], out["mask"].cpu().numpy()
     boxes, labels = out["boxes"].cpu().numpy(), out["box_labels"].cpu().numpy()
     assert image.dtype == torch.uint8 and mask.dtype == np.int64
-    assert boxes.shape[0] == labels.shape[0] <= 1
+    assert boxes.shape[0] == labels.shape[0] <= 2
+    assert sorted(labels.tolist()) in ([], [CLASS], [DECOY], [CLASS, DECOY])
+    boxes = boxes[labels == CLASS]  # the decoy's box only checks that labels follow boxes
     colour, background = _fractions(image)
     in_mask = mask == CLASS
     peak, coloured = colour.max(), _coloured(colour)
@@ -150,7 +162,6 @@ def check_sample(out: dict, exact: bool, stats: dict, footprint: np.ndarray) -> 
         box = None
     else:
         stats["kept"] += 1
-        assert labels.tolist() == [CLASS]
         box = boxes[0].astype(np.float64)
         assert (box[2:] > box[:2]).all()
         if coloured.any():
@@ -208,7 +219,7 @@ def test_warp_sample_moves_box_and_mask_with_the_pixels(name, preset, train):
         (region,) = draw_regions(preset, train, [(h, w)], out_hw, batch_seed=seed)
         stats["flip"] += region.flip
         out = warp_sample(
-            scene.image, region, mask=scene.mask, boxes=scene.box, box_labels=np.array([CLASS])
+            scene.image, region, mask=scene.mask, boxes=scene.box, box_labels=scene.labels
         )
         assert tuple(out["image"].shape) == (3, *out_hw)
         check_sample(out, _exact(region, (h, w)), stats, _footprint(region, (h, w)))
@@ -240,12 +251,12 @@ def test_warp_batch_equals_warp_sample(name, preset, train, device):
             regions,
             masks=masks.to(device),
             boxes=[torch.from_numpy(s.box).to(device) for s in scenes],
-            box_labels=[torch.tensor([CLASS], device=device) for _ in scenes],
+            box_labels=[torch.from_numpy(s.labels).to(device) for s in scenes],
         )
         assert batch["image"].device.type == device and batch["image"].dtype == torch.uint8
         for i, (scene, region) in enumerate(zip(scenes, regions, strict=True)):
             one = warp_sample(
-                scene.image, region, mask=scene.mask, boxes=scene.box, box_labels=[CLASS]
+                scene.image, region, mask=scene.mask, boxes=scene.box, box_labels=scene.labels
             )
             got = {
                 "image": batch["image"][i],
@@ -260,3 +271,55 @@ def test_warp_batch_equals_warp_sample(name, preset, train, device):
             assert torch.equal(got["box_labels"].cpu(), one["box_labels"])
             check_sample(got, _exact(region, (h, w)), stats, _footprint(region, (h, w)))
     assert stats["kept"] > 0
+
+
+@pytest.mark.parametrize("out_hw", [(48, 64), (37, 37), (90, 21)])
+def test_cover_region_matches_the_cover_decode(out_hw):
+    """The memory backend stores photos with the "cover" decode (Pillow); `cover_region` moves
+    the mask and boxes the same way, read back from the Pillow-decoded pixels."""
+    import io
+
+    from PIL import Image
+
+    from fastdata.augment import cover_region
+    from fastdata.read.decode import Geometry, decode_image
+
+    stats = _stats()
+    for seed in range(24):
+        rng = np.random.default_rng([seed, 22])
+        h, w = (int(v) for v in rng.integers(9, 160, size=2))
+        scene = _scene(rng, h, w, style=seed % 3)
+        scene.image.flags.writeable = False  # as Pillow's arrays are: no torch warning
+        png = io.BytesIO()
+        Image.fromarray(scene.image).save(png, format="PNG")
+        region = cover_region((h, w), out_hw)
+        try:
+            pixels = decode_image(png.getvalue(), Geometry("cover", hw=out_hw), rng)
+        except ValueError as exc:  # decode._cover's float noise: see the xfail test below
+            assert "box offset can't be negative" in str(exc)
+            stats["decode_bug"] = stats.get("decode_bug", 0) + 1
+            continue
+        out = warp_sample(
+            scene.image, region, mask=scene.mask, boxes=scene.box, box_labels=scene.labels
+        )
+        out["image"] = torch.from_numpy(pixels.copy()).permute(2, 0, 1)  # Pillow's pixels
+        check_sample(out, False, stats, _footprint(region, (h, w)))
+    assert stats["kept"] > 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="fastdata.read.decode._cover: (w - tw / cover) / 2 = -1e-15 for a 65x15 image covering "
+    "90x21, and Pillow refuses a negative box offset (decode.py is not this module's to fix)",
+)
+def test_cover_decode_of_an_image_with_the_output_aspect():
+    import io
+
+    from PIL import Image
+
+    from fastdata.read.decode import Geometry, decode_image
+
+    png = io.BytesIO()
+    Image.new("RGB", (15, 65)).save(png, format="PNG")
+    pixels = decode_image(png.getvalue(), Geometry("cover", hw=(90, 21)), np.random.default_rng(0))
+    assert pixels.shape == (90, 21, 3)
