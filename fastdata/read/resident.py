@@ -47,21 +47,9 @@ from fastdata.read.samples import (
 )
 from fastdata.read.shardio import ShardReader, ShardReadError
 
-__all__ = ["ResidentSamples", "cover_region", "finish_sample", "make_resident_loader"]
+__all__ = ["ResidentSamples", "finish_sample", "make_resident_loader"]
 
 log = logging.getLogger("fastdata")
-
-
-def cover_region(hw: tuple[int, int], out_hw: tuple[int, int]) -> Any:
-    """The `Region` of the centre window of an `hw` image with `out_hw`'s aspect, resized to it."""
-    from fastdata.augment.targets import Region
-
-    h, w = hw
-    oh, ow = out_hw
-    scale = max(oh / h, ow / w)
-    ch, cw = oh / scale, ow / scale
-    y0, x0 = (h - ch) / 2, (w - cw) / 2
-    return Region((x0, y0, x0 + cw, y0 + ch), False, (oh, ow))
 
 
 class ResidentSamples:
@@ -134,7 +122,8 @@ class ResidentSamples:
         """One sample at the stored size (a covering region when its image has another)."""
         sspec = self.sample_spec
         image = values[sspec.image]
-        if tuple(image.shape[:2]) != self.hw:
+        if tuple(image.shape[:2]) != self.hw:  # the "cover" geometry of the decoded cache
+            from fastdata.augment.targets import cover_region
             from fastdata.read.samples import warp_fields
 
             values = warp_fields(values, sspec, cover_region(image.shape[:2], self.hw))
