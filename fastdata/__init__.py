@@ -18,6 +18,8 @@ _EXPORTS = {
     "ShardSet": "fastdata.shardset",
     "CacheSettings": "fastdata.shardset",
     "WorkerSettings": "fastdata.read.base",
+    "SegmentationDataModule": "fastdata.datamodules",
+    "DetectionDataModule": "fastdata.datamodules",
     "Manifest": "fastdata.manifest",
     "load_manifest": "fastdata.manifest",
     "ShardOptions": "fastdata.write",
@@ -31,6 +33,7 @@ __all__ = ["__version__", *sorted(_EXPORTS)]
 
 if TYPE_CHECKING:  # pragma: no cover
     from fastdata.datamodule import ShardDataModule  # noqa: F401
+    from fastdata.datamodules import DetectionDataModule, SegmentationDataModule  # noqa: F401
     from fastdata.manifest import Manifest, load_manifest  # noqa: F401
     from fastdata.read.base import WorkerSettings  # noqa: F401
     from fastdata.shardset import CacheSettings, ShardSet  # noqa: F401

@@ -9,7 +9,10 @@ of the transforms and the normalization batched on the training device, after th
 copy, seeded per batch from the plan (`prepared`: both, for code that iterates a loader itself). The module keeps its position in
 the epoch as global samples consumed (`state_dict`), so a run resumed from a mid-epoch
 checkpoint, even with another world size or batch size, continues with exactly the samples not
-yet trained on. A list of roots is a mix of datasets
+yet trained on. Splits with fields beyond an image and a label (masks, boxes, multi-labels,
+text: `fastdata.fields`) yield dict batches (`fastdata.read.samples`) from the cpu and memory
+backends; `fastdata.datamodules` holds the segmentation and detection members. A list of roots
+is a mix of datasets
 (`fastdata.read.mix`): each training epoch draws from each in proportion to its weight.
 """
 
@@ -18,7 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -39,11 +42,14 @@ from fastdata.epoch_loader import (
     close_loaders,
     restored_steps,
 )
+from fastdata.fields import is_classification
 from fastdata.manifest import VAL_SPLITS, Manifest, load_manifest, resolve_splits
 from fastdata.read import BatchLoader, LoaderSpec, WorkerSettings, get_backend
 from fastdata.read.base import DEFAULT_LOADER_TIMEOUT
 from fastdata.read.carve import Carve, carve_fingerprint
 from fastdata.read.mix import epoch_mix, epoch_size, load_mix
+from fastdata.read.resident import finish_sample
+from fastdata.read.samples import FIELD_BACKENDS, EvalSample, TrainSample
 from fastdata.resume import ResumeState, dataset_fingerprint, mix_description
 from fastdata.runtime import (
     check_options,
@@ -191,6 +197,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         self.eval_transforms_spec = eval_transforms
         self.mean, self.std = mean, std
         self.split_names = dict(splits or {})
+        self.ignore_index = 255  # dict batches: masks outside the image and of padding
         self.decoded_cache_dir = None if decoded_cache_dir is None else os.fspath(decoded_cache_dir)
         self._carve_seed: int | None = None  # the manifest's shard seed, once loaded
         self.manifest: Manifest | None = None
@@ -198,6 +205,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         self.backend_name: str | None = None
         self._last_yield_train = False  # mode of the loader that yielded the latest batch
         self._flags: dict[bool, tuple[bool, int]] = {}  # train? -> (normalized, applied_ops)
+        self._fields: dict[bool, dict[str, Any]] = {}  # train? -> the loader's split's fields
         self._position = EpochPosition(seed)
         self._generators: dict[torch.device, torch.Generator] = {}
         self._pool = TensorPool()  # CPU batches: reuse released memory instead of page-faulting
@@ -245,10 +253,34 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             chosen, self.eval_transforms_spec, self.image_size, mean, std
         )
         roles = {role: self.manifest.split(name) for role, name in self.split_names.items()}
-        check_sizes(self.transforms, roles, self.image_size)
+        # Dict datasets: every op is a region that ends at the output size (`samples`).
+        check_sizes(
+            self.transforms,
+            {r: i for r, i in roles.items() if is_classification(i.field_specs)},
+            self.image_size,
+        )
+        self._check_fields(roles)
         self.backend_name = self._choose_backend()
+        self._refuse_backend(roles)
         if self._position.resume is not None:
             self._check_resume(self._position.resume)
+
+    def _check_fields(self, roles: dict[str, Any]) -> None:
+        """A family member's check that its splits hold its target (`fastdata.datamodules`)."""
+
+    def _refuse_backend(self, roles: dict[str, Any]) -> None:
+        """Refuse a backend that cannot carry a split's fields (dali, nvjpeg: image + label)."""
+        if self.backend_name in FIELD_BACKENDS:
+            return
+        for role, info in roles.items():
+            if not is_classification(info.field_specs):
+                fields = ", ".join(f"{n} ({f.kind})" for n, f in info.field_specs.items())
+                raise ValueError(
+                    f"backend={self.backend_name!r} reads an image and a label only, but the "
+                    f"{role} split {self.split_names[role]!r} of {self.root} holds {fields}; "
+                    f"use backend={FIELD_BACKENDS[0]!r} or {FIELD_BACKENDS[1]!r} (or 'auto'), "
+                    "which carry every field"
+                )
 
     def _read_manifest(self) -> Manifest:
         if self.mixed:
@@ -317,6 +349,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             carve=self._carve(role),
             decoded_cache_dir=self.decoded_cache_dir,
             verify_samples=self.verify_samples,
+            ignore_index=self.ignore_index,
         )
         return self._size_workers(spec)
 
@@ -397,9 +430,14 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the transforms the loader left (training: seeded from the plan) on the device.
 
-        Anything but an (images, labels) pair passes unchanged: Lightning also sends the model's
-        `example_input_array` through this hook (for the model summary).
+        A dict dataset's batch (`TrainSample` / `EvalSample`, `fastdata.read.samples`) gets the
+        regions its loader left (the memory backend: image, masks and boxes moved together,
+        `fastdata.read.resident.finish_sample`) and its image normalized; its other fields pass
+        as they are. Anything else but an (images, labels) pair passes unchanged: Lightning also
+        sends the model's `example_input_array` through this hook (for the model summary).
         """
+        if isinstance(batch, Mapping):
+            return self._finish_sample(batch)
         if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
             return batch
         x, y = batch
@@ -413,12 +451,33 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             generator = self._generator(x.device).manual_seed(seed)
             return self.transforms.apply(x, train, generator, self._pool, skip=applied), y
 
+    def _finish_sample(self, batch: Mapping[str, Any]) -> Mapping[str, Any]:
+        """A dict batch's device work: the regions the loader left (memory backend: drawn from
+        the plan's batch seed, moving image, masks and boxes together), then normalizing."""
+        image = batch.get("image")
+        if not isinstance(image, torch.Tensor) or image.is_floating_point():
+            return batch  # not one of ours, or already finished
+        train = self._is_training(batch)
+        seed = self._position.next_batch_seed() if train else self.seed
+        _normalized, applied = self._flags.get(train, (False, 0))
+        self.setup()
+        with one_thread_on_cpu(image.device):
+            fields = self._fields.get(train, {})
+            out = finish_sample(
+                batch, fields, self.transforms, train, seed, applied, self.ignore_index
+            )
+            out["image"] = self.transforms.apply(
+                out["image"], train, None, self._pool, skip=len(self.transforms.ops(train))
+            )
+        return out
+
     def prepared(
         self, loader: Iterable[Any], device: torch.device | str | None = None
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """`loader`'s uint8 batches as the model gets them (moved to `device`, default the training
         device, and finished by `on_after_batch_transfer`), for code that iterates a loader itself:
-        ``torch.optim.swa_utils.update_bn(dm.prepared(dm.train_dataloader()), model)``."""
+        ``torch.optim.swa_utils.update_bn(dm.prepared(dm.train_dataloader()), model)``. Dict
+        batches come out as dicts (`TrainSample` / `EvalSample`) with their targets moved too."""
         target = torch.device(device) if device is not None else self._device()
         for batch in loader:
             yield self.on_after_batch_transfer(self.transfer_batch_to_device(batch, target, 0), 0)
@@ -427,8 +486,8 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         """Whether `batch` is a training batch: its type says so (`TrainBatch`, `EvalBatch`);
         for a tuple rebuilt by other code, the Trainer's state, else the mode of the loader that
         yielded the latest batch."""
-        if isinstance(batch, (TrainBatch, EvalBatch)):
-            return isinstance(batch, TrainBatch)
+        if isinstance(batch, (TrainBatch, EvalBatch, TrainSample, EvalSample)):
+            return isinstance(batch, (TrainBatch, TrainSample))
         trainer = self._trainer_or_none()
         if trainer is not None:
             return bool(trainer.training)
@@ -516,6 +575,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         """Called when a loader is iterated: the (epoch, consumed, steps before) it must produce."""
         train = loader.spec.train
         self._flags[train] = (loader.loader.normalized, loader.loader.applied_ops)
+        self._fields[train] = loader.spec.manifest.split(loader.spec.split).field_specs
         if not train:
             return 0, 0, 0
         trainer = self._trainer_or_none()

@@ -7,7 +7,8 @@ samples consumed (`EpochPlan.consumed_after`) that `ShardDataModule.state_dict` 
 
 A batch carries its origin in its type: `TrainBatch` from the training loader, `EvalBatch` from
 an evaluation one (tuple subclasses: Lightning's `transfer_batch_to_device` rebuilds a tuple with
-its own type, dropping only instance attributes). `on_after_batch_transfer` reads the mode, hence
+its own type, dropping only instance attributes); a dict dataset's batches are `TrainSample` /
+`EvalSample` (dict subclasses, whose type Lightning's transfer keeps the same way). `on_after_batch_transfer` reads the mode, hence
 the transforms and whether the batch counts towards the epoch position, from the batch itself, so
 a validation run in the middle of a training epoch changes neither.
 """
@@ -26,13 +27,16 @@ from torch.utils.data import DataLoader
 
 from fastdata.read import BatchLoader, LoaderSpec
 from fastdata.read.plan import EpochPlan, batch_seed
+from fastdata.read.samples import EvalSample, TrainSample
 from fastdata.resume import ResumeState
 
 __all__ = [
     "EpochLoader",
     "EpochPosition",
     "EvalBatch",
+    "EvalSample",
     "TrainBatch",
+    "TrainSample",
     "close_loaders",
     "restored_steps",
 ]
@@ -215,10 +219,11 @@ class EpochLoader:
         epoch, consumed, steps = owner._start_epoch(self)
         self.loader.set_epoch(epoch, consumed, steps)
         kind, train = (TrainBatch, True) if self.spec.train else (EvalBatch, False)
+        sample_kind = TrainSample if train else EvalSample
         try:
             for batch in self.loader:
                 owner._yielded(train)
-                yield kind(batch)
+                yield sample_kind(batch) if isinstance(batch, dict) else kind(batch)
         finally:
             if self._retired:  # replaced while this iteration ran: its workers go now
                 self._retired = False

@@ -23,6 +23,11 @@ Presets (`get_preset(name)`, typed `Preset` objects; a user's own callable is wr
   device. Then normalize (the dataset's statistics, else ImageNet's).
 - ``"none"``: normalize to float in [0, 1] (mean 0, std 255).
 
+Targets (`fastdata.augment.targets`): `draw_regions` folds a preset's geometric ops into one
+`Region` per sample (crop box in source pixels, flip, output size), which `warp_sample` (CPU, one
+sample) and `warp_batch` (any device, batched) apply to the image (bilinear, antialiased), the
+mask (nearest, `ignore_index` outside the image) and the boxes (affine, clipped, empty ones dropped).
+
 Resizing is bilinear with antialiasing when shrinking (the filter of PIL and of torchvision /
 ``F.interpolate(..., antialias=True)``), computed as two batched matrix products with per-sample
 weights, so each sample is cropped to its own box and resized exactly as "crop, then resize" would.
@@ -68,6 +73,14 @@ from fastdata.augment.presets import (
     get_preset,
     image_seed,
 )
+from fastdata.augment.targets import (
+    Region,
+    cover_region,
+    draw_regions,
+    warp_batch,
+    warp_boxes,
+    warp_sample,
+)
 
 __all__ = [
     "CIFAR10_MEAN",
@@ -83,10 +96,13 @@ __all__ = [
     "PadCrop",
     "Preset",
     "RandomResizedCrop",
+    "Region",
     "ResizeCenterCrop",
     "batch_rrc_params",
     "center_crop_params",
+    "cover_region",
     "crop_with_padding",
+    "draw_regions",
     "flip_horizontal",
     "get_preset",
     "image_seed",
@@ -97,4 +113,7 @@ __all__ = [
     "resize_center_crop",
     "resized_crop",
     "rrc_params",
+    "warp_batch",
+    "warp_boxes",
+    "warp_sample",
 ]

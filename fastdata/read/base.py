@@ -104,6 +104,8 @@ class LoaderSpec:
             (`fastdata.read.decoded_cache.resolve_cache_dir`); None: its default.
         verify_samples: hash every sample read and compare it with its digest written at shard
             time (`fastdata.read.integrity`); cpu and memory backends only.
+        ignore_index: dict batches (`fastdata.read.samples`): the mask value of pixels outside
+            the image after a pad-crop and of evaluation padding samples.
     """
 
     manifest: Manifest
@@ -127,6 +129,7 @@ class LoaderSpec:
     carve: Carve | None = None
     decoded_cache_dir: str | None = None
     verify_samples: bool = False
+    ignore_index: int = 255
 
     def __post_init__(self) -> None:
         if isinstance(self.preset, str):

@@ -23,19 +23,19 @@ import os
 import threading
 import weakref
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-from fastdata import schema
 from fastdata.augment import RandomResizedCrop
 from fastdata.read.base import LoaderSpec
 from fastdata.read.decode import Geometry, decode_batch, decode_raw, stored_hw
-from fastdata.read.plan import PAD_LABEL, EpochPlan, rows_to_refs, sample_seed, worker_batch_numbers
-from fastdata.read.shardio import ShardReader, ShardReadError
+from fastdata.read.plan import EpochPlan, rows_to_refs, sample_seed, worker_batch_numbers
+from fastdata.read.rows import PlannedBatch, RowReader, Skip, log_skips
+from fastdata.read.samples import Sample, SampleSpec, decode_samples, sample_spec
+from fastdata.read.shardio import ShardReader
 from fastdata.read.workers import worker_init
 
 __all__ = [
@@ -94,6 +94,12 @@ class ShardBatchDataset(IterableDataset):
             tuple(info.raw_shape) if info.encoding == "raw" and info.raw_shape else None
         )
         self.geometry, self.applied_ops = decode_geometry(spec)
+        # Dict datasets (`samples`): every field decoded, the preset's ops drawn as regions and
+        # applied to image, masks and boxes together in the workers; only normalizing is left.
+        self.sample_spec: SampleSpec | None = sample_spec(spec)
+        self.fields = None if self.sample_spec is None else self.sample_spec.fields
+        if self.sample_spec is not None:
+            self.applied_ops = len(spec.preset.ops(spec.train))
         # [epoch, consumed, steps_before, skipped samples of worker 0, 1, ...]: shared so that
         # (persistent) workers see a new epoch; one skip counter per worker: no increment lost.
         state = [spec.epoch, spec.consumed, spec.steps_before] + [0] * max(
@@ -161,31 +167,46 @@ class ShardBatchDataset(IterableDataset):
         self, reader: ShardReader, plan: EpochPlan, number: int, skips: list[_Skip]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Batch `number` of `plan`; samples skipped under on_error='skip' are added to `skips`."""
-        refs = rows_to_refs(plan.rows[number], self.spec.shard_sizes).tolist()
-        pad = plan.padding[number]
-        images: list[np.ndarray] = []
-        labels: list[int] = []
-        payloads, where = [], []
-        for i, (shard, index) in enumerate(refs):
-            try:
-                parts = reader.sample(shard, index)
-                label, _ = schema.label_and_id(reader.key(shard, index), parts)
-                label = reader.shards[shard].map_label(label)  # a mix's merged classes
-                ext, data = schema.image_component(parts)
-                if self.raw_shape is not None:
+        rows = self._rows(reader)
+        batch = rows.read(plan, number)
+        skips += batch.skips
+        if self.fields is not None:  # a dict dataset: every field, decoded in `samples`
+            return self._sample_batch(rows, plan, batch, skips)
+        if self.raw_shape is not None:
+            images: list[np.ndarray] = []
+            labels: list[int] = []
+            for slot, label, (_, data) in zip(batch.slots, batch.labels, batch.images, strict=True):
+                try:
                     images.append(decode_raw(data, self.raw_shape))
-                else:
-                    payloads.append(data)
-            except (ShardReadError, ValueError) as exc:
-                skips.append(self._fail(reader, shard, index, exc))
-                continue
-            where.append(i)  # both or neither: images and labels stay aligned
-            labels.append(PAD_LABEL if pad[i] and not self.spec.train else label)
+                except ValueError as exc:
+                    skips.append(rows.fail(*batch.refs[slot], exc))
+                    continue
+                labels.append(label)  # both or neither: images and labels stay aligned
+            return _collate(images, labels, self._empty_hw())
+        images, labels, refs = [], batch.labels, batch.refs
+        payloads, where = [data for _, data in batch.images], batch.slots
         if payloads:
             images, labels = self._decode(
                 reader, plan, number, refs, payloads, where, labels, skips
             )
         return _collate(images, labels, self._empty_hw())
+
+    def _rows(self, reader: ShardReader) -> RowReader:
+        return RowReader(
+            reader,
+            self.spec.shard_sizes,
+            train=self.spec.train,
+            on_error=self.spec.on_error,
+            classification=self.fields is None,
+        )
+
+    def _sample_batch(
+        self, rows: RowReader, plan: EpochPlan, batch: PlannedBatch, skips: list[_Skip]
+    ) -> Sample:
+        """A dict dataset's batch: each field decoded, the regions applied (`samples`)."""
+        return decode_samples(
+            rows, batch, self.sample_spec, batch_seed=int(plan.seeds[batch.number]), skips=skips
+        )
 
     def _decode(self, reader, plan, number, refs, payloads, where, labels, skips):
         positions = plan.positions[number]
@@ -210,15 +231,7 @@ class ShardBatchDataset(IterableDataset):
 
     def _fail(self, reader: ShardReader, shard: int, index: int, exc: Exception) -> _Skip:
         """The sample's error (naming shard and key): raised, or returned under on_error='skip'."""
-        name = reader.shards[shard].name
-        try:
-            key = reader.key(shard, index)
-        except Exception:  # noqa: BLE001 - the index itself is unreadable
-            key = f"#{index}"
-        error = exc if isinstance(exc, ShardReadError) else ShardReadError(name, key, str(exc))
-        if self.spec.on_error != "skip":
-            raise error from exc
-        return _Skip(name, key, str(exc), getattr(exc, "shard_failed", False))
+        return self._rows(reader).fail(shard, index, exc)
 
     def _count(self, skips: list[_Skip]) -> None:
         """Count and log the skipped samples of a batch as it is handed out."""
@@ -226,29 +239,13 @@ class ShardBatchDataset(IterableDataset):
             return
         info = get_worker_info()
         self.state[_SKIPS + (info.id if info else 0)] += len(skips)
-        warned = self.__dict__.setdefault("_failed_shards", set())
-        for skip in skips:
-            if skip.shard_failed:  # a remote shard that failed to download: warned once
-                if skip.shard not in warned:
-                    warned.add(skip.shard)
-                    log.warning("skipped shard %s (on_error='skip'): %s", skip.shard, skip.reason)
-                continue
-            log.warning(
-                "skipped bad sample %s in %s (on_error='skip'): %s",
-                skip.key,
-                skip.shard,
-                skip.reason,
-            )
+        # Failed shards: warned once an epoch (`__iter__` resets them); bad samples: once a key
+        # in this process (a worker that persists between epochs, or the training process).
+        logged = self.__dict__.setdefault("_logged_keys", set())
+        log_skips(skips, self.__dict__.setdefault("_failed_shards", set()), logged)
 
 
-@dataclass(frozen=True)
-class _Skip:
-    """A sample skipped under on_error='skip': counted and logged when its batch is handed out."""
-
-    shard: str
-    key: str
-    reason: str
-    shard_failed: bool = False  # the whole shard failed (ShardReadError.shard_failed)
+_Skip = Skip
 
 
 class _Ahead:

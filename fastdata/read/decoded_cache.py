@@ -51,6 +51,7 @@ from fastdata import schema
 from fastdata.manifest import FORMAT_VERSION, Manifest, SplitInfo
 from fastdata.read.decode import Geometry, decode_image, decode_raw, stored_hw
 from fastdata.read.raw_shard import read_raw_shard
+from fastdata.read.rows import RowReader
 from fastdata.read.shardio import ShardReader, ShardReadError
 
 __all__ = [
@@ -358,6 +359,7 @@ def _decode_rows(
         if read_raw_shard(manifest, info, shard, row, images, meta):
             return []
     geometry = Geometry("cover", hw=tuple(images.shape[2:]))
+    rows = RowReader(reader, (), train=True, on_error=on_error)
     skipped: list[str] = []
     for i in range(start, end):
         try:
@@ -365,8 +367,7 @@ def _decode_rows(
         except (ShardReadError, ValueError) as exc:
             if isinstance(exc, ShardReadError) and exc.key is None:
                 raise  # the whole shard is unreadable: never a per-sample skip
-            error = exc if isinstance(exc, ShardReadError) else None
-            error = error or ShardReadError(info.shards[shard].name, reader.key(shard, i), str(exc))
+            error = rows.error(shard, i, exc)  # names the shard and the key
             if on_error == "raise":
                 raise error from exc
             skipped.append(str(error))

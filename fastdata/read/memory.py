@@ -40,6 +40,7 @@ import torch
 from fastdata._pool import TensorPool
 from fastdata._threads import one_thread_on_cpu
 from fastdata.augment import Preset, pad_crop_params
+from fastdata.fields import is_classification
 from fastdata.manifest import SplitInfo
 from fastdata.read.base import BatchLoader, LoaderSpec
 from fastdata.read.decode import stored_hw
@@ -47,6 +48,7 @@ from fastdata.read.decoded_cache import ImageSize, cache_key, decode_split, deco
 from fastdata.read.mix import map_row_labels
 from fastdata.read.padded import PaddedImages, padded_nbytes
 from fastdata.read.plan import PAD_LABEL, EpochPlan
+from fastdata.read.resident import make_resident_loader
 
 __all__ = [
     "FusedPadCrop",
@@ -278,6 +280,8 @@ def local_rank(rank: int) -> int:
 
 def make_memory_loader(spec: LoaderSpec) -> BatchLoader:
     """The device-resident loader of `spec.split` (decoded once per cache, placed once per process)."""
+    if not is_classification(spec.manifest.split(spec.split).field_specs):
+        return make_resident_loader(spec)  # a dict dataset: every field resident
     device = torch.device(spec.device)
     hw, fused = _store_layout(spec)
     layout = ("padded", fused.pad, fused.flip_p > 0) if fused is not None else ("nchw",)

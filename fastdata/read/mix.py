@@ -285,7 +285,20 @@ def _merge_split(
         skipped=[s for info in infos for s in info.skipped],
         pixel_mean=mean,
         pixel_std=std,
+        fields=_merge_fields(infos, manifests),
     )
+
+
+def _merge_fields(infos: list[SplitInfo], manifests: Sequence[Manifest]) -> dict | None:
+    """The fields of a mix's split: every dataset's must be the same (None: classification)."""
+    first = infos[0].fields
+    for info, manifest in zip(infos, manifests, strict=True):
+        if info.fields != first:  # classification splits (None) may differ in image encoding
+            raise ValueError(
+                f"a mix needs the same fields in every dataset: {manifests[0].root} holds "
+                f"{sorted(infos[0].field_specs)}, {manifest.root} {sorted(info.field_specs)}"
+            )
+    return first
 
 
 def _absolute(path: str) -> str:

@@ -32,11 +32,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fastdata import schema
 from fastdata.read.base import LoaderSpec
 from fastdata.read.cpu import decode_geometry
 from fastdata.read.decode import Geometry, decode_image
-from fastdata.read.plan import PAD_LABEL, EpochPlan, rows_to_refs, sample_seed
+from fastdata.read.plan import EpochPlan, sample_seed
+from fastdata.read.rows import RowReader
+from fastdata.read.samples import refuse_fields
 from fastdata.read.shardio import ShardReader, ShardReadError
 
 __all__ = [
@@ -115,22 +116,15 @@ class EncodedBatch:
 
 def read_batch(reader: ShardReader, spec: LoaderSpec, plan: EpochPlan, number: int) -> EncodedBatch:
     """The bytes and labels of batch `number` of `plan` (errors name shard and key)."""
-    refs = rows_to_refs(plan.rows[number], spec.shard_sizes).tolist()
-    pad, positions = plan.padding[number], plan.positions[number]
+    rows = RowReader(reader, spec.shard_sizes, train=spec.train)  # on_error="raise" only
     batch = EncodedBatch(number, [], [], [], [], [])
-    for i, (shard, index) in enumerate(refs):
-        try:
-            parts = reader.sample(shard, index)
-            label, _ = schema.label_and_id(reader.key(shard, index), parts)
-            label = reader.shards[shard].map_label(label)  # a mix's merged classes
-            ext, data = schema.image_component(parts)
-        except (ShardReadError, ValueError) as exc:
-            raise _sample_error(reader, shard, index, exc) from exc
+    read = rows.read(plan, number)
+    for slot, label, (ext, data) in zip(read.slots, read.labels, read.images, strict=True):
         batch.payloads.append(bytes(data))
         batch.exts.append(ext)
-        batch.labels.append(PAD_LABEL if pad[i] and not spec.train else label)
-        batch.positions.append(int(positions[i]))
-        batch.keys.append((shard, index))
+        batch.labels.append(label)
+        batch.positions.append(read.positions[slot])
+        batch.keys.append(tuple(read.refs[slot]))
     return batch
 
 
@@ -206,6 +200,7 @@ class NvjpegLoader:
                 f"split {spec.split!r} of {spec.manifest.root} holds raw pixels: nothing to decode "
                 "with nvJPEG; use backend='memory' or 'cpu'"
             )
+        refuse_fields(spec, "nvjpeg")
         if spec.on_error != "raise":
             raise ValueError(
                 f"the nvjpeg backend supports on_error='raise' only, got {spec.on_error!r}: run "
@@ -315,8 +310,5 @@ def _sample_error(
         return exc
     if reader is None:
         return ShardReadError(f"shard #{shard}", f"#{index}", str(exc))
-    try:
-        key = reader.key(shard, index)
-    except Exception:  # noqa: BLE001 - the index itself is unreadable
-        key = f"#{index}"
-    return ShardReadError(reader.shards[shard].name, key, f"{type(exc).__name__}: {exc}")
+    rows = RowReader(reader, (), train=False)
+    return rows.error(shard, index, ValueError(f"{type(exc).__name__}: {exc}"))

@@ -91,7 +91,15 @@ class SampleCost:
 
 
 def batch_nbytes(batch: object) -> tuple[int, int]:
-    """(bytes, samples) of a batch: the tensors of a tuple/list, samples from the first one."""
+    """(bytes, samples) of a batch: the tensors of a tuple/list or of a dict batch's values
+    (and of its lists of per-sample tensors), samples from the first one."""
+    if isinstance(batch, dict):  # a dict dataset's batch (`fastdata.read.samples`)
+        items = list(batch.values())
+        lists = [t for v in items if isinstance(v, list) for t in v if isinstance(t, torch.Tensor)]
+        first = [t for t in items if isinstance(t, torch.Tensor)]
+        if first:
+            nbytes = sum(t.element_size() * t.numel() for t in first + lists)
+            return nbytes, int(first[0].shape[0]) if first[0].dim() else 1
     tensors = (
         [t for t in batch if isinstance(t, torch.Tensor)] if isinstance(batch, tuple | list) else []
     )

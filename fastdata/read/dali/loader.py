@@ -17,12 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from fastdata import schema
 from fastdata.read.base import BatchLoader, LoaderSpec
 from fastdata.read.dali.pipeline import build_graph
 from fastdata.read.integrity import check_indexes
-from fastdata.read.plan import PAD_LABEL, EpochPlan, rows_to_refs
-from fastdata.read.shardio import ShardReader, ShardReadError
+from fastdata.read.plan import EpochPlan
+from fastdata.read.rows import RowReader
+from fastdata.read.samples import refuse_fields
+from fastdata.read.shardio import ShardReader
 
 __all__ = ["DaliLoader", "dali_available", "dali_status", "make_dali_loader"]
 
@@ -79,6 +80,7 @@ class DaliLoader:
     normalized = False
 
     def __init__(self, spec: LoaderSpec) -> None:
+        refuse_fields(spec, "dali")
         self._dali = _dali()
         if spec.on_error != "raise":
             raise ValueError(
@@ -147,22 +149,13 @@ class DaliLoader:
         """The plan's batches as DALI inputs: (sample bytes, int64 labels), one array each."""
         spec, sizes = self.spec, self.spec.shard_sizes
         reader = ShardReader(spec.manifest, spec.split, cache=spec.cache)
+        rows = RowReader(reader, sizes, train=spec.train)  # on_error="raise" only
         try:
-            for rows, pad in zip(plan.rows, plan.padding, strict=True):
+            for number in range(len(plan.rows)):
                 data, labels = [], []
-                for (shard, index), padded in zip(
-                    rows_to_refs(rows, sizes).tolist(), pad, strict=True
-                ):
-                    parts = reader.sample(shard, index)
-                    key = reader.key(shard, index)
-                    try:
-                        label, _ = schema.label_and_id(key, parts)
-                        label = reader.shards[shard].map_label(label)  # a mix's classes
-                        _, image = schema.image_component(parts)
-                    except ValueError as exc:
-                        raise ShardReadError(reader.shards[shard].name, key, str(exc)) from exc
+                read = rows.read(plan, number)
+                for label, (_, image) in zip(read.labels, read.images, strict=True):
                     data.append(np.frombuffer(image, dtype=np.uint8).copy())
-                    label = PAD_LABEL if padded and not spec.train else label
                     labels.append(np.array([label], dtype=np.int64))
                 yield data, labels
         finally:
