@@ -44,12 +44,12 @@ from fastdata.epoch_loader import (
 )
 from fastdata.fields import is_classification
 from fastdata.manifest import VAL_SPLITS, Manifest, load_manifest, resolve_splits
-from fastdata.read import BatchLoader, LoaderSpec, WorkerSettings, get_backend
+from fastdata.read import BatchLoader, LoaderSpec, WorkerSettings, field_backends, get_backend
 from fastdata.read.base import DEFAULT_LOADER_TIMEOUT
 from fastdata.read.carve import Carve, carve_fingerprint
 from fastdata.read.mix import epoch_mix, epoch_size, load_mix
 from fastdata.read.resident import finish_sample
-from fastdata.read.samples import FIELD_BACKENDS, EvalSample, TrainSample
+from fastdata.read.samples import EvalSample, TrainSample
 from fastdata.resume import ResumeState, dataset_fingerprint, mix_description
 from fastdata.runtime import (
     check_options,
@@ -270,7 +270,8 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
 
     def _refuse_backend(self, roles: dict[str, Any]) -> None:
         """Refuse a backend that cannot carry a split's fields (dali, nvjpeg: image + label)."""
-        if self.backend_name in FIELD_BACKENDS:
+        carriers = field_backends()
+        if self.backend_name in carriers:
             return
         for role, info in roles.items():
             if not is_classification(info.field_specs):
@@ -278,7 +279,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
                 raise ValueError(
                     f"backend={self.backend_name!r} reads an image and a label only, but the "
                     f"{role} split {self.split_names[role]!r} of {self.root} holds {fields}; "
-                    f"use backend={FIELD_BACKENDS[0]!r} or {FIELD_BACKENDS[1]!r} (or 'auto'), "
+                    f"use backend={' or '.join(map(repr, sorted(carriers)))} (or 'auto'), "
                     "which carry every field"
                 )
 

@@ -126,13 +126,6 @@ def choose_backend(
         )
     elif need is not None and need <= budget:
         name, reason = "memory", f"{figures}: it fits"
-    elif on_gpu and not is_classification(info.field_specs):
-        fields = ", ".join(sorted(info.field_specs))
-        name = "cpu"
-        reason = (
-            f"{figures}: it does not fit, and the GPU decoders read an image and a label only "
-            f"(the split holds {fields}); the cpu backend carries every field"
-        )
     elif on_gpu:
         name, why = _gpu_decoder(preset, available, is_classification(info.field_specs))
         reason = f"{figures}: it does not fit; " + why

@@ -43,7 +43,6 @@ from fastdata.read.plan import PAD_LABEL
 from fastdata.read.rows import PlannedBatch, RowReader, RowSample, Skip
 
 __all__ = [
-    "FIELD_BACKENDS",
     "EvalSample",
     "Sample",
     "SampleSpec",
@@ -58,8 +57,12 @@ __all__ = [
 
 _NO_DRAWS = np.random.default_rng(0)  # geometry "none" draws nothing
 
-#: The backends that carry every field kind (dict batches); the others read classification only.
-FIELD_BACKENDS = ("cpu", "memory")
+
+def _carriers() -> str:
+    """The registered backends that carry every field, for messages ("'cpu' or 'memory'")."""
+    from fastdata.read import field_backends
+
+    return " or ".join(repr(name) for name in sorted(field_backends()))
 
 
 def refuse_fields(spec: LoaderSpec, backend: str) -> None:
@@ -74,8 +77,8 @@ def refuse_fields(spec: LoaderSpec, backend: str) -> None:
     held = ", ".join(f"{n} ({f.kind})" for n, f in fields.items())
     raise ValueError(
         f"the {backend} backend reads an image and a label only, but split {spec.split!r} of "
-        f"{spec.manifest.root} holds {held}; use backend={FIELD_BACKENDS[0]!r} or "
-        f"{FIELD_BACKENDS[1]!r}, which carry every field"
+        f"{spec.manifest.root} holds {held}; use backend={_carriers()}, which carry every "
+        "field"
     )
 
 

@@ -87,7 +87,7 @@ def test_auto_never_picks_a_gpu_decoder_for_a_dict_split(rect_shards):
         available=lambda _name: (True, ""),
         free_memory=lambda _device: 1,  # nothing fits: a classification split gets a GPU decoder
     )
-    assert name == "cpu" and "carries every field" in reason
+    assert name == "cpu" and "carries only an image and a label" in reason
 
 
 def test_datamodule_refuses_a_gpu_decoder_for_a_dict_split_at_setup(rect_shards, monkeypatch):
