@@ -381,12 +381,21 @@ def _cover(image: Image.Image, hw: tuple[int, int]) -> Image.Image:
     w, h = image.size
     cover = max(tw / w, th / h)  # the scale at which the image just covers the target
     # JPEG draft (DCT scaling) to no less than the covering size: much less decoding work.
-    image.draft("RGB", (max(1, round(w * cover)), max(1, round(h * cover))))
+    drafted = image.draft("RGB", (max(1, round(w * cover)), max(1, round(h * cover))))
     rgb = image.convert("RGB")
-    w, h = rgb.size
-    cover = max(tw / w, th / h)
-    box = ((w - tw / cover) / 2, (h - th / cover) / 2, (w + tw / cover) / 2, (h + th / cover) / 2)
-    if (w, h) != (tw, th):
+    # The image spans draft's extent (w / k, h / k) of the decoded pixels (see `_crop_resize`).
+    ew, eh = drafted[1][2:] if drafted is not None else rgb.size
+    cover = max(tw / ew, th / eh)
+    half_w, half_h = tw / cover / 2, th / cover / 2
+    # Clamped: tw / (tw / ew) can exceed ew by an ulp (one image size in 20: 103 x 103 to
+    # 256 x 256), and Pillow refuses a box beyond the image ("box offset can't be negative").
+    box = (
+        max(0.0, ew / 2 - half_w),
+        max(0.0, eh / 2 - half_h),
+        min(float(rgb.size[0]), ew / 2 + half_w),
+        min(float(rgb.size[1]), eh / 2 + half_h),
+    )
+    if rgb.size != (tw, th):
         rgb = rgb.resize((tw, th), Image.Resampling.BILINEAR, box=box)
     return rgb
 
