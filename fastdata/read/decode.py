@@ -38,12 +38,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from PIL import Image
 
 from fastdata._threads import process_pool
 from fastdata.manifest import SplitInfo
 from fastdata.read.jpeg_region import JpegStream, RegionDecoder, jpeg_stream, region_decoder
+from fastdata.read.resize import resize_aa
 
 __all__ = [
     "EVAL_RESIZE_RATIO",
@@ -307,10 +307,10 @@ def _finish(
         return _to_array(resized)
     # (1, C, H, W) in the channels-last layout, the kernel's vectorized uint8 path.
     region = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)[None]
-    resized = F.interpolate(region, size=(size, size), mode="bilinear", antialias=True)[0]
+    resized = resize_aa(region, size)
     if job.flip:
         resized = resized.flip(-1)
-    return resized.permute(1, 2, 0).numpy()  # HWC
+    return resized.permute(1, 2, 0).numpy()  # HWC view of planar pixels: the batch's layout
 
 
 def _decode_pillow(

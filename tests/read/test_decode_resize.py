@@ -1,0 +1,58 @@
+"""`fastdata.read.resize.resize_aa`: the pixels of torch's antialiased bilinear `interpolate`."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fastdata.read import resize
+from fastdata.read.resize import resize_aa
+
+
+def region(h: int, w: int, seed: int) -> torch.Tensor:
+    """(1, 3, h, w) uint8 channels-last, as a decoded HWC region becomes in `decode._finish`."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w]
+    smooth = np.stack([(x * (c + 1) + y * (3 - c)) % 256 for c in range(3)], -1)
+    noisy = smooth + rng.integers(-40, 41, smooth.shape)  # hard edges and noise: every tap counts
+    hwc = np.clip(noisy, 0, 255).astype(np.uint8)
+    return torch.from_numpy(hwc).permute(2, 0, 1)[None]
+
+
+# Downscales (by 1.01 to 7x), upscales, 1-pixel and very thin boxes, odd sizes.
+SHAPES = [(533, 400), (300, 250), (225, 224), (224, 224), (97, 131), (1, 1), (1, 300), (700, 3)]
+
+
+@pytest.mark.parametrize("size", [224, 33, 1])
+def test_resize_aa_gives_interpolates_pixels_planar(size):
+    for seed, (h, w) in enumerate(SHAPES):
+        x = region(h, w, seed)
+        got = resize_aa(x, size)
+        want = F.interpolate(x, size=(size, size), mode="bilinear", antialias=True)[0]
+        assert got.shape == (3, size, size) and got.dtype == torch.uint8
+        assert got.is_contiguous(), "the batch takes planar pixels"
+        assert torch.equal(got, want), (h, w, size)
+
+
+def test_resize_aa_without_the_out_op_falls_back(monkeypatch):
+    monkeypatch.setattr(resize, "_RESIZE_OUT", None)
+    x = region(300, 250, 0)
+    want = F.interpolate(x, size=(224, 224), mode="bilinear", antialias=True)[0]
+    assert torch.equal(resize_aa(x, 224), want)
+
+
+def test_resize_aa_uses_a_channels_last_output(monkeypatch):
+    """The kernel writes interleaved pixels (its cheap path), then torch copies them to planar."""
+    seen = []
+    real = resize._RESIZE_OUT
+    assert real is not None, "this torch has no aten::_upsample_bilinear2d_aa.out"
+
+    def spy(*args, out):
+        seen.append(out.is_contiguous(memory_format=torch.channels_last))
+        return real(*args, out=out)
+
+    monkeypatch.setattr(resize, "_RESIZE_OUT", spy)
+    resize_aa(region(300, 250, 0), 224)
+    assert seen == [True]
