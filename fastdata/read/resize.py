@@ -16,7 +16,9 @@ __all__ = ["resize_aa"]
 _RESIZE_OUT = getattr(getattr(torch.ops.aten, "_upsample_bilinear2d_aa", None), "out", None)
 
 
-def resize_aa(region: torch.Tensor, size: int) -> torch.Tensor:
+def resize_aa(
+    region: torch.Tensor, size: int, flip: bool = False, out: torch.Tensor | None = None
+) -> torch.Tensor:
     """`F.interpolate(region, (size, size), mode="bilinear", antialias=True)[0]`, planar, cheaper.
 
     The uint8 kernel works on interleaved pixels; asked for a planar output (what `interpolate`
@@ -28,12 +30,20 @@ def resize_aa(region: torch.Tensor, size: int) -> torch.Tensor:
     Args:
         region: (1, 3, h, w) uint8, channels-last.
         size: the output side.
+        flip: mirror the result left-right.
+        out: a contiguous (3, size, size) uint8 tensor to write the result into (a slot of the
+            batch: no copy of the image into the batch afterwards).
 
     Returns:
-        (3, size, size) uint8, contiguous.
+        (3, size, size) uint8, contiguous: `out` when given.
     """
     if _RESIZE_OUT is None or region.shape[1] != 3:
-        return F.interpolate(region, size=(size, size), mode="bilinear", antialias=True)[0]
-    out = torch.empty((1, 3, size, size), dtype=torch.uint8, memory_format=torch.channels_last)
-    _RESIZE_OUT(region, [size, size], False, None, None, out=out)
-    return out[0].contiguous()
+        resized = F.interpolate(region, size=(size, size), mode="bilinear", antialias=True)[0]
+    else:
+        cl = torch.empty((1, 3, size, size), dtype=torch.uint8, memory_format=torch.channels_last)
+        resized = _RESIZE_OUT(region, [size, size], False, None, None, out=cl)[0]
+    if flip:
+        resized = resized.flip(-1)
+    if out is None:
+        return resized.contiguous()
+    return out.copy_(resized)

@@ -1,13 +1,17 @@
-"""`fastdata.read.resize.resize_aa`: the pixels of torch's antialiased bilinear `interpolate`."""
+"""`resize_aa` (the pixels of torch's antialiased bilinear `interpolate`) and decoding into a batch."""
 
 from __future__ import annotations
+
+import io
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
 from fastdata.read import resize
+from fastdata.read.decode import Geometry, decode_batch
 from fastdata.read.resize import resize_aa
 
 
@@ -56,3 +60,49 @@ def test_resize_aa_uses_a_channels_last_output(monkeypatch):
     monkeypatch.setattr(resize, "_RESIZE_OUT", spy)
     resize_aa(region(300, 250, 0), 224)
     assert seen == [True]
+
+
+def jpeg(h: int, w: int, seed: int, fmt: str = "JPEG") -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(region(h, w, seed)[0].permute(1, 2, 0).numpy()).save(buf, fmt)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(
+    "geometry",
+    [
+        Geometry("rrc", size=64, flip_p=0.5),
+        Geometry("center", size=48),
+        Geometry("cover", hw=(40, 56)),
+    ],
+    ids=["rrc", "center", "cover"],
+)
+def test_decode_batch_into_out_gives_the_same_pixels(geometry):
+    """Decoded straight into a batch: the pixels of decoding then copying, the entries are views
+    of the batch, and a failed image's slot is left as it was."""
+    payloads = [jpeg(120, 90, 0), jpeg(90, 130, 1, "PNG"), b"not an image", jpeg(200, 150, 2)]
+    payloads += [jpeg(75, 75, k) for k in range(3, 9)]  # flips drawn both ways
+    n, (h, w) = len(payloads), geometry.out_hw
+    rngs = lambda: [np.random.default_rng(i) for i in range(n)]  # noqa: E731
+    want = decode_batch(payloads, geometry, rngs())
+    out = np.full((n, 3, h, w), 7, np.uint8)
+    got = decode_batch(payloads, geometry, rngs(), out=out)
+    for i in range(n):
+        if i == 2:
+            assert isinstance(got[i], ValueError) and isinstance(want[i], ValueError)
+            assert (out[i] == 7).all()
+            continue
+        assert np.array_equal(got[i], want[i]), i
+        assert np.array_equal(out[i], want[i].transpose(2, 0, 1)), i
+        assert np.shares_memory(got[i], out), i
+
+
+def test_decode_batch_checks_out():
+    geometry = Geometry("rrc", size=32)
+    payloads = [jpeg(60, 60, 0)]
+    rngs = [np.random.default_rng(0)]
+    for bad in (np.empty((1, 3, 32, 31), np.uint8), np.empty((2, 3, 32, 32), np.uint8)):
+        with pytest.raises(ValueError, match="out must be a uint8 array of shape"):
+            decode_batch(payloads, geometry, rngs, out=bad)
+    with pytest.raises(ValueError, match="out must be"):
+        decode_batch(payloads, geometry, rngs, out=np.empty((1, 3, 32, 32), np.float32))
