@@ -43,7 +43,7 @@ from PIL import Image
 from fastdata._threads import process_pool
 from fastdata.manifest import SplitInfo
 from fastdata.read.jpeg_region import JpegStream, RegionDecoder, jpeg_stream, region_decoder
-from fastdata.read.resize import resize_aa
+from fastdata.read.resize import cover, resize_aa
 
 __all__ = [
     "EVAL_RESIZE_RATIO",
@@ -350,7 +350,7 @@ def _decode_pillow(
     if geometry.kind == "none":
         return _to_array(_maybe_flip(image, geometry.flip_p, rng))
     if geometry.kind == "cover":
-        return _to_array(_maybe_flip(_cover(image, geometry.hw), geometry.flip_p, rng))
+        return _to_array(_maybe_flip(cover(image, geometry.hw), geometry.flip_p, rng))
     box, flip = _draw(image.size, geometry, rng)
     resized = _crop_resize(image, box, geometry.size)
     if flip:
@@ -402,31 +402,6 @@ def _crop_resize(image: Image.Image, box: tuple[int, int, int, int], size: int) 
     scale_x, scale_y = ext_w / width, ext_h / height
     scaled = (box[0] * scale_x, box[1] * scale_y, box[2] * scale_x, box[3] * scale_y)
     return image.resize((size, size), Image.BILINEAR, box=scaled)
-
-
-def _cover(image: Image.Image, hw: tuple[int, int]) -> Image.Image:
-    """Resize so that the image just covers `hw`, keeping the centre `hw` window (draft mode)."""
-    th, tw = hw
-    w, h = image.size
-    cover = max(tw / w, th / h)  # the scale at which the image just covers the target
-    # JPEG draft (DCT scaling) to no less than the covering size: much less decoding work.
-    drafted = image.draft("RGB", (max(1, round(w * cover)), max(1, round(h * cover))))
-    rgb = image.convert("RGB")
-    # The image spans draft's extent (w / k, h / k) of the decoded pixels (see `_crop_resize`).
-    ew, eh = drafted[1][2:] if drafted is not None else rgb.size
-    cover = max(tw / ew, th / eh)
-    half_w, half_h = tw / cover / 2, th / cover / 2
-    # Clamped: tw / (tw / ew) can exceed ew by an ulp (one image size in 20: 103 x 103 to
-    # 256 x 256), and Pillow refuses a box beyond the image ("box offset can't be negative").
-    box = (
-        max(0.0, ew / 2 - half_w),
-        max(0.0, eh / 2 - half_h),
-        min(float(rgb.size[0]), ew / 2 + half_w),
-        min(float(rgb.size[1]), eh / 2 + half_h),
-    )
-    if rgb.size != (tw, th):
-        rgb = rgb.resize((tw, th), Image.Resampling.BILINEAR, box=box)
-    return rgb
 
 
 def _to_array(image: Image.Image) -> np.ndarray:

@@ -1,15 +1,17 @@
 """Resizing decoded crops to the output size on the CPU (torch's uint8 antialiased bilinear kernel).
 
-The kernel gives the pixels of Pillow's ``resize(size, BILINEAR)`` (torchvision's `resized_crop`
-on a PIL image: tests/read/test_decode.py) without Pillow's RGB -> RGBX -> RGB conversions.
+`resize_aa`: torch's kernel gives the pixels of Pillow's ``resize(size, BILINEAR)`` (torchvision's
+`resized_crop` on a PIL image: tests/read/test_decode.py) without Pillow's RGB -> RGBX -> RGB
+conversions. `cover`: a whole image (Pillow-SIMD, DCT-scaled) resized to cover a size, centre kept.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
-__all__ = ["resize_aa"]
+__all__ = ["cover", "resize_aa"]
 
 # The ATen op behind `F.interpolate(..., mode="bilinear", antialias=True)`, with an `out` tensor
 # (`resize_aa`); None where this torch lacks it (`interpolate` is used then).
@@ -47,3 +49,28 @@ def resize_aa(
     if out is None:
         return resized.contiguous()
     return out.copy_(resized)
+
+
+def cover(image: Image.Image, hw: tuple[int, int]) -> Image.Image:
+    """Resize so that the image just covers `hw`, keeping the centre `hw` window (draft mode)."""
+    th, tw = hw
+    w, h = image.size
+    scale = max(tw / w, th / h)  # the scale at which the image just covers the target
+    # JPEG draft (DCT scaling) to no less than the covering size: much less decoding work.
+    drafted = image.draft("RGB", (max(1, round(w * scale)), max(1, round(h * scale))))
+    rgb = image.convert("RGB")
+    # The image spans draft's extent (w / k, h / k) of the decoded pixels (`decode._crop_resize`).
+    ew, eh = drafted[1][2:] if drafted is not None else rgb.size
+    scale = max(tw / ew, th / eh)
+    half_w, half_h = tw / scale / 2, th / scale / 2
+    # Clamped: tw / (tw / ew) can exceed ew by an ulp (one image size in 20: 103 x 103 to
+    # 256 x 256), and Pillow refuses a box beyond the image ("box offset can't be negative").
+    box = (
+        max(0.0, ew / 2 - half_w),
+        max(0.0, eh / 2 - half_h),
+        min(float(rgb.size[0]), ew / 2 + half_w),
+        min(float(rgb.size[1]), eh / 2 + half_h),
+    )
+    if rgb.size != (tw, th):
+        rgb = rgb.resize((tw, th), Image.Resampling.BILINEAR, box=box)
+    return rgb

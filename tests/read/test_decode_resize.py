@@ -1,4 +1,4 @@
-"""`resize_aa` (the pixels of torch's antialiased bilinear `interpolate`) and decoding into a batch."""
+"""`resize_aa` (the pixels of antialiased bilinear `interpolate`) and decoding into a batch."""
 
 from __future__ import annotations
 
