@@ -5,6 +5,10 @@
     python benchmarks/bench_decode.py --core 1 --images 200 # pinned to one core, quicker
     python benchmarks/bench_decode.py --loader              # + the loader photo suite (below)
 
+First, which DCT scales the crops allow (the share of crops that a scale of 1/2, 1/4, 1/8, or of
+M/8, still covers at the output size) and where nvImageCodec's region decode spends its time (whole
+image, the crop's region, and the entropy-decoding floor: `scale_rows`).
+
 Every decoder gets the same JPEGs and the same random-resized-crop boxes (torchvision semantics,
 `fastdata.augment.rrc_params`) and returns the 224 x 224 RGB crop:
 
@@ -182,6 +186,50 @@ def per_image_rows(args, jpegs, geometry) -> list[dict]:
     return rows
 
 
+def scale_rows(args, jpegs, geometry) -> list[dict]:
+    """Which DCT scales the crops allow, and where a region decode's CPU time goes.
+
+    A crop can be decoded at DCT scale s (libjpeg-turbo: 1/2, 1/4, 1/8 with SIMD IDCTs;
+    TurboJPEG 3 also M/8, M = 1..7, in plain C) without upscaling when s * (its box's shorter
+    side) >= the output side. Per scale set: the share of the crops that one of its scales < 1
+    covers. Then nvImageCodec's CPU time per image (64 per call, one thread) for the whole
+    image, the crop's region, and a 16 x 16 region at the bottom-right corner: libjpeg-turbo
+    entropy-decodes every row above a region, so that last one is the floor no DCT scale or
+    region lowers.
+    """
+    boxes = [crop_box(d, geometry, i) for i, d in enumerate(jpegs)]
+    sides = np.array([min(b[2] - b[0], b[3] - b[1]) for b in boxes]) / args.size
+    rows = [
+        {"measure": "crops a scale of 1/2, 1/4, 1/8 covers", "value": float(np.mean(sides >= 2))}
+    ]
+    for m in range(7, 0, -1):
+        share = float(np.mean(sides * m / 8 >= 1))
+        rows.append({"measure": f"crops a scale <= {m}/8 covers", "value": share})
+    rows.append(
+        {"measure": "crops smaller than the output (upscaled)", "value": float(np.mean(sides < 1))}
+    )
+    decoder = decode.region_decoder()
+    if decoder is None:
+        return rows
+    streams = [decoder.open(d) for d in jpegs]
+    whole = [(s, (0, 0, *s.size)) for s in streams]
+    corner = [(s, (s.size[0] - 16, s.size[1] - 16, *s.size)) for s in streams]
+    jobs = {
+        "nvImageCodec CPU ms/image: whole image": whole,
+        "nvImageCodec CPU ms/image: the crop's region": list(zip(streams, boxes, strict=True)),
+        "nvImageCodec CPU ms/image: 16 x 16 corner (entropy decoding)": corner,
+    }
+    for name, items in jobs.items():
+        best = math.inf
+        for _ in range(args.repeats):
+            start = time.process_time()
+            for i in range(0, len(items), 64):
+                decoder.regions(items[i : i + 64])
+            best = min(best, time.process_time() - start)
+        rows.append({"measure": name, "value": best / len(items) * 1e3})
+    return rows
+
+
 def batch_rows(args, jpegs, geometry) -> list[dict]:
     """decode_batch over the images in batches, wall time, per thread count."""
     n = args.batch_size
@@ -321,17 +369,24 @@ def main(args: argparse.Namespace) -> dict:
     affinity = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     if args.core is not None and affinity is not None:
         os.sched_setaffinity(0, {args.core})
+    scales = scale_rows(args, jpegs, geometry)
     single = per_image_rows(args, jpegs, geometry)
     if args.core is not None and affinity is not None:
         os.sched_setaffinity(0, affinity)
     batched = batch_rows(args, jpegs, geometry)
     title = f"per image, {args.geometry} {args.size} px, clothing-small {args.split}"
     tables = [
+        print_table(scales, ["measure", "value"], "DCT scales the crops allow; decode cost"),
         print_table(single, ["decoder", "ms_per_image", "cpu_ms_per_image", "speedup_cpu"], title),
         print_table(batched, ["threads", "batch", "img_per_s", "cpu_ms_per_image"], "decode_batch"),
     ]
     results = {"args": vars(args), "region_decoder": jpeg_region_decoder()}
-    results |= {"per_image": single, "decode_batch": batched, "pool": repr(_threads._pool)}
+    results |= {
+        "scales": scales,
+        "per_image": single,
+        "decode_batch": batched,
+        "pool": repr(_threads._pool),
+    }
     if args.loader:
         rows = loader_rows(args)
         columns = ["method", "img_per_s", "vs_pillow", "cpu_ms_per_image", "vs_pillow_cpu"]

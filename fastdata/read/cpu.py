@@ -214,7 +214,11 @@ class ShardBatchDataset(IterableDataset):
             np.random.default_rng(sample_seed(self.spec.seed, plan.epoch, int(positions[i])))
             for i in where
         ]
-        decoded = decode_batch(payloads, self.geometry, rngs, self.spec.workers.decode_threads)
+        # Decoded into the batch (its planar layout) when the images share one size.
+        hw = self.geometry.out_hw
+        batch = np.empty((len(payloads), 3, *hw), np.uint8) if min(hw) > 0 else None
+        threads = self.spec.workers.decode_threads
+        decoded = decode_batch(payloads, self.geometry, rngs, threads, out=batch)
         images, kept = [], []
         for i, label, result in zip(where, labels, decoded, strict=True):
             if isinstance(result, ValueError):
@@ -222,6 +226,8 @@ class ShardBatchDataset(IterableDataset):
                 continue
             images.append(result)
             kept.append(label)
+        if batch is not None and len(kept) == len(payloads):
+            return batch, kept  # complete: `_collate` has nothing to copy
         return images, kept
 
     def _empty_hw(self) -> tuple[int, int]:
@@ -314,8 +320,10 @@ class _Ahead:
 
 
 def _collate(
-    images: list[np.ndarray], labels: list[int], empty_hw: tuple[int, int]
+    images: list[np.ndarray] | np.ndarray, labels: list[int], empty_hw: tuple[int, int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(images, np.ndarray):  # an NCHW batch, decoded in place (`decode_batch`'s out)
+        return torch.from_numpy(images), torch.tensor(labels, dtype=torch.int64)
     if not images:
         return torch.zeros((0, 3, *empty_hw), dtype=torch.uint8), torch.zeros(0, dtype=torch.int64)
     # Transposed to contiguous NCHW here, in the worker: the training process's normalize then

@@ -38,12 +38,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from PIL import Image
 
 from fastdata._threads import process_pool
 from fastdata.manifest import SplitInfo
 from fastdata.read.jpeg_region import JpegStream, RegionDecoder, jpeg_stream, region_decoder
+from fastdata.read.resize import cover, resize_aa
 
 __all__ = [
     "EVAL_RESIZE_RATIO",
@@ -179,6 +179,7 @@ def decode_batch(
     rngs: Sequence[np.random.Generator],
     threads: int = 1,
     roi: bool = True,
+    out: np.ndarray | None = None,
 ) -> list[np.ndarray | ValueError]:
     """Decode a batch of encoded images: entry i is image i's HWC uint8 pixels, or its error.
 
@@ -194,12 +195,24 @@ def decode_batch(
         rngs: one generator per image.
         threads: decode threads.
         roi: see `decode_image`.
+        out: an (N, 3, H, W) uint8 array, (H, W) = `geometry.out_hw`, to decode into: image i's
+            pixels are written to ``out[i]`` (a region is resized straight into it) and entry i
+            is the HWC view ``out[i].transpose(1, 2, 0)``; ``out[i]`` of a failed image is left
+            as it was. The caller's batch then needs no copy of each image.
+
+    Raises:
+        ValueError: mismatched arguments (one generator per image, threads >= 1, `out`'s shape).
     """
     if len(payloads) != len(rngs):
         raise ValueError(f"need one generator per image, got {len(payloads)} and {len(rngs)}")
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     n = len(payloads)
+    if out is not None and (out.shape != (n, 3, *geometry.out_hw) or out.dtype != np.uint8):
+        raise ValueError(
+            f"out must be a uint8 array of shape {(n, 3, *geometry.out_hw)} for {n} images of "
+            f"geometry {geometry.kind!r}, got {out.dtype} {out.shape}"
+        )
     jobs = [_region_job(payloads[i], geometry, rngs[i]) if roi else None for i in range(n)]
     todo = [i for i in range(n) if jobs[i] is not None and jobs[i].region]
     regions = dict.fromkeys(range(n))
@@ -209,11 +222,12 @@ def decode_batch(
         regions.update(zip(todo, found, strict=True))
 
     def one(i: int) -> np.ndarray | ValueError:
+        slot = None if out is None else out[i]
         try:
             if jobs[i] is None:  # no draws made for it yet
-                return decode_image(payloads[i], geometry, rngs[i], roi=False)
+                return _place(decode_image(payloads[i], geometry, rngs[i], roi=False), slot)
             try:
-                return _finish(jobs[i], regions[i], payloads[i], geometry.size)
+                return _finish(jobs[i], regions[i], payloads[i], geometry.size, slot)
             except Exception as exc:
                 raise _readable(exc, payloads[i]) from exc
         except ValueError as exc:
@@ -290,10 +304,26 @@ def _region_is_cheaper(size: tuple[int, int], box: tuple[int, int, int, int], ou
     return (right - left) * (bottom - top) * dct * dct <= width * height
 
 
+def _place(pixels: np.ndarray, slot: np.ndarray | None) -> np.ndarray:
+    """`pixels` (HWC), or copied into `slot` (CHW) and returned as its HWC view."""
+    if slot is None:
+        return pixels
+    if pixels.shape != (slot.shape[1], slot.shape[2], slot.shape[0]):
+        raise ValueError(f"decoded to {pixels.shape}, expected HWC {slot.shape[1:]} x 3")
+    slot[...] = pixels.transpose(2, 0, 1)
+    return slot.transpose(1, 2, 0)
+
+
 def _finish(
-    job: _Job, pixels: np.ndarray | None, data: memoryview | bytes, size: int
+    job: _Job,
+    pixels: np.ndarray | None,
+    data: memoryview | bytes,
+    size: int,
+    slot: np.ndarray | None = None,
 ) -> np.ndarray:
     """Resize the decoded region to size x size and flip; Pillow's path when `pixels` is None.
+
+    With `slot` (a contiguous CHW array), the pixels are written there; its HWC view is returned.
 
     None: the DCT-scaled path was chosen, or the region decode failed (Pillow names the reason).
     The region is resized by torch's uint8 antialiased bilinear kernel, which gives the pixels of
@@ -304,13 +334,12 @@ def _finish(
         resized = _crop_resize(Image.open(io.BytesIO(data)), job.box, size)
         if job.flip:
             resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        return _to_array(resized)
+        return _place(_to_array(resized), slot)
     # (1, C, H, W) in the channels-last layout, the kernel's vectorized uint8 path.
     region = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)[None]
-    resized = F.interpolate(region, size=(size, size), mode="bilinear", antialias=True)[0]
-    if job.flip:
-        resized = resized.flip(-1)
-    return resized.permute(1, 2, 0).numpy()  # HWC
+    target = None if slot is None else torch.from_numpy(slot)
+    resized = resize_aa(region, size, job.flip, target)
+    return resized.permute(1, 2, 0).numpy()  # HWC view of planar pixels: the batch's layout
 
 
 def _decode_pillow(
@@ -321,7 +350,7 @@ def _decode_pillow(
     if geometry.kind == "none":
         return _to_array(_maybe_flip(image, geometry.flip_p, rng))
     if geometry.kind == "cover":
-        return _to_array(_maybe_flip(_cover(image, geometry.hw), geometry.flip_p, rng))
+        return _to_array(_maybe_flip(cover(image, geometry.hw), geometry.flip_p, rng))
     box, flip = _draw(image.size, geometry, rng)
     resized = _crop_resize(image, box, geometry.size)
     if flip:
@@ -353,34 +382,26 @@ def _crop_resize(image: Image.Image, box: tuple[int, int, int, int], size: int) 
     """Crop `box` (in full-resolution pixels) and resize it to size x size, via draft mode."""
     width, height = image.size
     box_w, box_h = box[2] - box[0], box[3] - box[1]
+    extent = None
     if image.format == "JPEG":
         # Ask for the smallest DCT scale at which the box still has >= `size` pixels per side.
         reduce = max(1.0, min(box_w / size, box_h / size))
-        image.draft("RGB", (max(1, int(width / reduce)), max(1, int(height / reduce))))
+        drafted = image.draft("RGB", (max(1, int(width / reduce)), max(1, int(height / reduce))))
+        extent = drafted[1] if drafted is not None else None
     if image.mode != "RGB":
         image = image.convert("RGB")
     if image.size == (width, height):  # full resolution: the region path's pixels (crop, resize)
         return image.crop(box).resize((size, size), Image.BILINEAR)
-    scale_x = image.size[0] / width
-    scale_y = image.size[1] / height
+    # At DCT scale 1/k the decoded image is ceil(width / k) x ceil(height / k) pixels, pixel i
+    # covering full-resolution pixels [k * i, k * i + k): the full image spans width / k scaled
+    # pixels (draft's box), not image.size. Scaling the box by image.size / (width, height)
+    # instead shifts it by up to 7/8 of a scaled pixel at the far edges of an image whose size
+    # is not a multiple of k (measured on 533-row clothing photos at 56 px: mean difference
+    # from a full decode 3.25 -> 1.88 levels, worst edge line 13.1 -> 7.2).
+    ext_w, ext_h = extent[2:] if extent is not None else image.size
+    scale_x, scale_y = ext_w / width, ext_h / height
     scaled = (box[0] * scale_x, box[1] * scale_y, box[2] * scale_x, box[3] * scale_y)
     return image.resize((size, size), Image.BILINEAR, box=scaled)
-
-
-def _cover(image: Image.Image, hw: tuple[int, int]) -> Image.Image:
-    """Resize so that the image just covers `hw`, keeping the centre `hw` window (draft mode)."""
-    th, tw = hw
-    w, h = image.size
-    cover = max(tw / w, th / h)  # the scale at which the image just covers the target
-    # JPEG draft (DCT scaling) to no less than the covering size: much less decoding work.
-    image.draft("RGB", (max(1, round(w * cover)), max(1, round(h * cover))))
-    rgb = image.convert("RGB")
-    w, h = rgb.size
-    cover = max(tw / w, th / h)
-    box = ((w - tw / cover) / 2, (h - th / cover) / 2, (w + tw / cover) / 2, (h + th / cover) / 2)
-    if (w, h) != (tw, th):
-        rgb = rgb.resize((tw, th), Image.Resampling.BILINEAR, box=box)
-    return rgb
 
 
 def _to_array(image: Image.Image) -> np.ndarray:
