@@ -255,39 +255,17 @@ def test_float_noise_at_an_edge_pulls_in_no_padding():
 
 
 # The README's "Targets that move with the image" example, verbatim (the coordinator places it).
-README_EXAMPLE = """
-import numpy as np
-import torch
+def _readme_example() -> str:
+    """The README's `warp_sample` / `warp_batch` example (section "Beyond classification")."""
+    import re
+    from pathlib import Path
 
-from fastdata.augment import draw_regions, get_preset, warp_batch, warp_sample
-
-image = np.full((375, 500, 3), 40, np.uint8)  # HWC uint8, as decoded
-image[100:200, 150:300] = (230, 30, 200)  # one object...
-mask = np.zeros((375, 500), np.uint8)
-mask[100:200, 150:300] = 1  # ...its pixels...
-boxes = np.array([[150, 100, 300, 200]], np.float32)  # ...and its box (xyxy, pixels)
-labels = np.array([1])
-
-# One region per sample from the preset's train ops (random-resized crop, flip), seeded per sample.
-preset = get_preset("photo", image_size=224)
-regions = draw_regions(preset, True, [image.shape[:2]] * 4, (224, 224), batch_seed=0)
-one = warp_sample(image, regions[0], mask=mask, boxes=boxes, box_labels=labels)
-print(one["image"].shape, one["mask"].shape, one["boxes"], one["box_labels"])
-
-# The same regions on a batch, on any device: one batched resize, one gather.
-images = torch.from_numpy(image).permute(2, 0, 1).expand(4, -1, -1, -1).contiguous()
-batch = warp_batch(
-    images,
-    regions,
-    masks=torch.from_numpy(mask).expand(4, -1, -1),
-    boxes=[torch.from_numpy(boxes)] * 4,
-    box_labels=[torch.from_numpy(labels)] * 4,
-)
-assert torch.equal(batch["mask"][0], one["mask"])
-assert (batch["image"][0].int() - one["image"].int()).abs().max() <= 1
-"""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "warp_batch(" in b]
+    assert len(blocks) == 1, "the README has one warp_batch example"
+    return blocks[0]
 
 
 def test_readme_example_runs(capsys):
-    exec(compile(README_EXAMPLE, "README-targets", "exec"), {"__name__": "__readme__"})
+    exec(compile(_readme_example(), "README-targets", "exec"), {"__name__": "__readme__"})
     assert "torch.Size([3, 224, 224]) torch.Size([224, 224])" in capsys.readouterr().out
