@@ -35,7 +35,9 @@ from fastdata.augment import RandomResizedCrop
 from fastdata.read.base import LoaderSpec
 from fastdata.read.decode import Geometry, decode_batch, decode_raw, stored_hw
 from fastdata.read.plan import PAD_LABEL, EpochPlan, rows_to_refs, sample_seed, worker_batch_numbers
+from fastdata.read.raw_shard import gather_raw_batch
 from fastdata.read.shardio import ShardReader, ShardReadError
+from fastdata.read.slots import BatchSlots, SlotRef
 from fastdata.read.workers import worker_init
 
 __all__ = [
@@ -101,6 +103,7 @@ class ShardBatchDataset(IterableDataset):
         )
         self.state = torch.tensor(state, dtype=torch.int64).share_memory_()
         self._ahead: _Ahead | None = None  # a worker's next-epoch first batch (`_Ahead`)
+        self.slots: BatchSlots | None = None  # set by CpuLoader before its workers start
 
     def plan(self) -> EpochPlan:
         """The plan of the selected epoch from the selected position."""
@@ -142,7 +145,9 @@ class ShardBatchDataset(IterableDataset):
                 self._count(skips)
                 if number == numbers[-1] and self._looks_ahead(info):
                     self._ahead = _Ahead.start(self, epoch + 1, worker)
-                yield batch
+                slots = self.slots if info is not None else None
+                ref = slots.put(worker, *batch) if slots is not None else None
+                yield batch if ref is None else ref
         finally:
             reader.close()
 
@@ -161,6 +166,10 @@ class ShardBatchDataset(IterableDataset):
         self, reader: ShardReader, plan: EpochPlan, number: int, skips: list[_Skip]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Batch `number` of `plan`; samples skipped under on_error='skip' are added to `skips`."""
+        if self.raw_shape is not None:
+            gathered = self._raw_batch(reader, plan, number)
+            if gathered is not None:
+                return gathered
         refs = rows_to_refs(plan.rows[number], self.spec.shard_sizes).tolist()
         pad = plan.padding[number]
         images: list[np.ndarray] = []
@@ -187,6 +196,21 @@ class ShardBatchDataset(IterableDataset):
             )
         return _collate(images, labels, self._empty_hw())
 
+    def _raw_batch(
+        self, reader: ShardReader, plan: EpochPlan, number: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Batch `number` of a raw split in array operations (`raw_shard.gather_raw_batch`): the
+        same tensors as the per-sample path; None when a sample needs that path."""
+        assert self.raw_shape is not None
+        refs = rows_to_refs(plan.rows[number], self.spec.shard_sizes)
+        gathered = gather_raw_batch(reader, refs, self.raw_shape)
+        if gathered is None:
+            return None
+        images, labels = gathered
+        if not self.spec.train:
+            labels[np.asarray(plan.padding[number], dtype=bool)] = PAD_LABEL
+        return torch.from_numpy(images), torch.from_numpy(labels)
+
     def _decode(self, reader, plan, number, refs, payloads, where, labels, skips):
         positions = plan.positions[number]
         rngs = [
@@ -202,6 +226,13 @@ class ShardBatchDataset(IterableDataset):
             images.append(result)
             kept.append(label)
         return images, kept
+
+    def image_shape(self) -> tuple[int, int, int] | None:
+        """(C, H, W) of every image of a batch; None when images may differ (unknown here)."""
+        if self.raw_shape is not None:
+            return self.raw_shape[2], self.raw_shape[0], self.raw_shape[1]
+        hw = self.geometry.out_hw if self.geometry.kind != "none" else None
+        return (3, int(hw[0]), int(hw[1])) if hw and all(hw) else None
 
     def _empty_hw(self) -> tuple[int, int]:
         if self.raw_shape is not None:
@@ -363,6 +394,12 @@ class CpuLoader:
         )
 
         self._iterator: weakref.ref[Any] | None = None
+        self._pin = bool(pin) and torch.cuda.is_available()  # slots pin CUDA memory only
+        shape = self.dataset.image_shape()
+        if self.dataloader.persistent_workers and shape is not None and self._pin == bool(pin):
+            # Persistent workers only: one iterator at a time, whose workers write in turn.
+            depth = w.prefetch_factor + 2  # in flight per worker, + one being copied out
+            self.dataset.slots = BatchSlots.create(w.num_workers, depth, spec.batch_size, shape)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -373,6 +410,10 @@ class CpuLoader:
         # is asked for only when that is the main thread; the watchdog covers the rest.
         main = threading.current_thread() is threading.main_thread()
         self.dataloader.worker_init_fn = functools.partial(worker_init, os.getpid(), main)
+        if self.dataset.slots is not None:
+            # Batches of an earlier iteration still in flight are dropped by the DataLoader
+            # without being taken; their workers write this iteration's only after resuming.
+            self.dataset.slots.release_all()
         iterator = iter(self.dataloader)
         self._iterator = weakref.ref(iterator)
         return self._batches(iterator)
@@ -387,6 +428,9 @@ class CpuLoader:
                 if "timed out" not in str(exc) or self.spec.workers.num_workers == 0:
                     raise
                 raise self._timeout_error(iterator) from exc
+            if isinstance(batch, SlotRef):
+                assert self.dataset.slots is not None
+                batch = self.dataset.slots.take(batch, self._pin)
             yield batch
 
     def _timeout_error(self, iterator: Any) -> LoaderTimeoutError:

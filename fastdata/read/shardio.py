@@ -260,6 +260,20 @@ class ShardReader:
                 raise ShardReadError(name, key, problem)
         return out
 
+    def uniform(self, shard: int) -> tuple[ShardIndex, bytes | mmap.mmap, set[int]] | None:
+        """(index, bytes, suspect samples) of a shard whose samples can be read by array
+        operations: its index lists the same components on every line and every header and
+        label was checked at once when it was opened (`scan_shard`); no per-sample digests are
+        to be checked. None: read it sample by sample (`sample`), which names any problem.
+
+        Raises:
+            ShardReadError: the shard cannot be opened (as `sample` raises).
+        """
+        index, data, _, sums, suspects = self._get(shard)
+        if index.layout is None or suspects is None or sums is not None:
+            return None
+        return index, data, suspects
+
     def _check_label(self, shard: int, key: str, parts: dict[str, memoryview]) -> None:
         """Refuse a stored label outside the shard's dataset's classes (names shard and key)."""
         info = self.shards[shard]
