@@ -122,6 +122,8 @@ class ShardBatchDataset(IterableDataset):
         plan = self.spec.plan(epoch, consumed, steps)
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        if self.slots is not None and info is not None:
+            self.slots.release(worker)  # an earlier iteration's batches were dropped unread
         reader = ShardReader(
             self.spec.manifest,
             self.spec.split,
@@ -410,10 +412,6 @@ class CpuLoader:
         # is asked for only when that is the main thread; the watchdog covers the rest.
         main = threading.current_thread() is threading.main_thread()
         self.dataloader.worker_init_fn = functools.partial(worker_init, os.getpid(), main)
-        if self.dataset.slots is not None:
-            # Batches of an earlier iteration still in flight are dropped by the DataLoader
-            # without being taken; their workers write this iteration's only after resuming.
-            self.dataset.slots.release_all()
         iterator = iter(self.dataloader)
         self._iterator = weakref.ref(iterator)
         return self._batches(iterator)

@@ -172,10 +172,16 @@ class BatchSlots:
         state[_BUSY] = 0
         return images, labels
 
-    def release_all(self) -> None:
-        """(In the training process, while no worker writes) free every slot: batches sent but
-        dropped by the DataLoader when an iteration restarts are never taken."""
-        self._views()[1][..., _BUSY] = 0
+    def release(self, worker: int) -> None:
+        """(In worker `worker`, as an iteration starts) free its slots and start at the first.
+
+        Batches of an earlier iteration still in flight when the training process started this
+        one are dropped by the DataLoader unread, so their slots were never freed. A worker
+        starts an iteration only after finishing every task of the last one, and the training
+        process takes no batch of that iteration once it has started this one.
+        """
+        self._views()[1][worker, :, _BUSY] = 0
+        self._next[worker] = 0
 
     @staticmethod
     def _check(state: np.ndarray, ref: SlotRef) -> None:
