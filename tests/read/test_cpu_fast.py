@@ -239,3 +239,16 @@ def test_slots_refuse_what_they_cannot_hold_and_detect_a_rewritten_slot():
     x, _ = slots.take(again)
     assert torch.equal(x, images * 2)
     assert BatchSlots.create(8, 8, 4096, (3, 64, 64)) is None  # over MAX_SLOT_BYTES
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
+def test_slots_copy_into_pinned_memory_when_the_loader_pins(tiny_shards):
+    spec = _spec(tiny_shards, num_workers=2, prefetch_factor=2)
+    spec = spec.__class__(**(spec.__dict__ | {"workers": WorkerSettings(2, 2, pin_memory=True)}))
+    loader = make_cpu_loader(spec)
+    try:
+        assert loader.dataset.slots is not None
+        batches = list(loader)
+        assert batches and all(x.is_pinned() for x, _ in batches)
+    finally:
+        loader.close()
