@@ -11,6 +11,7 @@ datasets (merged labels), on_error="skip" with a corrupt sample.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -252,3 +253,25 @@ def test_slots_copy_into_pinned_memory_when_the_loader_pins(tiny_shards):
         assert batches and all(x.is_pinned() for x, _ in batches)
     finally:
         loader.close()
+
+
+def test_a_persistent_worker_opens_local_shards_once_not_every_epoch(tiny_shards, monkeypatch):
+    import multiprocessing
+
+    made = multiprocessing.get_context("fork").Value("i", 0)
+    real = cpu.ShardReader.__init__
+
+    def counting(self, *args, **kw):
+        with made.get_lock():
+            made.value += 1
+        real(self, *args, **kw)
+
+    monkeypatch.setattr(cpu.ShardReader, "__init__", counting)
+    spec = _spec(tiny_shards, split="test", train=False, batch_size=8, num_workers=2)
+    loader = make_cpu_loader(replace(spec, workers=replace(spec.workers, mp_context="fork")))
+    try:
+        epochs = [[y.tolist() for _, y in loader] for _ in range(3)]
+    finally:
+        loader.close()
+    assert epochs[0] == epochs[1] == epochs[2] and len(epochs[0]) == 7
+    assert made.value == 2  # one reader per worker, kept from epoch to epoch
