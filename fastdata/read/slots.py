@@ -33,9 +33,10 @@ __all__ = ["MAX_SLOT_BYTES", "BatchSlots", "SlotError", "SlotRef"]
 
 log = logging.getLogger("fastdata")
 
-#: Most shared memory the slots of one loader may take (all workers): a container's /dev/shm
-#: defaults to 64 MiB. Larger batches (photos) are sent the usual way.
-MAX_SLOT_BYTES = 32 * 2**20
+#: Most shared memory the slots of one loader may take (all workers), and at most a quarter of
+#: what /dev/shm has free (a container's defaults to 64 MiB). Larger batches (photos) are sent
+#: the usual way.
+MAX_SLOT_BYTES = 64 * 2**20
 
 _BUSY, _TOKEN = 0, 1  # columns of the state tensor
 
@@ -103,7 +104,7 @@ class BatchSlots:
         if workers < 1 or depth < 1 or max_batch < 1:
             return None
         nbytes = workers * depth * (max_batch * (_prod(image_shape) + 8) + 8)
-        if nbytes > MAX_SLOT_BYTES:
+        if nbytes > min(MAX_SLOT_BYTES, _shm_free() // 4):
             return None
         try:
             return cls(workers, depth, max_batch, image_shape)
@@ -191,6 +192,15 @@ class BatchSlots:
                 "the worker sent (overwritten or not shared); this is a fastdata bug: please "
                 "report it with the loader's settings (num_workers=0 avoids the slots)"
             )
+
+
+def _shm_free() -> int:
+    """Bytes free in /dev/shm (where torch's shared memory lives on Linux); unbounded elsewhere."""
+    try:
+        stat = os.statvfs("/dev/shm")
+    except (OSError, AttributeError):
+        return MAX_SLOT_BYTES * 4
+    return stat.f_bavail * stat.f_frsize
 
 
 def _prod(shape: tuple[int, ...]) -> int:

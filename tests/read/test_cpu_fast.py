@@ -242,6 +242,16 @@ def test_slots_refuse_what_they_cannot_hold_and_detect_a_rewritten_slot():
     assert BatchSlots.create(8, 8, 4096, (3, 64, 64)) is None  # over MAX_SLOT_BYTES
 
 
+def test_slots_take_at_most_a_quarter_of_the_free_shared_memory(monkeypatch):
+    import fastdata.read.slots as slots_module
+
+    one = 2 * 3 * (4 * (3 * 32 * 32 + 8) + 8)  # 2 workers x 3 slots of 4 images
+    monkeypatch.setattr(slots_module, "_shm_free", lambda: 4 * one)
+    assert BatchSlots.create(2, 3, 4, (3, 32, 32)) is not None
+    monkeypatch.setattr(slots_module, "_shm_free", lambda: 4 * one - 1)
+    assert BatchSlots.create(2, 3, 4, (3, 32, 32)) is None
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
 def test_slots_copy_into_pinned_memory_when_the_loader_pins(tiny_shards):
     spec = _spec(tiny_shards, num_workers=2, prefetch_factor=2)
