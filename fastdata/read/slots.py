@@ -87,6 +87,7 @@ class BatchSlots:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_arrays"] = None  # numpy views pickle by value: made again where unpickled
+        state["_pool"] = TensorPool()  # the training process's buffers stay there
         return state
 
     def _views(self) -> tuple[np.ndarray, np.ndarray]:
