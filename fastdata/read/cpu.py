@@ -1,7 +1,10 @@
 """The CPU backend: shards -> epoch plan -> decode in DataLoader workers -> uint8 batches.
 
 Each worker builds whole batches of the plan (read -> decode -> collate), so the main process
-receives one pinned uint8 tensor per batch and does no per-sample work. Encoded photos get the
+receives one pinned uint8 tensor per batch and does no per-sample work. A raw split's batch is
+gathered in array operations (`raw_shard.gather_raw_batch`); persistent workers hand batches
+over through reused shared-memory slots (`fastdata.read.slots`) and keep their open local
+shards from epoch to epoch. Encoded photos get the
 preset's decode-time crop (and flip) while decoding (`Preset.decode_crop`); everything else runs
 later, batched, on the training device (`ShardDataModule.on_after_batch_transfer`).
 
@@ -81,7 +84,8 @@ def decode_geometry(spec: LoaderSpec) -> tuple[Geometry, int]:
 
 
 class ShardBatchDataset(IterableDataset):
-    """Yields this rank's batches of one epoch as (uint8 NCHW, int64) tensors.
+    """Yields this rank's batches of one epoch as (uint8 NCHW, int64) tensors (from a worker
+    given `slots`: a `SlotRef` to them, which `CpuLoader` turns back into the tensors).
 
     Args:
         spec: what to load (see LoaderSpec); `spec.workers.num_workers` must match the
