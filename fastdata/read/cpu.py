@@ -1,7 +1,10 @@
 """The CPU backend: shards -> epoch plan -> decode in DataLoader workers -> uint8 batches.
 
 Each worker builds whole batches of the plan (read -> decode -> collate), so the main process
-receives one pinned uint8 tensor per batch and does no per-sample work. Encoded photos get the
+receives one pinned uint8 tensor per batch and does no per-sample work. A raw split's batch is
+gathered in array operations (`raw_shard.gather_raw_batch`); persistent workers hand batches
+over through reused shared-memory slots (`fastdata.read.slots`) and keep their open local
+shards from epoch to epoch. Encoded photos get the
 preset's decode-time crop (and flip) while decoding (`Preset.decode_crop`); everything else runs
 later, batched, on the training device (`ShardDataModule.on_after_batch_transfer`).
 
@@ -32,10 +35,12 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 from fastdata.augment import RandomResizedCrop
 from fastdata.read.base import LoaderSpec
 from fastdata.read.decode import Geometry, decode_batch, decode_raw, stored_hw
-from fastdata.read.plan import EpochPlan, rows_to_refs, sample_seed, worker_batch_numbers
+from fastdata.read.plan import PAD_LABEL, EpochPlan, rows_to_refs, sample_seed, worker_batch_numbers
+from fastdata.read.raw_shard import gather_raw_batch
 from fastdata.read.rows import PlannedBatch, RowReader, Skip, log_skips
 from fastdata.read.samples import Sample, SampleSpec, decode_samples, sample_spec
 from fastdata.read.shardio import ShardReader
+from fastdata.read.slots import BatchSlots, SlotRef
 from fastdata.read.workers import worker_init
 
 __all__ = [
@@ -79,7 +84,8 @@ def decode_geometry(spec: LoaderSpec) -> tuple[Geometry, int]:
 
 
 class ShardBatchDataset(IterableDataset):
-    """Yields this rank's batches of one epoch as (uint8 NCHW, int64) tensors.
+    """Yields this rank's batches of one epoch as (uint8 NCHW, int64) tensors (from a worker
+    given `slots`: a `SlotRef` to them, which `CpuLoader` turns back into the tensors).
 
     Args:
         spec: what to load (see LoaderSpec); `spec.workers.num_workers` must match the
@@ -107,6 +113,9 @@ class ShardBatchDataset(IterableDataset):
         )
         self.state = torch.tensor(state, dtype=torch.int64).share_memory_()
         self._ahead: _Ahead | None = None  # a worker's next-epoch first batch (`_Ahead`)
+        self.slots: BatchSlots | None = None  # set by CpuLoader before its workers start
+        self._local = all("://" not in spec.manifest.shard_url(s) for s in info.shards)
+        self._kept: ShardReader | None = None  # a worker's reader, kept between epochs
 
     def plan(self) -> EpochPlan:
         """The plan of the selected epoch from the selected position."""
@@ -125,12 +134,9 @@ class ShardBatchDataset(IterableDataset):
         plan = self.spec.plan(epoch, consumed, steps)
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        reader = ShardReader(
-            self.spec.manifest,
-            self.spec.split,
-            cache=self.spec.cache,
-            verify_samples=self.spec.verify_samples,
-        )
+        if self.slots is not None and info is not None:
+            self.slots.release(worker)  # an earlier iteration's batches were dropped unread
+        reader, keep = self._reader(info)
         self._failed_shards: set[str] = set()  # failed remote shards warned about this epoch
         numbers = worker_batch_numbers(len(plan.rows), 0, worker, workers)
         try:
@@ -148,9 +154,33 @@ class ShardBatchDataset(IterableDataset):
                 self._count(skips)
                 if number == numbers[-1] and self._looks_ahead(info):
                     self._ahead = _Ahead.start(self, epoch + 1, worker)
-                yield batch
+                slots = self.slots if info is not None and isinstance(batch, tuple) else None
+                ref = slots.put(worker, *batch) if slots is not None else None
+                yield batch if ref is None else ref
         finally:
-            reader.close()
+            if not keep:
+                reader.close()
+
+    def _reader(self, info: object | None) -> tuple[ShardReader, bool]:
+        """(the epoch's shard reader, whether it is kept for the next epoch).
+
+        A worker reading local shards keeps its reader, hence its open shards, for its life:
+        opening a shard parses and checks its index (CIFAR-100's 10,000-sample shards: ~30 ms
+        each, every epoch, in every worker). A remote dataset's reader is made anew each
+        epoch: a shard that failed to download is tried again in the next.
+        """
+        keep = info is not None and self._local
+        if keep and self._kept is not None:
+            return self._kept, True
+        reader = ShardReader(
+            self.spec.manifest,
+            self.spec.split,
+            cache=self.spec.cache,
+            verify_samples=self.spec.verify_samples,
+        )
+        if keep:
+            self._kept = reader
+        return reader, keep
 
     def _looks_ahead(self, info: object | None) -> bool:
         """Whether this process decodes the next epoch's first batch once its last one is made.
@@ -167,6 +197,10 @@ class ShardBatchDataset(IterableDataset):
         self, reader: ShardReader, plan: EpochPlan, number: int, skips: list[_Skip]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Batch `number` of `plan`; samples skipped under on_error='skip' are added to `skips`."""
+        if self.raw_shape is not None and self.fields is None:
+            gathered = self._raw_batch(reader, plan, number)  # array operations
+            if gathered is not None:
+                return gathered
         rows = self._rows(reader)
         batch = rows.read(plan, number)
         skips += batch.skips
@@ -208,6 +242,21 @@ class ShardBatchDataset(IterableDataset):
             rows, batch, self.sample_spec, batch_seed=int(plan.seeds[batch.number]), skips=skips
         )
 
+    def _raw_batch(
+        self, reader: ShardReader, plan: EpochPlan, number: int
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Batch `number` of a raw split in array operations (`raw_shard.gather_raw_batch`): the
+        same tensors as the per-sample path; None when a sample needs that path."""
+        assert self.raw_shape is not None
+        refs = rows_to_refs(plan.rows[number], self.spec.shard_sizes)
+        gathered = gather_raw_batch(reader, refs, self.raw_shape)
+        if gathered is None:
+            return None
+        images, labels = gathered
+        if not self.spec.train:
+            labels[np.asarray(plan.padding[number], dtype=bool)] = PAD_LABEL
+        return torch.from_numpy(images), torch.from_numpy(labels)
+
     def _decode(self, reader, plan, number, refs, payloads, where, labels, skips):
         positions = plan.positions[number]
         rngs = [
@@ -229,6 +278,16 @@ class ShardBatchDataset(IterableDataset):
         if batch is not None and len(kept) == len(payloads):
             return batch, kept  # complete: `_collate` has nothing to copy
         return images, kept
+
+    def image_shape(self) -> tuple[int, int, int] | None:
+        """(C, H, W) of every image of a batch; None when images may differ (unknown here) or
+        batches are dicts (a split beyond classification: no slots)."""
+        if self.fields is not None:
+            return None
+        if self.raw_shape is not None:
+            return self.raw_shape[2], self.raw_shape[0], self.raw_shape[1]
+        hw = self.geometry.out_hw if self.geometry.kind != "none" else None
+        return (3, int(hw[0]), int(hw[1])) if hw and all(hw) else None
 
     def _empty_hw(self) -> tuple[int, int]:
         if self.raw_shape is not None:
@@ -368,6 +427,12 @@ class CpuLoader:
         )
 
         self._iterator: weakref.ref[Any] | None = None
+        self._pin = bool(pin) and torch.cuda.is_available()  # slots pin CUDA memory only
+        shape = self.dataset.image_shape()
+        if self.dataloader.persistent_workers and shape is not None and self._pin == bool(pin):
+            # Persistent workers only: one iterator at a time, whose workers write in turn.
+            depth = w.prefetch_factor + 2  # in flight per worker, + one being copied out
+            self.dataset.slots = BatchSlots.create(w.num_workers, depth, spec.batch_size, shape)
 
     def __len__(self) -> int:
         return len(self.dataset)
@@ -392,6 +457,9 @@ class CpuLoader:
                 if "timed out" not in str(exc) or self.spec.workers.num_workers == 0:
                     raise
                 raise self._timeout_error(iterator) from exc
+            if isinstance(batch, SlotRef):
+                assert self.dataset.slots is not None
+                batch = self.dataset.slots.take(batch, self._pin)
             yield batch
 
     def _timeout_error(self, iterator: Any) -> LoaderTimeoutError:
