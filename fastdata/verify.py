@@ -147,16 +147,24 @@ def _read_index(manifest: Manifest, shard: ShardInfo) -> None:
         )
 
 
-def _check_samples(
-    reader: ShardReader, shard: int, count: int, shape, report: VerifyReport
-) -> None:
-    rng = np.random.default_rng(0)
+def _index_readable(reader: ShardReader, shard: int, report: VerifyReport) -> bool:
+    """False (the shard reported once as bad) when the shard's index cannot be read."""
     name = reader.shards[shard].name
     try:
         reader.key(shard, 0)
     except ShardReadError as exc:
         if not any(b.startswith(f"{name}: ") for b in report.bad_shards):
             report.bad_shards.append(f"{name}: {exc.reason}")
+        return False
+    return True
+
+
+def _check_samples(
+    reader: ShardReader, shard: int, count: int, shape, report: VerifyReport
+) -> None:
+    rng = np.random.default_rng(0)
+    name = reader.shards[shard].name
+    if not _index_readable(reader, shard, report):
         return
     for index in range(count):
         report.samples_checked += 1
@@ -187,11 +195,7 @@ def _check_fields(
     the image's pixels, and a mask's size against the image's."""
     rng = np.random.default_rng(0)
     name = reader.shards[shard].name
-    try:
-        reader.key(shard, 0)
-    except ShardReadError as exc:
-        if not any(b.startswith(f"{name}: ") for b in report.bad_shards):
-            report.bad_shards.append(f"{name}: {exc.reason}")
+    if not _index_readable(reader, shard, report):
         return
     for index in range(count):
         report.samples_checked += 1

@@ -30,6 +30,15 @@ def _blocks(lang: str, section: str) -> list[str]:
     return re.findall(rf"```{lang}\n(.*?)```", body, flags=re.S)
 
 
+def _script_env() -> dict[str, str]:
+    """The environment of a README shell block: this venv's fastdata, moto_server and python
+    first on PATH, the checkout importable."""
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env["PYTHONPATH"] = str(README.parent)
+    return env
+
+
 def test_setup_is_exactly_two_commands():
     commands = [
         line for block in _blocks("bash", "Set-up") for line in block.splitlines() if line.strip()
@@ -79,13 +88,10 @@ def test_data_where_you_keep_it_runs_as_written(real_data, tmp_path):
         cwd=project,
     )
     script = "\n".join(_blocks("bash", "Data where you keep it"))
-    bin_dir = str(Path(sys.executable).parent)  # fastdata, moto_server, python of this venv
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    env["PYTHONPATH"] = str(README.parent)
     proc = subprocess.Popen(
         ["bash", "-euo", "pipefail", "-c", script],
         cwd=project,
-        env=env,
+        env=_script_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -113,13 +119,10 @@ def test_beyond_classification_runs_as_written(tmp_path, monkeypatch):
     project = tmp_path / "project"
     project.mkdir()
     script = "\n".join(_blocks("bash", section))
-    bin_dir = str(Path(sys.executable).parent)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    env["PYTHONPATH"] = str(README.parent)
     done = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", script],
         cwd=project,
-        env=env,
+        env=_script_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -30,6 +30,8 @@ from PIL import Image
 
 from fastdata.augment import rrc_params
 from fastdata.read.decode import Geometry, decode_image
+from tests.read.test_decode import encode as jpeg
+from tests.read.test_decode import photo
 
 MAX_MAD = 4.0
 MAX_SET_MAD = 1.25
@@ -39,22 +41,8 @@ MAX_ABS_SYNTHETIC = 96
 MAX_EDGE_MAD = 12.0
 
 
-def photo(h: int, w: int, seed: int) -> np.ndarray:
-    """A photo-like RGB image: smooth colour gradients, hard-edged discs and sensor noise."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
-    img = np.stack([128 + 100 * np.sin(x / 37 + c) * np.cos(y / 53 - c) for c in range(3)], -1)
-    for _ in range(12):
-        cy, cx, r = rng.integers(0, h), rng.integers(0, w), rng.integers(8, max(9, h // 6))
-        img[(y - cy) ** 2 + (x - cx) ** 2 < r * r] = rng.integers(0, 256, 3)
-    img += rng.normal(0, 6, img.shape)
-    return np.clip(img, 0, 255).astype(np.uint8)
-
-
 def encode(pixels: np.ndarray, quality: int, subsampling: int) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, "JPEG", quality=quality, subsampling=subsampling)
-    return buf.getvalue()
+    return jpeg(pixels, "JPEG", quality=quality, subsampling=subsampling)
 
 
 def box_and_reference(data: bytes, geometry: Geometry, seed: int):
