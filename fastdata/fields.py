@@ -37,6 +37,7 @@ __all__ = [
     "FieldKind",
     "FieldSpec",
     "MAX_JSON_BYTES",
+    "MAX_MASK_PIXELS",
     "default_fields",
     "fields_from_json",
     "fields_to_json",
@@ -45,6 +46,7 @@ __all__ = [
 ]
 
 MAX_JSON_BYTES = 16 << 20  # a json/text component larger than this is refused, not parsed
+MAX_MASK_PIXELS = 1 << 28  # a mask PNG whose header claims more is refused before decoding
 _MAX_BOXES = 1 << 20
 
 Parts = Mapping[str, bytes | memoryview]
@@ -121,9 +123,30 @@ def _npy_bytes(array: np.ndarray) -> bytes:
 
 
 def _npy(data: bytes | memoryview, what: str) -> np.ndarray:
+    """An .npy component, its header checked against its size before anything is allocated (a
+    header may claim any shape: np.load would allocate it first)."""
+    raw = bytes(data)
+    stream = io.BytesIO(raw)
     try:
-        array = np.load(io.BytesIO(bytes(data)), allow_pickle=False)
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, _, dtype = np.lib.format.read_array_header_1_0(stream)
+        elif version in ((2, 0), (3, 0)):
+            shape, _, dtype = np.lib.format.read_array_header_2_0(stream)
+        else:
+            raise ValueError(f"unknown .npy version {version}")
+        if dtype.hasobject:
+            raise FieldError(f"{what}: an .npy of objects (pickles) is refused")
+        body = len(raw) - stream.tell()
+        if int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != body:
+            raise FieldError(
+                f"{what}: the .npy header says {shape} {dtype} but {body} bytes of data follow"
+            )
+        stream.seek(0)
+        array = np.load(stream, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
+        if isinstance(exc, FieldError):
+            raise
         raise FieldError(f"{what}: not a readable .npy array ({exc})") from exc
     if not isinstance(array, np.ndarray) or array.dtype.hasobject:
         raise FieldError(f"{what}: an .npy of objects is refused")
@@ -180,12 +203,18 @@ def _mask_decode(parts: Parts) -> np.ndarray:
 
     try:
         with Image.open(io.BytesIO(bytes(_one(parts)))) as image:
+            if image.width * image.height > MAX_MASK_PIXELS:
+                raise FieldError(
+                    f"mask: {image.width} x {image.height} is more than {MAX_MASK_PIXELS} pixels"
+                )
             if image.format != "PNG":
                 raise FieldError(f"mask: expected a PNG, got {image.format}")
             if image.mode not in ("L", "P", "I;16", "I;16B", "I"):
                 raise FieldError(f"mask: PNG mode {image.mode} is not a single-channel map")
             mask = np.asarray(image)
-    except (OSError, SyntaxError) as exc:
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
+        if isinstance(exc, FieldError):
+            raise
         raise FieldError(f"mask: unreadable PNG ({exc})") from exc
     if mask.dtype.kind not in "iu" or mask.ndim != 2:
         raise FieldError(f"mask: expected an (H, W) integer map, got {mask.dtype} {mask.shape}")
@@ -394,4 +423,8 @@ def fields_from_json(data: Any, where: str) -> dict[str, FieldSpec]:
             owner[comp] = name
     if sum(f.kind == "image" for f in out.values()) != 1:
         raise FieldError(f"{where}: a split needs exactly one image field, got {sorted(out)}")
+    if out.get("image") is None or out["image"].kind != "image":
+        raise FieldError(f"{where}: the image field must be named 'image' (batches use that key)")
+    if "padded" in out:
+        raise FieldError(f"{where}: 'padded' is a batch key of its own, not a field name")
     return out

@@ -109,3 +109,42 @@ def test_old_manifest_loads_as_image_and_label(tiny_shards):
     assert split.fields is None
     assert is_classification(split.field_specs)
     assert "fields" not in (tiny_shards / "manifest.json").read_text()
+
+
+def test_an_npy_header_claiming_more_than_it_holds_is_refused_before_allocating():
+    import io
+
+    out = io.BytesIO()
+    header = {"descr": "<i8", "fortran_order": False, "shape": (2**40,)}  # 8 TiB claimed
+    np.lib.format.write_array_header_1_0(out, header)
+    out.write(b"\0" * 64)
+    with pytest.raises(FieldError, match="header says"):
+        FieldSpec("array", "array", ("npy",)).decode({"npy": out.getvalue()})
+
+
+def test_a_mask_png_claiming_a_huge_size_is_refused_from_its_header():
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (
+            struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+        )
+
+    ihdr = struct.pack(">IIBBBBB", 30000, 30000, 8, 0, 0, 0, 0)  # 900 Mpx, 8-bit grey
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
+    with pytest.raises(FieldError, match="more than|decompression bomb"):
+        FieldSpec("mask", "mask", ("mask.png",)).decode({"mask.png": png})
+
+
+def test_the_image_field_must_be_named_image():
+    with pytest.raises(FieldError, match="named 'image'"):
+        fields_from_json({"img": {"kind": "image", "components": ["jpg"]}}, "x")
+    with pytest.raises(FieldError, match="padded"):
+        fields_from_json(
+            {
+                "image": {"kind": "image", "components": ["jpg"]},
+                "padded": {"kind": "text", "components": ["txt"]},
+            },
+            "x",
+        )

@@ -35,7 +35,7 @@ from fractions import Fraction
 
 import torch
 
-from fastdata.manifest import Manifest, ShardInfo, SplitInfo, load_manifest
+from fastdata.manifest import Manifest, ManifestError, ShardInfo, SplitInfo, load_manifest
 from fastdata.read.plan import EpochMix
 
 __all__ = [
@@ -255,6 +255,14 @@ def _merge_split(
 ) -> SplitInfo:
     shards, counts = [], [0] * num_classes
     for info, manifest, label_map in zip(infos, manifests, maps, strict=True):
+        masks = [n for n, f in info.field_specs.items() if f.kind == "mask"]
+        if masks and tuple(label_map) != tuple(range(len(label_map))):
+            raise ManifestError(
+                f"{manifest.root}: its masks ({', '.join(masks)}) hold its own class indices, "
+                "but its classes are not the first ones of the mix in the same order, and mask "
+                "pixels are not remapped; give every dataset of a segmentation mix the same class "
+                "list (the first dataset's, in order)"
+            )
         for shard in info.shards:
             name = _absolute(manifest.shard_url(shard))
             index = _absolute(manifest.index_url(shard))

@@ -178,6 +178,16 @@ def sample_spec(spec: LoaderSpec, out_hw: tuple[int, int] | None = None) -> Samp
     )
 
 
+def _check_classes(classes: np.ndarray, num_classes: int, kind: str) -> None:
+    """Raise FieldError when a class index is outside the manifest's classes (a tampered or
+    foreign shard: a negative index would otherwise wrap to the last class)."""
+    if classes.size and (classes.min() < 0 or classes.max() >= num_classes):
+        raise FieldError(
+            f"{kind}: class indices {classes.reshape(-1).tolist()[:8]} outside the manifest's "
+            f"{num_classes} classes; run `fastdata verify` on the dataset"
+        )
+
+
 def decode_fields(rows: RowReader, sample: RowSample, spec: SampleSpec) -> dict[str, Any] | Skip:
     """Every field of one read sample (the image as HWC uint8), or its `Skip` (on_error='skip').
 
@@ -193,17 +203,11 @@ def decode_fields(rows: RowReader, sample: RowSample, spec: SampleSpec) -> dict[
                 value = _decode_image(value, field, sample, spec)
             elif field.kind == "label":
                 value = rows.reader.shards[sample.shard].map_label(value)
+                _check_classes(np.asarray([value]), spec.num_classes, "label")
             elif field.kind in ("labels", "boxes"):
                 value = _map_classes(value, field.kind, rows.reader.shards[sample.shard])
-            elif (
-                field.kind == "labels"
-                and len(value)
-                and (value.min() < 0 or value.max() >= spec.num_classes)
-            ):
-                raise FieldError(
-                    f"class indices {value.tolist()[:8]} outside the manifest's "
-                    f"{spec.num_classes} classes"
-                )
+                classes = value if field.kind == "labels" else value[1]
+                _check_classes(np.asarray(classes), spec.num_classes, field.kind)
             values[name] = value
         except (FieldError, ValueError) as exc:
             return rows.fail(sample.shard, sample.index, exc, field=name)

@@ -87,6 +87,11 @@ def merged_kinds(rows: Iterable[Mapping[str, Any]], csv: bool) -> dict[str, str]
         for name in extras:
             if name not in kinds:
                 kinds.update(column_kinds([name], csv))
+                if len(kinds) > _MAX_COLUMNS:  # rows naming new keys each: bounded in total
+                    raise ColumnError(
+                        f"the rows name {len(kinds)} extra columns in all, more than "
+                        f"{_MAX_COLUMNS}"
+                    )
     return kinds
 
 

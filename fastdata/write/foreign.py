@@ -34,6 +34,10 @@ _BLOCK = 512
 _TAIL = 1 << 20
 
 
+#: The largest tar member `fastdata index` reads (each member of a sample is held whole).
+MAX_MEMBER_BYTES = 1 << 30
+
+
 class ForeignTarError(ValueError):
     """A foreign tar cannot be indexed as it is; the message names the tar and the member."""
 
@@ -133,6 +137,7 @@ def scan_tar(stream: BinaryIO, name: str, where: str | None = None) -> ScannedTa
         lines.append(" ".join(entries))
         out.components.append(tuple(group))
         out.labels.append(_label(group.get("cls"), where, out.keys[-1]))
+        _check_lid(group.get("lid"), out.labels[-1], where, out.keys[-1])
         group.clear()
         entries.clear()
 
@@ -172,6 +177,11 @@ def scan_tar(stream: BinaryIO, name: str, where: str | None = None) -> ScannedTa
                 elif ext in group:
                     raise ForeignTarError(
                         f"{member_where}: sample {key!r} holds component {ext!r} twice"
+                    )
+                if member.size > MAX_MEMBER_BYTES:  # read whole below: bound it first
+                    raise ForeignTarError(
+                        f"{member_where} is {member.size} bytes, more than a sample component "
+                        f"may be ({MAX_MEMBER_BYTES}); it is not a dataset sample"
                     )
                 file = tar.extractfile(member)
                 data = file.read() if file is not None else b""
@@ -215,6 +225,18 @@ def _check_member_name(member: str, where: str) -> None:
         raise ForeignTarError(
             f"{where} has whitespace in its name, which the DALI index format cannot hold; "
             "rename the member"
+        )
+
+
+def _check_lid(data: bytes | None, label: int | None, where: str, key: str) -> None:
+    """A `lid` member (fastdata's binary label) must be 16 bytes and agree with `cls`: readers
+    that take the label from `lid` and those that take it from `cls` must deliver one label."""
+    if data is None:
+        return
+    if len(data) != 16 or label is None or int.from_bytes(data[:8], "little", signed=True) != label:
+        raise ForeignTarError(
+            f"{where}: sample {key!r} has a 'lid' member that is not 16 bytes holding its 'cls' "
+            f"label ({label}); readers would disagree on its label: leave 'lid' out of the tar"
         )
 
 

@@ -257,6 +257,12 @@ def _split_info(split: str, tars: list[ScannedTar], num_classes: int) -> SplitIn
             f"split {split!r}: 'rgb' members (raw pixels) carry no shape a reader could use; "
             "store the images encoded (jpg, png)"
         )
+    if "webp" in image.components:  # the readers' Pillow-SIMD has no WebP decoder
+        raise IndexingError(
+            f"split {split!r} ({tars[0].name}, ...): 'webp' images cannot be decoded by the "
+            "readers (Pillow-SIMD has no WebP); re-shard them with `fastdata shard list`, which "
+            "converts WebP to PNG"
+        )
     _check_samples(tars, fields)
     counts = [0] * num_classes
     for tar in tars:

@@ -34,6 +34,16 @@ def expand_braces(pattern: str) -> list[str]:
     Raises:
         IndexingError: a malformed range or an expansion of more than a million names.
     """
+    total = 1
+    for body in _BRACE.findall(pattern):  # every brace's choices multiply: bound the product
+        if ".." in body:
+            first, _, last = body.partition("..")
+            count = int(last) - int(first) + 1 if first.isdigit() and last.isdigit() else 1
+        else:
+            count = body.count(",") + 1
+        total *= max(count, 1)
+        if total > _MAX_EXPANSION:
+            raise IndexingError(f"{pattern!r} expands to more than {_MAX_EXPANSION} names")
     match = _BRACE.search(pattern)
     if match is None:
         return [pattern]

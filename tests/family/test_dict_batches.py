@@ -18,6 +18,7 @@ import torch
 
 from fastdata import DetectionDataModule, SegmentationDataModule, ShardDataModule
 from fastdata.augment import Preset
+from fastdata.manifest import ManifestError
 from fastdata.read.samples import EvalSample, TrainSample
 from tests.family.conftest import IGNORE, NUM_CLASSES, rectangles, write_field_shards
 
@@ -215,8 +216,16 @@ def test_a_mix_of_dict_datasets_keeps_fields_and_merges_classes(tmp_path: Path) 
     manifest = json.loads((b / "manifest.json").read_text())
     manifest["classes"] = manifest["classes"][::-1]  # b's class i is the mix's class 4 - i
     (b / "manifest.json").write_text(json.dumps(manifest))
+    # Mask pixels are a dataset's own class indices, never remapped: such a mix is refused...
+    with pytest.raises(ManifestError, match="mask pixels are not remapped"):
+        SegmentationDataModule([a, b], batch_size=8, num_workers=0, backend="cpu").setup("fit")
+    for root in (a, b):  # ...so this test reads the other targets only
+        data = json.loads((root / "manifest.json").read_text())
+        for split in data["splits"].values():
+            del split["fields"]["mask"]
+        (root / "manifest.json").write_text(json.dumps(data))
     rects = {r.key: r for s in (21, 23) for r in rectangles(16, s)}
-    dm = SegmentationDataModule(
+    dm = DetectionDataModule(
         [a, b], batch_size=8, num_workers=0, backend="cpu", image_size=16, drop_last=False
     )
     seen = 0

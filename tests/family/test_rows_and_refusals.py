@@ -98,3 +98,44 @@ def test_datamodule_refuses_a_gpu_decoder_for_a_dict_split_at_setup(rect_shards,
     with pytest.raises(ValueError, match=r"use backend='cpu' or 'memory'"):
         dm.setup("fit")
     assert torch  # imported for the type of the batches elsewhere
+
+
+@pytest.mark.parametrize("bad", [[-1], [7]])
+@pytest.mark.parametrize("backend", ["cpu", "memory"])
+def test_class_indices_outside_the_classes_are_named_never_wrapped(tmp_path, backend, bad):
+    """A multi-label index of -1 used to wrap to the last class, and 7 (of 5 classes) crashed
+    the collate past on_error='skip'; both are now the sample's field error."""
+    import numpy as np
+
+    from fastdata import ShardDataModule
+    from fastdata.read.shardio import ShardReadError
+    from tests.family.conftest import ALL_FIELDS, rectangles, write_field_shards
+
+    fields = {k: ALL_FIELDS[k] for k in ("image", "mask", "labels")}
+
+    def edit(rect, parts):
+        if rect.key.endswith("_00001"):
+            parts.update(ALL_FIELDS["labels"].encode(np.array(bad)))
+        return parts
+
+    root = tmp_path / "s"
+    splits = {"train": rectangles(8, 1, fixed=(28, 28)), "val": rectangles(8, 2, fixed=(28, 28))}
+    write_field_shards(root, splits, fields=fields, edit=edit)
+
+    def module(on_error):
+        dm = ShardDataModule(
+            root,
+            batch_size=8,
+            num_workers=0,
+            backend=backend,
+            train_transforms="none",
+            drop_last=False,
+            on_error=on_error,
+        )
+        dm.setup("fit")
+        return dm
+
+    with pytest.raises(ShardReadError, match=r"_00001.*labels.*outside the manifest's 5 classes"):
+        list(module("raise").val_dataloader())
+    batches = list(module("skip").val_dataloader())
+    assert sum(len(b["padded"]) - int(b["padded"].sum()) for b in batches) == 7  # one skipped

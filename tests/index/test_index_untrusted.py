@@ -16,7 +16,7 @@ from fastdata.manifest import Manifest, ManifestError, load_manifest
 from fastdata.read.shardio import ShardReader
 from fastdata.schema import label_and_id
 from fastdata.write.foreign import ForeignTarError
-from fastdata.write.index import index_shards
+from fastdata.write.index import IndexOptions, index_shards
 from tests.index.conftest import sha256s, solid_jpeg
 
 
@@ -174,3 +174,60 @@ def test_tar_names_stay_inside_data_root(tmp_path: Path, how: str) -> None:
     (out / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(ManifestError, match="leaves the dataset|outside the dataset folder"):
         load_manifest(out)
+
+
+@pytest.mark.parametrize("lid_label, size", [(1, 16), (0, 15)])
+def test_a_lid_that_disagrees_with_cls_is_refused(tmp_path: Path, lid_label: int, size: int):
+    """Readers that take the label from `lid` and those that take it from `cls` must agree: a
+    foreign tar whose `lid` says another label (or is not 16 bytes) is refused by name."""
+    import numpy as np
+
+    src = tmp_path / "src"
+    src.mkdir()
+    with tarfile.open(src / "train-000000.tar", "w") as tar:
+        lid = np.array([lid_label, 7], "<i8").tobytes()[:size]
+        for ext, data in (("cls", b"0"), ("jpg", solid_jpeg(0)), ("lid", lid)):
+            info = tarfile.TarInfo(f"0000.{ext}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(ForeignTarError, match=r"train-000000.tar.*'0000'.*'lid'"):
+        index_shards(src, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_webp_shards_are_refused_at_index_time(tmp_path: Path) -> None:
+    """The readers cannot decode WebP: say so when indexing, not at every batch."""
+    src = tmp_path / "src"
+    src.mkdir()
+    with tarfile.open(src / "train-000000.tar", "w") as tar:
+        for ext, data in (("cls", b"0"), ("webp", b"RIFF\x00\x00\x00\x00WEBPVP8 ")):
+            info = tarfile.TarInfo(f"0000.{ext}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(Exception, match="webp"):
+        index_shards(src, tmp_path / "out")
+
+
+def test_brace_products_and_jsonl_columns_are_bounded(tmp_path: Path) -> None:
+    from fastdata.sources.listcolumns import ColumnError, merged_kinds
+    from fastdata.write.index import IndexingError, expand_braces
+
+    with pytest.raises(IndexingError, match="more than"):
+        expand_braces("http://h/s-{0..1999}-{0..999}.tar")  # each brace under the cap
+    with pytest.raises(ColumnError, match="in all"):
+        merged_kinds(({f"k{i}": 1} for i in range(5000)), csv=False)
+
+
+def test_a_member_over_the_size_bound_is_refused(tmp_path: Path, monkeypatch) -> None:
+    import fastdata.write.foreign as foreign
+
+    monkeypatch.setattr(foreign, "MAX_MEMBER_BYTES", 100)  # instead of writing a 1 GiB member
+    src = tmp_path / "src"
+    src.mkdir()
+    with tarfile.open(src / "train-000000.tar", "w") as tar:
+        for ext, data in (("cls", b"0"), ("jpg", solid_jpeg(0))):
+            info = tarfile.TarInfo(f"0000.{ext}")
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(ForeignTarError, match=r"'0000.jpg' is \d+ bytes, more than"):
+        index_shards(src, tmp_path / "out", IndexOptions(workers=1))
