@@ -56,6 +56,13 @@ def encode(pixels: np.ndarray, fmt: str = "JPEG", **kwargs) -> bytes:
 
 def reference(data: bytes, geometry: Geometry, seed: int) -> np.ndarray:
     """Full Pillow decode, then `crop(box).resize(...)` of the same box, then flip."""
+    return box_and_reference(data, geometry, seed)[1]
+
+
+def box_and_reference(
+    data: bytes, geometry: Geometry, seed: int
+) -> tuple[tuple[int, int, int, int], np.ndarray]:
+    """(box, `reference`'s pixels): the box drawn with decode_image's draws."""
     rng = np.random.default_rng(seed)
     full = Image.open(io.BytesIO(data)).convert("RGB")
     width, height = full.size
@@ -64,10 +71,11 @@ def reference(data: bytes, geometry: Geometry, seed: int) -> np.ndarray:
     else:
         h = w = max(1, round(min(width, height) / geometry.resize_ratio))
         top, left = (height - h) // 2, (width - w) // 2
-    out = full.crop((left, top, left + w, top + h)).resize((geometry.size,) * 2, Image.BILINEAR)
+    box = (left, top, left + w, top + h)
+    out = full.crop(box).resize((geometry.size,) * 2, Image.BILINEAR)
     if geometry.flip_p > 0 and rng.random() < geometry.flip_p:
         out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return np.asarray(out)
+    return box, np.asarray(out)
 
 
 def mad(a: np.ndarray, b: np.ndarray) -> float:

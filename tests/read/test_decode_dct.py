@@ -28,10 +28,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastdata.augment import rrc_params
 from fastdata.read.decode import Geometry, decode_image
+from tests.read.test_decode import box_and_reference, photo
 from tests.read.test_decode import encode as jpeg
-from tests.read.test_decode import photo
 
 MAX_MAD = 4.0
 MAX_SET_MAD = 1.25
@@ -43,23 +42,6 @@ MAX_EDGE_MAD = 12.0
 
 def encode(pixels: np.ndarray, quality: int, subsampling: int) -> bytes:
     return jpeg(pixels, "JPEG", quality=quality, subsampling=subsampling)
-
-
-def box_and_reference(data: bytes, geometry: Geometry, seed: int):
-    """(box, full decode then crop(box).resize(...) then flip), with decode_image's draws."""
-    rng = np.random.default_rng(seed)
-    full = Image.open(io.BytesIO(data)).convert("RGB")
-    width, height = full.size
-    if geometry.kind == "rrc":
-        top, left, h, w = rrc_params(height, width, geometry.scale, geometry.ratio, rng)
-    else:
-        h = w = max(1, round(min(width, height) / geometry.resize_ratio))
-        top, left = (height - h) // 2, (width - w) // 2
-    box = (left, top, left + w, top + h)
-    out = full.crop(box).resize((geometry.size,) * 2, Image.BILINEAR)
-    if geometry.flip_p > 0 and rng.random() < geometry.flip_p:
-        out = out.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return box, np.asarray(out)
 
 
 def check_dct_crops(jpegs: list[bytes], geometry: Geometry, seeds: int, max_abs: int) -> None:
