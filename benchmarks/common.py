@@ -71,10 +71,21 @@ def environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
         "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
         "load_avg_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "gpu": _gpu_name(),
+        "jpeg_region_decoder": _region_decoder(),
         "versions": {name: _version(name) for name in VERSIONED},
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **(extra or {}),
     }
+
+
+def _region_decoder() -> str | None:
+    """The CPU JPEG region decoder of this process (fastdata's extension, nvImageCodec or none)."""
+    from fastdata.read.decode import jpeg_region_decoder
+
+    try:
+        return jpeg_region_decoder()
+    except ValueError as exc:  # a bad $FASTDATA_REGION_DECODER: recorded, the results kept
+        return f"error: {exc}"
 
 
 def _version(name: str) -> str:

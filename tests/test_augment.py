@@ -324,6 +324,51 @@ def test_normalize_dtype_memory_format_and_input_untouched():
         A.normalize(x[:, :2], A.IMAGENET_MEAN, A.IMAGENET_STD)
 
 
+@pytest.mark.parametrize("n, side", [(0, 8), (1, 600), (3, 300), (37, 32), (5, 1)])
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("path", ["table", "numpy", "float input"])
+def test_cpu_normalize_equals_the_whole_batch_formula(monkeypatch, n, side, channels_last, path):
+    """On the CPU, uint8 batches go through a per-channel table (`fastdata/_pixels.c`) or numpy chunks, float
+    ones through numpy chunks: bit for bit ``(x - mean) / std``, any size and layout."""
+    from fastdata.augment import kernels
+
+    if path == "table" and kernels._pixels is None:
+        pytest.skip("fastdata._pixels was not built")
+    if path == "numpy":
+        monkeypatch.setattr(kernels, "_pixels", None)
+    x = torch.randint(0, 256, (n, 3, side, side), dtype=torch.uint8)
+    if path == "float input":
+        x = x.float()
+    mean, std = A.IMAGENET_MEAN, A.IMAGENET_STD
+    expected = (x.float() - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(
+        1, 3, 1, 1
+    )
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    out = torch.full(x.shape, float("nan")).contiguous(memory_format=fmt)
+    for given in (None, out):
+        y = A.normalize(x, mean, std, channels_last=channels_last, out=given)
+        assert torch.equal(y, expected) and y.is_contiguous(memory_format=fmt)
+    assert A.normalize(x, mean, std, out=out) is out
+    if channels_last:  # a planar batch into a channels-last result: numpy's strided path
+        y = A.normalize(x.contiguous(), mean, std, channels_last=True)
+        assert torch.equal(y, expected) and y.is_contiguous(memory_format=fmt)
+
+
+def test_pixels_extension_checks_its_buffers():
+    from fastdata.augment import kernels
+
+    if kernels._pixels is None:
+        pytest.skip("fastdata._pixels was not built")
+    x = np.zeros(12, np.uint8)
+    table = np.zeros((3, 256), np.float32)
+    with pytest.raises(ValueError, match="channels x 256"):
+        kernels._pixels.normalize_planes(x, np.zeros(12, np.float32), table[:2], 3, 4)
+    with pytest.raises(ValueError, match="one float32 per byte"):
+        kernels._pixels.normalize_planes(x, np.zeros(11, np.float32), table, 3, 4)
+    with pytest.raises(ValueError, match="whole N x C planes"):
+        kernels._pixels.normalize_planes(x, np.zeros(12, np.float32), table, 3, 5)
+
+
 # ----------------------------------------------------------------------------- CUDA
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -336,3 +381,17 @@ def test_cuda_matches_cpu_with_a_cpu_generator(name):
         cuda = preset.apply(x.cuda(), train, _gen(5))
         torch.testing.assert_close(cuda.cpu(), cpu, rtol=0, atol=1e-3)
         assert preset.apply(x.cuda(), train).device.type == "cuda"  # default CUDA generator
+
+
+@pytest.mark.parametrize("h, w", [(1, 1), (3, 15), (2, 16), (5, 17), (7, 33), (224, 224), (9, 50)])
+@pytest.mark.parametrize("flip", [False, True])
+def test_to_planes_equals_numpy_transpose(h, w, flip):
+    """`_pixels.to_planes`: interleaved RGB to planes (16 pixels a step, the rest one by one)."""
+    _pixels = pytest.importorskip("fastdata._pixels", reason="fastdata._pixels was not built")
+    src = np.random.default_rng(h * w).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    dst = np.full((3, h, w), 7, np.uint8)
+    _pixels.to_planes(src, dst, h, w, flip)
+    want = src[:, ::-1] if flip else src
+    assert np.array_equal(dst, want.transpose(2, 0, 1))
+    with pytest.raises(ValueError, match="height x width x 3"):
+        _pixels.to_planes(src, dst, h, w + 1, flip)

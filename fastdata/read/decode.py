@@ -5,9 +5,10 @@ given their decode-time geometry here, because it is cheaper to shrink while dec
 
 - "rrc" (training, photo preset): the random-resized-crop box is drawn first from the image's
   size (read from the header), then the JPEG is decoded the cheaper of two ways: only the box's
-  region, at full resolution, by libjpeg-turbo through nvImageCodec's CPU decoder
-  (`fastdata.read.jpeg_region`: rows below the box are never decoded, columns outside it skip
-  IDCT and colour conversion), resized by torch's uint8 antialiased bilinear kernel; or, when the
+  region, at full resolution, by libjpeg-turbo (`fastdata.read.jpeg_region`: fastdata's own
+  extension, else nvImageCodec's CPU decoder; columns outside the box skip IDCT and colour
+  conversion, rows above it the IDCT, rows below it are not decoded), resized by torch's uint8
+  antialiased bilinear kernel; or, when the
   box is so large that a DCT scale of 1/2, 1/4 or 1/8 still covers the output size, the whole
   image at that scale through Pillow-SIMD's draft mode and a boxed bilinear `resize`. Whichever
   has fewer pixels to produce wins. The region path gives the pixels of a full decode then
@@ -19,8 +20,8 @@ given their decode-time geometry here, because it is cheaper to shrink while dec
   preset's ops crop on the device; the memory backend's store uses it too).
 - "none": decode at the stored size (every image of the split must then share one size).
 
-PNG, WebP, CMYK JPEGs, and every JPEG when nvImageCodec is not installed, take the Pillow-SIMD
-path. A preset's decode-time flip (`Geometry.flip_p`, "photo") is a PIL transpose after the
+PNG, WebP, CMYK JPEGs, JPEGs that do not end in an EOI marker (for fastdata's extension), and
+every JPEG where no region decoder is available, take the Pillow-SIMD path. A preset's decode-time flip (`Geometry.flip_p`, "photo") is a PIL transpose after the
 resize. Pad-crops, other flips and normalization happen later, batched on the device
 (fastdata.augment).
 
@@ -31,6 +32,7 @@ the number of threads.
 
 from __future__ import annotations
 
+import concurrent.futures
 import io
 import math
 from collections.abc import Sequence
@@ -167,7 +169,7 @@ def decode_image(
         job = _region_job(data, geometry, rng) if roi else None
         if job is None:
             return _decode_pillow(data, geometry, rng)
-        pixels = job.decoder.region(job.stream, job.box) if job.region else None
+        pixels = _region_pixels([job], 1)[0] if job.region else None
         return _finish(job, pixels, data, geometry.size)
     except Exception as exc:
         raise _readable(exc, data) from exc
@@ -184,10 +186,12 @@ def decode_batch(
     """Decode a batch of encoded images: entry i is image i's HWC uint8 pixels, or its error.
 
     Each image draws its random geometry from its own generator `rngs[i]`, so the result does not
-    depend on the order in which images are decoded (nor on `threads`). The batch's JPEG regions
-    are decoded in one call (libjpeg-turbo on `threads` threads), then every image is resized
-    and flipped, or decoded whole by Pillow-SIMD, by the calling thread and ``threads - 1``
-    threads of this process's decode pool (created on first use, and anew in a forked child).
+    depend on the order in which images are decoded (nor on `threads`). Every image's JPEG region
+    is decoded (fastdata's extension; nvImageCodec decodes the batch's regions in one call first,
+    on `threads` threads), resized and flipped, or the image decoded whole by Pillow-SIMD, by the
+    calling thread and ``threads - 1`` threads of this process's decode pool (created on first
+    use, and anew in a forked child). The pool's threads have finished when it returns, even on
+    an error: `out` may be shared memory that the caller hands on.
 
     Args:
         payloads: encoded image bytes.
@@ -214,20 +218,25 @@ def decode_batch(
             f"geometry {geometry.kind!r}, got {out.dtype} {out.shape}"
         )
     jobs = [_region_job(payloads[i], geometry, rngs[i]) if roi else None for i in range(n)]
-    todo = [i for i in range(n) if jobs[i] is not None and jobs[i].region]
-    regions = dict.fromkeys(range(n))
-    if todo:
-        decoder = jobs[todo[0]].decoder  # this thread's
-        found = decoder.regions([(jobs[i].stream, jobs[i].box) for i in todo], threads)
-        regions.update(zip(todo, found, strict=True))
+    regions: dict[int, np.ndarray | None] = dict.fromkeys(range(n))
+    # nvImageCodec decodes the batch's regions in one call here; fastdata's own decoder decodes
+    # each region in `one`, just before it is resized (the region is still in the cache).
+    together = [i for i in range(n) if jobs[i] is not None and jobs[i].region and jobs[i].batched]
+    if together:
+        found = _region_pixels([jobs[i] for i in together], threads)
+        regions.update(zip(together, found, strict=True))
 
     def one(i: int) -> np.ndarray | ValueError:
         slot = None if out is None else out[i]
+        job = jobs[i]
         try:
-            if jobs[i] is None:  # no draws made for it yet
+            if job is None:  # no draws made for it yet
                 return _place(decode_image(payloads[i], geometry, rngs[i], roi=False), slot)
             try:
-                return _finish(jobs[i], regions[i], payloads[i], geometry.size, slot)
+                pixels = regions[i]
+                if job.region and not job.batched:
+                    pixels = _region_pixels([job], 1)[0]
+                return _finish(job, pixels, payloads[i], geometry.size, slot)
             except Exception as exc:
                 raise _readable(exc, payloads[i]) from exc
         except ValueError as exc:
@@ -240,7 +249,10 @@ def decode_batch(
     pool = process_pool(k - 1)
     futures = [pool.submit(lambda j=j: [one(i) for i in range(j, n, k)]) for j in range(1, k)]
     results: list[np.ndarray | ValueError] = [None] * n  # type: ignore[list-item]
-    results[0::k] = [one(i) for i in range(0, n, k)]
+    try:
+        results[0::k] = [one(i) for i in range(0, n, k)]
+    finally:  # no thread left writing `out` after an unexpected error here
+        concurrent.futures.wait(futures)
     for j, future in enumerate(futures, start=1):
         results[j::k] = future.result()
     return results
@@ -261,6 +273,19 @@ class _Job:
     box: tuple[int, int, int, int]  # (left, top, right, bottom), full-resolution pixels
     flip: bool
     region: bool  # decode the box's region; False: Pillow's DCT-scaled path
+
+    @property
+    def batched(self) -> bool:
+        """Whether the batch's regions are decoded in one call (`RegionDecoder.batched`)."""
+        return self.decoder.batched
+
+
+def _region_pixels(jobs: list[_Job], threads: int) -> list[np.ndarray | None]:
+    """The RGB pixels of each job's box (None where the decode failed), by this thread's decoder.
+
+    Every region decode goes through here (tests replace it to check which path ran).
+    """
+    return jobs[0].decoder.regions([(job.stream, job.box) for job in jobs], threads)
 
 
 def _region_job(

@@ -1,14 +1,21 @@
-"""JPEG crop-region decoding on the CPU: nvImageCodec's libjpeg-turbo decoder, one per thread.
+"""JPEG crop-region decoding on the CPU: libjpeg-turbo, through fastdata's own small extension
+(`fastdata.read._jpeg`, built from `_jpeg.c` at install) or nvImageCodec's CPU decoder.
 
-libjpeg-turbo decodes a region (`jpeg_crop_scanline` / `jpeg_skip_scanlines`): rows below it are
-never decoded, and columns outside it skip the IDCT and colour conversion. nvImageCodec's Python
-wheels ship that decoder (with no CUDA needed for it); it releases the GIL while it works. Used by
-`fastdata.read.decode` for JPEG crops; where nvImageCodec is not installed or cannot start,
-`region_decoder()` is None and Pillow-SIMD decodes whole images instead.
+libjpeg-turbo decodes a region (`jpeg_crop_scanline` / `jpeg_skip_scanlines`): columns outside it
+skip the IDCT and colour conversion, rows above it skip the IDCT. Both decoders give the pixels of a
+full Pillow decode (fancy chroma upsampling, islow IDCT, no EXIF rotation). They differ in the rows
+below the box: fastdata's extension stops at the box's last row, nvImageCodec entropy-decodes the
+rest of the image; and in how they are called: the extension decodes one image in the thread that
+then resizes it (the region is still in the cache), nvImageCodec a batch's regions in one call.
 
-Each thread gets its own decoder, created on first use; a forked child (a DataLoader worker)
-creates new ones and keeps the inherited ones alive, never destroying them: their destructors
-would wait for decoder threads that do not exist in the child.
+`region_decoder()` gives this thread's decoder: $FASTDATA_REGION_DECODER picks one ("libjpeg",
+"nvimgcodec", or "pillow" for none); by default ("auto") the extension where it was built (a C
+compiler and the libjpeg headers at install time), else nvImageCodec where its wheel is installed,
+else None: Pillow-SIMD then decodes whole images (`fastdata.read.decode`).
+
+nvImageCodec's decoders are per thread, created on first use; a forked child (a DataLoader worker)
+creates new ones and keeps the inherited ones alive, never destroying them: their destructors would
+wait for decoder threads that do not exist in the child.
 """
 
 from __future__ import annotations
@@ -22,9 +29,20 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["JpegStream", "RegionDecoder", "jpeg_stream", "region_decoder"]
+__all__ = [
+    "DECODER_ENV",
+    "JpegStream",
+    "LibjpegDecoder",
+    "NvImageCodecDecoder",
+    "RegionDecoder",
+    "jpeg_stream",
+    "region_decoder",
+]
 
 log = logging.getLogger("fastdata")
+
+DECODER_ENV = "FASTDATA_REGION_DECODER"
+_CHOICES = ("auto", "libjpeg", "nvimgcodec", "pillow")
 
 _local = threading.local()
 _import_lock = threading.Lock()
@@ -40,8 +58,88 @@ def _forget_parent_decoders() -> None:
 os.register_at_fork(after_in_child=_forget_parent_decoders)
 
 
+@dataclass(frozen=True)
+class JpegStream:
+    """A parsed JPEG and its (width, height) in stored (not EXIF-rotated) pixels.
+
+    Attributes:
+        code: what the decoder decodes (the bytes for `LibjpegDecoder`, an nvImageCodec
+            `CodeStream` for `NvImageCodecDecoder`).
+        size: (width, height), as Pillow's `Image.size`.
+    """
+
+    code: Any
+    size: tuple[int, int]
+
+
 class RegionDecoder:
-    """nvImageCodec's CPU decoder (libjpeg-turbo) of a JPEG region; one per thread.
+    """Decodes JPEG crop regions to RGB; one per thread (`region_decoder()`).
+
+    Attributes:
+        name: the library, its version and the backend, for logs and benchmark records.
+        batched: decode a batch's regions in one `regions` call before resizing them (True), or
+            each image's region in the thread that resizes it (False).
+    """
+
+    name: str = ""
+    batched: bool = False
+
+    def open(self, data: memoryview | bytes) -> JpegStream | None:
+        """The JPEG's parsed header, None unless it is an 8-bit grey, YCbCr (or, for
+        `LibjpegDecoder`, RGB) JPEG."""
+        raise NotImplementedError
+
+    def region(self, stream: JpegStream, box: tuple[int, int, int, int]) -> np.ndarray | None:
+        """RGB (H, W, 3) pixels of ``box = (left, top, right, bottom)``, None when it fails."""
+        raise NotImplementedError
+
+    def regions(
+        self, items: list[tuple[JpegStream, tuple[int, int, int, int]]], threads: int = 1
+    ) -> list[np.ndarray | None]:
+        """`region` of each (stream, box)."""
+        return [self.region(stream, box) for stream, box in items]
+
+
+class LibjpegDecoder(RegionDecoder):
+    """fastdata's extension (`_jpeg.c`) over the system's libjpeg-turbo.
+
+    It stops decoding at the box's last row (the rows below are never entropy-decoded) and returns
+    None on any libjpeg error or warning (truncated or corrupt data), so that Pillow decodes that
+    image and says what is wrong with it; damage below the box, or in markers after the scan, is
+    not seen (`fastdata shard` and `fastdata verify` decode every image whole). Its pixels equal a
+    full Pillow decode's where both link the same libjpeg-turbo (Pillow-SIMD built on this
+    system, as `.ci/install.sh` does). It holds no state: nothing to re-create after a fork.
+
+    Raises:
+        ImportError: the extension was not built (no C compiler or libjpeg headers at install).
+    """
+
+    batched = False
+
+    def __init__(self) -> None:
+        from fastdata.read import _jpeg
+
+        self._jpeg = _jpeg
+        self.name = f"fastdata._jpeg (libjpeg-turbo {_jpeg.LIBJPEG_TURBO_VERSION}, CPU)"
+
+    def open(self, data: memoryview | bytes) -> JpegStream | None:
+        """The JPEG's header; None for one that does not end in an EOI marker (truncated, or with
+        bytes after the image), where a box above the missing rows would decode without a word:
+        Pillow decodes it whole and says what is wrong."""
+        if bytes(data[-2:]) != b"\xff\xd9":
+            return None
+        found = self._jpeg.info(data)
+        return None if found is None else JpegStream(data, (found[0], found[1]))
+
+    def region(self, stream: JpegStream, box: tuple[int, int, int, int]) -> np.ndarray | None:
+        left, top, right, bottom = box
+        out = np.empty((bottom - top, right - left, 3), dtype=np.uint8)
+        ok = self._jpeg.region(stream.code, left, top, right - left, bottom - top, out)
+        return out if ok else None
+
+
+class NvImageCodecDecoder(RegionDecoder):
+    """nvImageCodec's CPU decoder (libjpeg-turbo); a batch's regions in one call.
 
     Fancy chroma upsampling and no EXIF rotation, as libjpeg and Pillow do by default: the
     region's pixels are then those of a full Pillow decode (nvImageCodec's default upsampling is
@@ -53,6 +151,8 @@ class RegionDecoder:
     Raises:
         ImportError: nvImageCodec is not installed (`region_decoder()` then returns None).
     """
+
+    batched = True
 
     def __init__(self) -> None:
         nvimgcodec = _import_nvimgcodec()
@@ -115,26 +215,25 @@ class RegionDecoder:
         return decoder
 
 
-@dataclass(frozen=True)
-class JpegStream:
-    """A parsed JPEG code stream and its (width, height) in stored (not EXIF-rotated) pixels.
-
-    Attributes:
-        code: the `nvidia.nvimgcodec.CodeStream`.
-        size: (width, height), as Pillow's `Image.size`.
-    """
-
-    code: Any
-    size: tuple[int, int]
-
-
 def jpeg_stream(data: memoryview | bytes) -> tuple[RegionDecoder, JpegStream] | None:
-    """(this thread's region decoder, the parsed JPEG) when region decoding applies, else None."""
+    """(this thread's region decoder, the parsed JPEG) when region decoding applies, else None.
+
+    None as well for an image over Pillow's decompression-bomb limit: Pillow then refuses it.
+    """
     if bytes(data[:2]) != b"\xff\xd8":  # JPEG's start-of-image marker
         return None
     decoder = region_decoder()
     stream = decoder.open(data) if decoder is not None else None
-    return None if stream is None else (decoder, stream)
+    if stream is None or _bomb(stream.size):
+        return None
+    return decoder, stream
+
+
+def _bomb(size: tuple[int, int]) -> bool:
+    from PIL import Image
+
+    limit = Image.MAX_IMAGE_PIXELS
+    return limit is not None and size[0] * size[1] > 2 * limit  # Pillow's error threshold
 
 
 def _import_nvimgcodec() -> Any:
@@ -162,13 +261,37 @@ def _import_nvimgcodec() -> Any:
 
 
 def region_decoder() -> RegionDecoder | None:
-    """This thread's region decoder; None when nvImageCodec is missing or cannot start."""
-    decoder = getattr(_local, "decoder", False)
-    if decoder is False:
+    """This thread's region decoder, as $FASTDATA_REGION_DECODER asks (see the module's doc).
+
+    None where none is available (Pillow-SIMD decodes whole images then), or for "pillow".
+
+    Raises:
+        ValueError: $FASTDATA_REGION_DECODER is not one of auto, libjpeg, nvimgcodec, pillow.
+    """
+    choice = os.environ.get(DECODER_ENV, "auto").strip().lower() or "auto"
+    decoders = getattr(_local, "decoders", None)
+    if decoders is None:
+        decoders = _local.decoders = {}
+    if choice not in decoders:
+        if choice not in _CHOICES:
+            raise ValueError(f"${DECODER_ENV}={choice!r}: expected one of {', '.join(_CHOICES)}")
+        decoders[choice] = _start(choice)
+    return decoders[choice]
+
+
+def _start(choice: str) -> RegionDecoder | None:
+    kinds = {"auto": (LibjpegDecoder, NvImageCodecDecoder), "pillow": ()}.get(
+        choice, (LibjpegDecoder,) if choice == "libjpeg" else (NvImageCodecDecoder,)
+    )
+    for kind in kinds:
         try:
-            decoder = RegionDecoder()
+            return kind()
         except Exception as exc:  # ImportError, or a binary that does not load on this system
-            log.debug("JPEG region decoding off, Pillow-SIMD decodes whole images: %r", exc)
-            decoder = None
-        _local.decoder = decoder
-    return decoder
+            log.debug("JPEG region decoder %s unavailable: %r", kind.__name__, exc)
+    if choice not in ("auto", "pillow"):
+        log.warning(
+            "$%s=%s: that decoder is not available here; Pillow-SIMD decodes whole JPEGs",
+            DECODER_ENV,
+            choice,
+        )
+    return None

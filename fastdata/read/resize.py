@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from fastdata._native import pixels as _pixels  # None: not built
+
 __all__ = ["cover", "resize_aa"]
 
 # The ATen op behind `F.interpolate(..., mode="bilinear", antialias=True)`, with an `out` tensor
@@ -44,6 +46,11 @@ def resize_aa(
     else:
         cl = torch.empty((1, 3, size, size), dtype=torch.uint8, memory_format=torch.channels_last)
         resized = _RESIZE_OUT(region, [size, size], False, None, None, out=cl)[0]
+        if _pixels is not None and out is not None and out.is_contiguous():
+            # interleaved -> planes (and the flip) in one pass: ~0.03 ms an image less at 224 px
+            hwc = resized.permute(1, 2, 0).numpy()
+            _pixels.to_planes(hwc, out.numpy(), size, size, flip)
+            return out
     if flip:
         resized = resized.flip(-1)
     if out is None:

@@ -32,8 +32,18 @@ REGION_MAD = 0.25
 DCT_MAD = 1.5
 
 needs_region_decoder = pytest.mark.skipif(
-    jpeg_region_decoder() is None, reason="nvImageCodec (JPEG region decoding) is not installed"
+    jpeg_region_decoder() is None,
+    reason="no JPEG region decoder: fastdata._jpeg not built and nvImageCodec not installed",
 )
+
+
+@pytest.fixture(params=["libjpeg", "nvimgcodec"])
+def each_decoder(request, monkeypatch):
+    """Run the test with each region decoder ($FASTDATA_REGION_DECODER); skip a missing one."""
+    monkeypatch.setenv(jpeg_region.DECODER_ENV, request.param)
+    if jpeg_region.region_decoder() is None:
+        pytest.skip(f"the {request.param} region decoder is not available here")
+    return request.param
 
 
 def photo(h: int, w: int, seed: int = 0) -> np.ndarray:
@@ -101,7 +111,7 @@ def pillow_path_forbidden(monkeypatch) -> None:
 @needs_region_decoder
 @pytest.mark.parametrize("subsampling", [0, 2])  # 4:4:4 and 4:2:0 chroma
 @pytest.mark.parametrize("kind", ["rrc", "center"])
-def test_region_decode_matches_full_decode_then_crop(monkeypatch, subsampling, kind):
+def test_region_decode_matches_full_decode_then_crop(monkeypatch, each_decoder, subsampling, kind):
     data = encode(photo(533, 400), quality=90, subsampling=subsampling)
     geometry = Geometry(kind, size=224, flip_p=0.5 if kind == "rrc" else 0.0)
     pillow_path_forbidden(monkeypatch)
@@ -113,7 +123,7 @@ def test_region_decode_matches_full_decode_then_crop(monkeypatch, subsampling, k
 
 
 @needs_region_decoder
-def test_region_decode_of_grayscale_and_small_crops(monkeypatch):
+def test_region_decode_of_grayscale_and_small_crops(monkeypatch, each_decoder):
     gray = encode(photo(120, 90)[..., 0])  # mode "L": decoded to RGB by both paths
     geometry = Geometry("rrc", size=32, scale=(0.02, 0.1))
     pillow_path_forbidden(monkeypatch)
@@ -123,7 +133,7 @@ def test_region_decode_of_grayscale_and_small_crops(monkeypatch):
 
 
 @needs_region_decoder
-def test_region_decode_ignores_exif_rotation_as_pillow_does(monkeypatch):
+def test_region_decode_ignores_exif_rotation_as_pillow_does(monkeypatch, each_decoder):
     exif = Image.Exif()
     # "Rotate 90 CW to display": Pillow does not apply it, and nvImageCodec applies it to whole
     # images by default (the decoder turns that off) but not to regions. Boxes and regions are in
@@ -141,7 +151,7 @@ def test_region_decode_ignores_exif_rotation_as_pillow_does(monkeypatch):
 
 @pytest.mark.realdata
 @needs_region_decoder
-def test_region_decode_matches_on_real_photos(real_data, monkeypatch):
+def test_region_decode_matches_on_real_photos(real_data, monkeypatch, each_decoder):
     files = sorted((real_data / "clothing-small" / "train").glob("*/*.jpg"))[:24]
     assert files, "clothing-small/train has no JPEGs"
     geometry = Geometry("rrc", size=224, flip_p=0.5)
@@ -161,7 +171,7 @@ def test_large_boxes_use_dct_scaling(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("the region decoder ran for a box that DCT scaling covers")
 
-    monkeypatch.setattr(jpeg_region.RegionDecoder, "regions", forbidden)
+    monkeypatch.setattr(decode, "_region_pixels", forbidden)
     for seed in range(3):
         got = decode_image(data, geometry, np.random.default_rng(seed))
         assert mad(got, reference(data, geometry, seed)) <= DCT_MAD
@@ -176,7 +186,7 @@ def test_cmyk_jpeg_takes_the_pillow_path(monkeypatch):
     def forbidden(*args, **kwargs):
         raise AssertionError("the region decoder ran for a CMYK JPEG")
 
-    monkeypatch.setattr(jpeg_region.RegionDecoder, "regions", forbidden)
+    monkeypatch.setattr(decode, "_region_pixels", forbidden)
     geometry = Geometry("rrc", size=24)
     got = decode_image(cmyk, geometry, np.random.default_rng(1))
     assert np.array_equal(got, reference(cmyk, geometry, 1))
