@@ -156,6 +156,8 @@ class ShardBatchDataset(IterableDataset):
                     self._ahead = _Ahead.start(self, epoch + 1, worker)
                 slots = self.slots if info is not None and isinstance(batch, tuple) else None
                 ref = slots.put(worker, *batch) if slots is not None else None
+                if ref is None and slots is not None and slots.holds(batch[0]):
+                    batch = (batch[0].clone(), batch[1])  # the slot is not this batch's: copied
                 yield batch if ref is None else ref
         finally:
             if not keep:
@@ -257,6 +259,20 @@ class ShardBatchDataset(IterableDataset):
             labels[np.asarray(plan.padding[number], dtype=bool)] = PAD_LABEL
         return torch.from_numpy(images), torch.from_numpy(labels)
 
+    def _batch_array(self, n: int, hw: tuple[int, int]) -> np.ndarray:
+        """Where a batch of n images is decoded: the worker's next batch slot when it is free
+        (the worker's main thread only: the slot is the one its next `put` writes), else new."""
+        info = get_worker_info()
+        if (
+            self.slots is not None
+            and info is not None
+            and threading.current_thread() is threading.main_thread()
+        ):
+            target = self.slots.target(info.id, n)
+            if target is not None and target.shape[1:] == (3, *hw):
+                return target
+        return np.empty((n, 3, *hw), np.uint8)
+
     def _decode(self, reader, plan, number, refs, payloads, where, labels, skips):
         positions = plan.positions[number]
         rngs = [
@@ -265,7 +281,7 @@ class ShardBatchDataset(IterableDataset):
         ]
         # Decoded into the batch (its planar layout) when the images share one size.
         hw = self.geometry.out_hw
-        batch = np.empty((len(payloads), 3, *hw), np.uint8) if min(hw) > 0 else None
+        batch = self._batch_array(len(payloads), hw) if min(hw) > 0 else None
         threads = self.spec.workers.decode_threads
         decoded = decode_batch(payloads, self.geometry, rngs, threads, out=batch)
         images, kept = [], []
