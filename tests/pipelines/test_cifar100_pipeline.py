@@ -142,6 +142,9 @@ def test_budget_run_shards_trains_and_ends_within_the_budget(tmp_path: Path) -> 
     assert metrics["epochs"][-1]["planned_steps"] == budget["planned_steps"]
     assert budget["plans"][0]["when"].startswith("step ")  # planned inside epoch 1
     assert metrics["wall_s"] <= BUDGET_S
+    # A budget run evaluates once, after its last step (--eval-each-epoch asks for every epoch).
+    tops = [row["test_top1"] for row in metrics["epochs"]]
+    assert tops[-1] is not None and all(top is None for top in tops[:-1])
 
 
 @pytest.mark.realdata
