@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
@@ -416,7 +417,16 @@ def test_photo_splits_time_decode_threads_on_real_jpegs(photo_shards):
     spec = tune_mod.tuning_spec(photo_shards, batch_size=8, image_size=32)
     chosen = tune_mod.auto_loader_settings(spec, ranks_per_node=1, decode_threads="auto")
     timed = chosen.reasons[-1]
-    assert timed.startswith("measured (") and "decode threads is fastest" in timed
+    # Real timings on a noisy machine: the winner is the fastest or ties it within 5%.
+    assert timed.startswith("measured (")
+    assert "decode threads is fastest" in timed or "decode threads ties the fastest" in timed
+    rates = {
+        (int(w), int(t)): float(r.replace(",", ""))
+        for w, t, r in re.findall(r"(\d+) workers x (\d+) threads ([\d,.]+)/s", timed)
+    }
+    assert rates[(chosen.num_workers, chosen.decode_threads)] >= 0.949 * max(
+        rates.values()
+    )  # figures are rounded
     assert "x 2 threads" in timed  # thread candidates were timed beside processes
     assert chosen.decode_threads in (1, 2) and chosen.num_workers >= 0
     assert f"{chosen.num_workers} workers x {chosen.decode_threads} decode threads" in timed
