@@ -96,13 +96,17 @@ class PixelBlock:
         labels: (N,) int64: item i's `label`.
         sample_ids: (N,) int64: item i's `sample_id`.
         planes: the same pixels channel-first, (N, 3, H * W), when the source holds them that
-            way (CIFAR): the writer's statistics read them faster. None: not at hand.
+            way: the writer's statistics read them faster. None: not at hand.
+        moments: (6,) uint64, the pixels' per-channel sums then sums of squares, when the
+            source counted them while gathering (CIFAR): the writer's statistics take them as
+            they are. None: not counted.
     """
 
     pixels: np.ndarray
     labels: np.ndarray
     sample_ids: np.ndarray
     planes: np.ndarray | None = None
+    moments: np.ndarray | None = None
 
 
 @runtime_checkable

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from fastdata import _native as native
 from fastdata.sources.base import BadSourceError, PixelBlock, SourceItem, describe_path
 from fastdata.sources.download import download as download_file
 from fastdata.sources.download import file_md5
@@ -181,13 +182,18 @@ class CifarSource:
         (one gather and one NCHW -> NHWC copy, for the writer's fast path)."""
         if split not in self._pixels:
             raise ValueError(f"unknown split {split!r}; {self.kind} has {sorted(self._pixels)}")
-        ids = np.asarray(indices, dtype=np.int64)
+        ids = np.array(indices, dtype=np.int64)  # a copy: the C gather reads it without the GIL
         count = len(self._labels[split])
         if len(ids) and (ids.min() < 0 or ids.max() >= count):
             bad = int(ids[(ids < 0) | (ids >= count)][0])
             raise IndexError(f"{split}[{bad}] is out of range: the split has {count} samples")
-        planes = self._pixels[split][ids].reshape(len(ids), 3, _SIDE * _SIDE)
         pixels = np.empty((len(ids), _SIDE, _SIDE, 3), dtype=np.uint8)
+        if native.pixels is not None:  # gather, transpose and count moments in one pass
+            moments = np.zeros(6, dtype=np.uint64)
+            source = self._pixels[split]
+            native.pixels.planes_to_pixels(source, ids, pixels, _SIDE * _SIDE, moments)
+            return PixelBlock(pixels, self._labels[split][ids], ids, moments=moments)
+        planes = self._pixels[split][ids].reshape(len(ids), 3, _SIDE * _SIDE)
         interleaved = pixels.reshape(len(ids), _SIDE * _SIDE, 3)
         for channel in range(3):  # three strided copies: faster than one transposing copy
             interleaved[:, :, channel] = planes[:, channel]

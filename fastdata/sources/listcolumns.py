@@ -89,8 +89,7 @@ def merged_kinds(rows: Iterable[Mapping[str, Any]], csv: bool) -> dict[str, str]
                 kinds.update(column_kinds([name], csv))
                 if len(kinds) > _MAX_COLUMNS:  # rows naming new keys each: bounded in total
                     raise ColumnError(
-                        f"the rows name {len(kinds)} extra columns in all, more than "
-                        f"{_MAX_COLUMNS}"
+                        f"the rows name {len(kinds)} extra columns in all, more than {_MAX_COLUMNS}"
                     )
     return kinds
 

@@ -75,7 +75,7 @@ def safe_load(fileobj: IO[bytes], *, encoding: str = "latin1", name: str | None 
     label = name if name is not None else str(getattr(fileobj, "name", fileobj))
     try:
         return _RestrictedUnpickler(fileobj, encoding=encoding, name=label).load()
-    except UnsafePickleError:
+    except BadSourceError:  # the file under it is damaged: its own message says which
         raise
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as exc:
         raise BadSourceError(

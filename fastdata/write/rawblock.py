@@ -39,9 +39,12 @@ _EXTS = tuple(sorted((schema.RAW_EXT, schema.LABEL_TEXT_EXT, schema.LABEL_EXT)))
 assert _EXTS == (schema.LABEL_TEXT_EXT, schema.LABEL_EXT, schema.RAW_EXT), _EXTS
 
 
-#: Samples laid out at a time: ~5.6 MB of CIFAR records, reused, so the memory a shard takes is
-#: one chunk (no fresh 56 MB array per shard to fault in) and each chunk is hashed while warm.
-CHUNK = 1024
+#: Samples laid out at a time: ~1.4 MB of CIFAR records, reused, so the memory a shard takes is
+#: one chunk (no fresh 56 MB array per shard to fault in), and the chunk stays in a core's L2
+#: cache while it is laid out, digested, hashed and written: four passes over the same bytes.
+#: 1,024 samples (5.6 MB, out of L2) took 25-35% more CPU (1.99-2.23 s against 1.46-1.77 s to
+#: write CIFAR-100 in one process, alternated runs; 2 MiB of L2 a core).
+CHUNK = 256
 
 
 @dataclass
@@ -92,7 +95,7 @@ def write_blocks(
         result.heights += [height] * n
         result.widths += [width] * n
         if stats is not None:
-            stats.add_block(block.pixels, block.planes)
+            stats.add_block(block.pixels, block.planes, block.moments)
         counts = result.class_counts
         for label in labels:  # first-seen order, as the per-sample path counts
             counts[str(label)] = counts.get(str(label), 0) + 1

@@ -48,13 +48,20 @@ class PixelStats:
         self.squares += np.einsum("ij,ij->j", wide, wide, dtype=np.uint64)
         self.count += len(flat)
 
-    def add_block(self, pixels: np.ndarray, planes: np.ndarray | None = None) -> None:
+    def add_block(
+        self,
+        pixels: np.ndarray,
+        planes: np.ndarray | None = None,
+        moments: np.ndarray | None = None,
+    ) -> None:
         """Account for a stack of raw RGB images at once, as `add` on each would.
 
         Args:
             pixels: (N, H, W, 3) uint8.
             planes: the same pixels channel-first, (N, 3, H * W), when the caller has them:
                 contiguous channels sum about 3x faster than interleaved ones.
+            moments: (6,) uint64 per-channel sums then sums of squares of `pixels`, already
+                counted (`PixelBlock.moments`): taken as they are.
 
         The figures equal `add`'s: every partial sum is an integer that its type holds exactly
         (float32 below 2**24: runs of `_RUN` values of at most 255**2; float64 below 2**53),
@@ -62,6 +69,11 @@ class PixelStats:
         """
         chunk = 512
         count = int(pixels.shape[0] * pixels.shape[1] * pixels.shape[2])
+        if moments is not None:
+            self.sums += moments[:3].astype(np.float64)
+            self.squares += moments[3:].astype(np.float64)
+            self.count += count
+            return
         if planes is not None and planes.shape[2] % _RUN == 0:
             runs = planes.shape[2] // _RUN
             for start in range(0, len(planes), chunk):

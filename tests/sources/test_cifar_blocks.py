@@ -39,8 +39,21 @@ class PerSample:
         return self._source.fingerprint()
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["C", "numpy"])
 @pytest.mark.parametrize("kind", ["cifar10", "cifar100"])
-def test_pixel_block_equals_items(tmp_path: Path, fake_cifar: FakeBuilder, kind: str) -> None:
+def test_pixel_block_equals_items(
+    tmp_path: Path,
+    fake_cifar: FakeBuilder,
+    kind: str,
+    native: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from fastdata import _native
+
+    if native and _native.pixels is None:
+        pytest.skip("fastdata._pixels was not built")
+    if not native:
+        monkeypatch.setattr(_native, "pixels", None)
     source = CifarSource(fake_cifar(tmp_path, kind, n_train=23, n_test=9).path, kind=kind)
     ids = [22, 0, 5, 13, 5, 7]  # across cifar10's five batch files, one twice
     block = source.pixel_block("train", ids)
@@ -49,8 +62,15 @@ def test_pixel_block_equals_items(tmp_path: Path, fake_cifar: FakeBuilder, kind:
         item = source.item("train", i)
         np.testing.assert_array_equal(block.pixels[row], item.pixels)
         assert (block.labels[row], block.sample_ids[row]) == (item.label, item.sample_id)
-        planes = block.planes[row].reshape(3, 32, 32).transpose(1, 2, 0)
-        np.testing.assert_array_equal(planes, item.pixels)
+        if block.planes is not None:
+            planes = block.planes[row].reshape(3, 32, 32).transpose(1, 2, 0)
+            np.testing.assert_array_equal(planes, item.pixels)
+    # The C path counts the moments while it gathers: exactly numpy's sums.
+    assert (block.moments is not None) == native
+    if block.moments is not None:
+        flat = block.pixels.reshape(-1, 3).astype(np.uint64)
+        expected = np.concatenate([flat.sum(axis=0), (flat * flat).sum(axis=0)])
+        np.testing.assert_array_equal(block.moments, expected)
     with pytest.raises(IndexError, match=r"train\[23\] is out of range"):
         source.pixel_block("train", [1, 23])
     with pytest.raises(ValueError, match="unknown split"):
@@ -106,3 +126,26 @@ def test_shard_command_starts_without_torch(tmp_path: Path, fake_cifar: FakeBuil
     assert done.returncode == 0, done.stdout + done.stderr
     assert "heavy: []" in done.stdout
     assert (tmp_path / "out" / "manifest.json").is_file()
+
+
+def test_planes_to_pixels_checks_its_buffers() -> None:
+    from fastdata import _native
+
+    if _native.pixels is None:
+        pytest.skip("fastdata._pixels was not built")
+    gather = _native.pixels.planes_to_pixels
+    src = np.arange(2 * 3 * 4, dtype=np.uint8).reshape(2, 3, 4)
+    ids = np.array([1, 0], dtype=np.int64)
+    out = np.empty((2, 4, 3), dtype=np.uint8)
+    moments = np.zeros(6, dtype=np.uint64)
+    gather(src, ids, out, 4, moments)
+    np.testing.assert_array_equal(out, src[ids].transpose(0, 2, 1))
+    with pytest.raises(IndexError, match="id 2 is out of range"):
+        gather(src, np.array([0, 2], dtype=np.int64), out, 4, moments)
+    for plane in (0, 5, 2**62):  # not a whole sample, and one whose size overflows
+        with pytest.raises(ValueError, match="whole 3 x plane samples"):
+            gather(src, ids, out, plane, moments)
+    with pytest.raises(ValueError):
+        gather(src, ids, np.empty((3, 4, 3), dtype=np.uint8), 4, moments)  # one row per id
+    with pytest.raises(ValueError):
+        gather(src, ids, out, 4, np.zeros(5, dtype=np.uint64))
