@@ -312,10 +312,10 @@ def ratios(
     }
     found = {
         "cifar: fastdata cpu / webdataset (target >= 3)": div(c["fastdata cpu"], c["webdataset"]),
-        "cifar: fastdata cpu / map-style (target >= 1.5)": div(c["fastdata cpu"], c["map-style"]),
+        "cifar: fastdata cpu / map-style (target >= 3)": div(c["fastdata cpu"], c["map-style"]),
         "cifar: memory / dali cpu (target >= 5)": div(c["fastdata memory"], c["fastdata dali"]),
         "cifar: memory / webdataset (target >= 5)": div(c["fastdata memory"], c["webdataset"]),
-        "photo: fastdata cpu / Pillow per-sample (target >= 2.0)": div(
+        "photo: fastdata cpu / Pillow per-sample (target >= 2.5)": div(
             p["fastdata cpu ("], p["Pillow"]
         ),
         "photo: fastdata cpu, 2 decode threads / Pillow per-sample": div(
