@@ -93,7 +93,7 @@ def verify(root: str | os.PathLike[str], progress: bool = True) -> VerifyReport:
         for number, shard in enumerate(split.shards):
             report.shards_checked += 1
             try:
-                _check_shard(manifest, shard, report)
+                _check_shard(manifest, shard, report, reader, number)
                 if split.fields is None:
                     _check_samples(reader, number, shard.num_samples, shape, report)
                 else:
@@ -107,12 +107,22 @@ def verify(root: str | os.PathLike[str], progress: bool = True) -> VerifyReport:
     return report
 
 
-def _check_shard(manifest: Manifest, shard: ShardInfo, report: VerifyReport) -> None:
-    """The whole tar's sha256 and size, and the index's sha256 (a finding each)."""
-    data = _open_bytes(manifest.shard_url(shard), shard.name)  # local or remote
+def _check_shard(
+    manifest: Manifest, shard: ShardInfo, report: VerifyReport, reader: ShardReader, number: int
+) -> None:
+    """The whole tar's sha256 and size, and the index's sha256 (a finding each).
+
+    A remote shard is fetched once, as the store serves it now (not through the node's cache,
+    which may hold an older copy): `reader` then reads its samples from the same bytes.
+    """
+    url = manifest.shard_url(shard)
+    data = _open_bytes(url, shard.name)  # local (memory-mapped) or remote (fetched whole)
     digest = hashlib.sha256(data).hexdigest()
     size = len(data)
-    _close(data)
+    if "://" in url:
+        reader.use_bytes(number, data)
+    else:
+        _close(data)
     if digest != shard.sha256 or size != shard.bytes:
         report.bad_shards.append(
             f"{shard.name}: sha256/size differ from the manifest (file changed or truncated)"

@@ -27,6 +27,7 @@ from fastdata.manifest import Manifest, ShardInfo
 from fastdata.read.integrity import (
     IntegrityError,
     SampleSums,
+    check_digest,
     check_header,
     label_problem,
     layout_of_tokens,
@@ -248,10 +249,21 @@ class ShardReader:
         self._remote = "://" in manifest.root
         self._open: OrderedDict[int, _OpenShard] = OrderedDict()
         self._failed: dict[int, str] = {}  # remote shards that failed to download: the reason
+        self._given: dict[int, bytes | mmap.mmap] = {}  # `use_bytes`: read from these instead
         self._starts = np.cumsum([0] + [s.num_samples for s in self.shards]).tolist()
 
     def key(self, shard: int, index: int) -> str:
         return self._get(shard)[0].keys[index]
+
+    def use_bytes(self, shard: int, data: bytes | mmap.mmap) -> None:
+        """Read shard `shard` from `data`, its whole tar already at hand (`fastdata verify`
+        fetched a remote shard to hash it), instead of fetching it again or going through the
+        cache; its index is loaded (and checked) as for any shard. Takes effect the next time the
+        shard is opened; the reader closes `data` with the shard."""
+        if shard in self._open:
+            _, old, old_pin, _, _ = self._open.pop(shard)
+            _close(old, old_pin)
+        self._given[shard] = data
 
     def position(self, shard: int, index: int) -> int:
         """The sample's position in its split (shards in manifest order): the sample id of a
@@ -345,18 +357,23 @@ class ShardReader:
         for _, data, pin, _, _ in self._open.values():
             _close(data, pin)
         self._open.clear()
+        for data in self._given.values():
+            _close(data)
+        self._given.clear()
 
     def _get(self, shard: int) -> _OpenShard:
         if shard in self._open:
             self._open.move_to_end(shard)
             return self._open[shard]
         info = self.shards[shard]
+        given = self._given.pop(shard, None)
         # Per shard: a mix (`fastdata.read.mix`) may hold local and remote datasets.
-        pin = self._acquire(shard, info) if "://" in self.manifest.shard_url(info) else None
+        remote = given is None and "://" in self.manifest.shard_url(info)
+        pin = self._acquire(shard, info) if remote else None
         data: bytes | mmap.mmap = b""
         try:
             tar = str(pin.tar) if pin else self.manifest.shard_url(info)
-            data = _open_bytes(tar, info.name)
+            data = given if given is not None else _open_bytes(tar, info.name)
             index_path = self.manifest.index_url(info)
             if pin is not None and "://" in index_path:
                 index_path = pin.index  # else a local index of remote tars (`fastdata index`)
@@ -472,14 +489,20 @@ def _open_bytes(url: str, name: str) -> bytes | mmap.mmap:
 
 
 def _load_index(path: str | None, info: ShardInfo, data: bytes | mmap.mmap) -> ShardIndex:
-    """Parse the local index file at `path`, checked against the manifest's `index_sha256`;
-    scan the tar when there is none."""
+    """Parse the index file at `path` (local, or a URL for a shard given by `use_bytes`),
+    checked against the manifest's `index_sha256`; scan the tar when there is none."""
     if path is None:
         return index_from_tar(data, info.name)
     try:
-        raw = read_checked(path, info.index_sha256, "index file")
+        if "://" in path:
+            from fastdata.remote.fs import read_bytes
+
+            raw = read_bytes(path)
+            check_digest(raw, info.index_sha256, "index file", path)
+        else:
+            raw = read_checked(path, info.index_sha256, "index file")
     except FileNotFoundError:
         return index_from_tar(data, info.name)
-    except (OSError, IntegrityError) as exc:
+    except (OSError, RuntimeError, IntegrityError) as exc:  # RuntimeError: RemoteError
         raise ShardReadError(info.name, None, str(exc)) from exc
     return parse_index(raw.decode("utf-8", errors="replace"), info.name)

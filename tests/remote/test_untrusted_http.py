@@ -105,3 +105,30 @@ def test_verify_samples_over_http_checks_the_served_digests(
     with pytest.raises(ShardReadError, match=r"sample 'train_\d{8}': sample bytes differ"):
         checked.sample(0, 2)
     checked.close()
+
+
+def test_verify_over_http_downloads_each_shard_once_and_reports_a_changed_one(
+    dataset: Path, http_server: FileServer
+) -> None:
+    from fastdata.verify import verify
+    from tests.remote.servers import FaultProxy
+
+    proxy = FaultProxy(http_server.url)  # no faults: counts the GETs
+    try:
+        report = verify(proxy.url, progress=False)
+        assert report.ok, str(report)
+        tars = {path: n for path, n in proxy.gets.items() if path.endswith(".tar")}
+        manifest = load_manifest(dataset)
+        assert len(tars) == sum(len(s.shards) for s in manifest.splits.values())
+        assert set(tars.values()) == {1}, f"shards fetched more than once: {tars}"
+
+        tar = dataset / "test-000000.tar"
+        data = bytearray(tar.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        tar.write_bytes(bytes(data))
+        report = verify(proxy.url, progress=False)  # a report, never an exception
+        assert not report.ok
+        assert [s.split(":")[0] for s in report.bad_shards] == ["test-000000.tar"]
+        assert "sha256" in report.bad_shards[0]
+    finally:
+        proxy.stop()
