@@ -126,17 +126,18 @@ _READ_SIZE = 1 << 20
 # up (`unconsumed_tail` copies the rest of the input at every cut: 25% slower at 1 MiB).
 _MAX_INFLATE = 16 * _READ_SIZE
 _GZIP_MAGIC = b"\x1f\x8b"
-_BZIP2_MAGIC = b"BZh"
+_BZIP2_MAGIC = b"BZh"  # then a block size digit, then a block's or the stream end's magic
+_BZIP2_NEXT = (b"1AY&SY", b"\x17rE8P\x90")
 _XZ_MAGIC = b"\xfd7zXZ\x00"
 
 
 def _open_stream(path: Path) -> IO[bytes]:
     """The archive's tar bytes: inflated on the way for gzip, bzip2 and xz files."""
     with open(path, "rb") as f:
-        magic = f.read(6)
+        magic = f.read(10)
     if magic.startswith(_GZIP_MAGIC):
         return io.BufferedReader(_Gunzip(path), _READ_SIZE)
-    if magic.startswith(_BZIP2_MAGIC):
+    if _is_bzip2(magic):
         return bz2.open(path, "rb")
     if magic.startswith(_XZ_MAGIC):
         return lzma.open(path, "rb")
@@ -254,6 +255,16 @@ _EXTENDED = (
 )
 
 
+def _is_bzip2(magic: bytes) -> bool:
+    """bzip2's full magic: a plain tar whose first member's name starts with "BZh" is a tar."""
+    return (
+        magic.startswith(_BZIP2_MAGIC)
+        and magic[3:4] in b"123456789"
+        and len(magic) == 10
+        and magic[4:] in _BZIP2_NEXT
+    )
+
+
 def _headers(stream: IO[bytes], archive: Path) -> Iterator[tarfile.TarInfo]:
     """Each member's header, GNU long names and pax records applied, until the end marker.
 
@@ -291,7 +302,7 @@ def _headers(stream: IO[bytes], archive: Path) -> Iterator[tarfile.TarInfo]:
                 )
             value = _read_exactly(stream, _padded(info.size))[: info.size]
             if info.type == tarfile.XGLTYPE:
-                global_pax.update(_pax_records(value, archive))
+                global_pax.update(_acted_on(_pax_records(value, archive)))
                 continue
             kind = tarfile.XHDTYPE if info.type == tarfile.SOLARIS_XHDTYPE else info.type
             if kind in extended:
@@ -300,7 +311,7 @@ def _headers(stream: IO[bytes], archive: Path) -> Iterator[tarfile.TarInfo]:
             continue
         pax = dict(global_pax)
         if tarfile.XHDTYPE in extended:
-            pax.update(_pax_records(extended[tarfile.XHDTYPE], archive))
+            pax.update(_acted_on(_pax_records(extended[tarfile.XHDTYPE], archive)))
         for kind, field in (
             (tarfile.GNUTYPE_LONGNAME, "name"),
             (tarfile.GNUTYPE_LONGLINK, "linkname"),
@@ -310,7 +321,7 @@ def _headers(stream: IO[bytes], archive: Path) -> Iterator[tarfile.TarInfo]:
                 if (problem := _name_problem(text)) is not None:
                     raise _refuse(archive, text, problem)
                 setattr(info, field, text)
-        if info.type == tarfile.GNUTYPE_SPARSE or any(k.startswith("GNU.sparse.") for k in pax):
+        if info.type == tarfile.GNUTYPE_SPARSE or _SPARSE in pax:
             raise tarfile.HeaderError(f"member {info.name!r} is a GNU sparse file")
         if "path" in pax:
             info.name = pax["path"]
@@ -322,6 +333,19 @@ def _headers(stream: IO[bytes], archive: Path) -> Iterator[tarfile.TarInfo]:
             info.name = info.name.rstrip("/")
         extended = {}
         yield info
+
+
+# The pax keys the parser acts on; the others are dropped as they are read, so that global records
+# (which apply to every later member) stay a few keys however many global headers an archive has.
+_ACTED_ON = ("path", "linkpath", "size")
+_SPARSE = "GNU.sparse."  # stands for any GNU.sparse.* key: the member is refused
+
+
+def _acted_on(records: dict[str, str]) -> dict[str, str]:
+    kept = {key: records[key] for key in _ACTED_ON if key in records}
+    if any(key.startswith(_SPARSE) for key in records):
+        kept[_SPARSE] = ""
+    return kept
 
 
 def _padded(size: int) -> int:
