@@ -354,6 +354,19 @@ def test_cpu_normalize_equals_the_whole_batch_formula(monkeypatch, n, side, chan
         assert torch.equal(y, expected) and y.is_contiguous(memory_format=fmt)
 
 
+def test_cpu_normalize_keeps_gradients_of_float_inputs():
+    """A float batch that needs gradients (e.g. an adversarial input) is normalized by torch's
+    differentiable ops, not the numpy fast path."""
+    x = torch.rand(2, 3, 4, 4, requires_grad=True)
+    y = A.normalize(x * 255, A.IMAGENET_MEAN, A.IMAGENET_STD)
+    assert y.requires_grad
+    y.sum().backward()
+    expected = 255 / torch.tensor(A.IMAGENET_STD).view(1, 3, 1, 1).expand_as(x)
+    assert torch.allclose(x.grad, expected)
+    with torch.no_grad():  # no gradients asked: the fast path
+        assert not A.normalize(x, A.IMAGENET_MEAN, A.IMAGENET_STD).requires_grad
+
+
 def test_pixels_extension_checks_its_buffers():
     from fastdata.augment import kernels
 

@@ -252,6 +252,11 @@ def normalize(
     mean_t, std_t = _mean_std(mean, std, x.device)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     on_cpu = x.device.type == "cpu" and dtype == torch.float32 and x.dtype in _NUMPY_DTYPES
+    # numpy does not track gradients: a float input that needs them takes torch's ops
+    on_cpu = on_cpu and not (
+        torch.is_grad_enabled()
+        and (x.requires_grad or (out is not None and out.requires_grad))
+    )
     if on_cpu and (
         out is None
         or (out.dtype == torch.float32 and out.device.type == "cpu" and out.shape == x.shape)
