@@ -81,10 +81,11 @@ def environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
 def _region_decoder() -> str | None:
     """The CPU JPEG region decoder of this process (fastdata's extension, nvImageCodec or none)."""
     from fastdata.read.decode import jpeg_region_decoder
+    from fastdata.read.jpeg_region import DecoderChoiceError
 
     try:
         return jpeg_region_decoder()
-    except ValueError as exc:  # a bad $FASTDATA_REGION_DECODER: recorded, the results kept
+    except DecoderChoiceError as exc:  # a bad $FASTDATA_REGION_DECODER: recorded, the results kept
         return f"error: {exc}"
 
 

@@ -29,12 +29,21 @@
 #define HAVE_X86 1
 #endif
 
+/* a * b * c into *product; 0 when it overflows (sizes from Python are checked before use). */
+static int mul3(Py_ssize_t a, Py_ssize_t b, Py_ssize_t c, Py_ssize_t *product) {
+    Py_ssize_t ab;
+    return !__builtin_mul_overflow(a, b, &ab) && !__builtin_mul_overflow(ab, c, product);
+}
+
 static int check(Py_buffer *x, Py_buffer *out, Py_buffer *table, Py_ssize_t channels) {
-    if (channels < 1 || table->len != channels * 256 * (Py_ssize_t)sizeof(float)) {
+    Py_ssize_t table_len, out_len;
+    if (channels < 1 || !mul3(channels, 256, (Py_ssize_t)sizeof(float), &table_len) ||
+        table->len != table_len) {
         PyErr_SetString(PyExc_ValueError, "table must hold channels x 256 float32 values");
         return 0;
     }
-    if (out->len != x->len * (Py_ssize_t)sizeof(float) || x->len % channels != 0) {
+    if (!mul3(x->len, (Py_ssize_t)sizeof(float), 1, &out_len) || out->len != out_len ||
+        x->len % channels != 0) {
         PyErr_SetString(PyExc_ValueError, "out must hold one float32 per byte of x");
         return 0;
     }
@@ -47,7 +56,8 @@ static PyObject *run(PyObject *args, int interleaved) {
     if (!PyArg_ParseTuple(args, "y*w*y*n|n", &x, &out, &table, &channels, &plane)) return NULL;
     PyObject *result = NULL;
     if (check(&x, &out, &table, channels)) {
-        if (!interleaved && (plane < 1 || x.len % (plane * channels) != 0)) {
+        Py_ssize_t whole;
+        if (!interleaved && (plane < 1 || !mul3(plane, channels, 1, &whole) || x.len % whole != 0)) {
             PyErr_SetString(PyExc_ValueError, "normalize_planes: x must hold whole N x C planes of `plane`");
         } else {
             const uint8_t *src = (const uint8_t *)x.buf;
@@ -138,7 +148,8 @@ static PyObject *py_to_planes(PyObject *self, PyObject *args) {
     (void)self;
     if (!PyArg_ParseTuple(args, "y*w*nnp", &src, &dst, &h, &w, &flip)) return NULL;
     PyObject *result = NULL;
-    if (h < 0 || w < 0 || src.len != h * w * 3 || dst.len != h * w * 3) {
+    Py_ssize_t size = -1;
+    if (h < 0 || w < 0 || !mul3(h, w, 3, &size) || src.len != size || dst.len != size) {
         PyErr_SetString(PyExc_ValueError, "to_planes: src and dst must hold height x width x 3 bytes");
     } else {
         const uint8_t *s = (const uint8_t *)src.buf;

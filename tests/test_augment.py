@@ -380,6 +380,13 @@ def test_pixels_extension_checks_its_buffers():
         kernels._pixels.normalize_planes(x, np.zeros(11, np.float32), table, 3, 4)
     with pytest.raises(ValueError, match="whole N x C planes"):
         kernels._pixels.normalize_planes(x, np.zeros(12, np.float32), table, 3, 5)
+    # sizes whose products overflow are refused, never wrapped (a crash or a write past x)
+    with pytest.raises(ValueError, match="whole N x C planes"):
+        kernels._pixels.normalize_planes(x, np.zeros(12, np.float32), table, 3, (2**64 + 4) // 3)
+    with pytest.raises(ValueError, match="channels x 256"):
+        kernels._pixels.normalize_planes(x, np.zeros(12, np.float32), table, 2**62, 4)
+    with pytest.raises(ValueError, match="height x width x 3"):
+        kernels._pixels.to_planes(x[:3], x[3:6].copy(), 7, pow(7, -1, 2**64) // 2, False)
 
 
 # ----------------------------------------------------------------------------- CUDA

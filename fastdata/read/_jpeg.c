@@ -132,16 +132,17 @@ done:
 
 static PyObject *py_region(PyObject *self, PyObject *args) {
     Py_buffer data, out;
-    unsigned long left, top, width, height;
+    Py_ssize_t left, top, width, height; /* "n": an int past Py_ssize_t raises, never wraps */
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*kkkkw*", &data, &left, &top, &width, &height, &out))
+    if (!PyArg_ParseTuple(args, "y*nnnnw*", &data, &left, &top, &width, &height, &out))
         return NULL;
     PyObject *result = NULL;
-    if (width > 65535 || height > 65535 || left > 65535 || top > 65535) {
-        PyErr_Format(PyExc_ValueError, "box out of JPEG range: %lu,%lu %lux%lu", left, top,
+    if (left < 0 || top < 0 || width < 0 || height < 0 || width > 65535 || height > 65535 ||
+        left > 65535 || top > 65535) {
+        PyErr_Format(PyExc_ValueError, "box out of JPEG range: %zd,%zd %zdx%zd", left, top,
                      width, height);
     } else if ((size_t)out.len < (size_t)width * height * 3) { /* w*: contiguous, writable */
-        PyErr_Format(PyExc_ValueError, "out must be a buffer of >= %lu bytes",
+        PyErr_Format(PyExc_ValueError, "out must be a buffer of >= %zd bytes",
                      width * height * 3);
     } else {
         int ok;

@@ -31,6 +31,7 @@ import numpy as np
 
 __all__ = [
     "DECODER_ENV",
+    "DecoderChoiceError",
     "JpegStream",
     "LibjpegDecoder",
     "NvImageCodecDecoder",
@@ -43,6 +44,13 @@ log = logging.getLogger("fastdata")
 
 DECODER_ENV = "FASTDATA_REGION_DECODER"
 _CHOICES = ("auto", "libjpeg", "nvimgcodec", "pillow")
+
+
+
+class DecoderChoiceError(RuntimeError):
+    """$FASTDATA_REGION_DECODER names no decoder: a setting to fix, never a bad image (not a
+    ValueError, which the readers take for a sample that cannot be decoded, and skip)."""
+
 
 _local = threading.local()
 _import_lock = threading.Lock()
@@ -266,7 +274,8 @@ def region_decoder() -> RegionDecoder | None:
     None where none is available (Pillow-SIMD decodes whole images then), or for "pillow".
 
     Raises:
-        ValueError: $FASTDATA_REGION_DECODER is not one of auto, libjpeg, nvimgcodec, pillow.
+        DecoderChoiceError: $FASTDATA_REGION_DECODER is not one of auto, libjpeg, nvimgcodec,
+            pillow.
     """
     choice = os.environ.get(DECODER_ENV, "auto").strip().lower() or "auto"
     decoders = getattr(_local, "decoders", None)
@@ -274,7 +283,9 @@ def region_decoder() -> RegionDecoder | None:
         decoders = _local.decoders = {}
     if choice not in decoders:
         if choice not in _CHOICES:
-            raise ValueError(f"${DECODER_ENV}={choice!r}: expected one of {', '.join(_CHOICES)}")
+            raise DecoderChoiceError(
+                f"${DECODER_ENV}={choice!r}: expected one of {', '.join(_CHOICES)}"
+            )
         decoders[choice] = _start(choice)
     return decoders[choice]
 

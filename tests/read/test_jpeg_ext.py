@@ -114,6 +114,11 @@ def test_bad_boxes_and_buffers():
         _jpeg.region(data, 0, 0, 2, 2, b"read-only bytes are not writable")
     with pytest.raises(ValueError, match="out of JPEG range"):
         _jpeg.region(data, 70000, 0, 2, 2, np.empty(12, np.uint8))
+    with pytest.raises(ValueError, match="out of JPEG range"):
+        _jpeg.region(data, -1, 0, 2, 2, np.empty(12, np.uint8))
+    for wraps in (2**64 + 5, -(2**64) + 5):  # once read as unsigned long: wrapped to 5
+        with pytest.raises(OverflowError):
+            _jpeg.region(data, wraps, 0, 2, 2, np.empty(12, np.uint8))
 
 
 def test_corrupt_rows_inside_the_box_fail():
@@ -181,8 +186,16 @@ def test_the_decoder_choice(monkeypatch):
     monkeypatch.setenv(jpeg_region.DECODER_ENV, "auto")
     assert isinstance(jpeg_region.region_decoder(), jpeg_region.LibjpegDecoder)
     monkeypatch.setenv(jpeg_region.DECODER_ENV, "turbo")
-    with pytest.raises(ValueError, match="auto, libjpeg, nvimgcodec, pillow"):
+    with pytest.raises(jpeg_region.DecoderChoiceError, match="auto, libjpeg, nvimgcodec, pillow"):
         jpeg_region.region_decoder()
+    # A setting to fix, not a bad image: never a ValueError, which readers skip under
+    # on_error="skip" (every JPEG of the epoch would have been skipped).
+    data, rngs = jpeg(photo(40, 40)), [np.random.default_rng(0)]
+    geometry = decode.Geometry("rrc", size=16, scale=(0.08, 1.0), ratio=(0.75, 4 / 3))
+    with pytest.raises(jpeg_region.DecoderChoiceError):
+        decode.decode_image(data, geometry, rngs[0])
+    with pytest.raises(jpeg_region.DecoderChoiceError):
+        decode.decode_batch([data], geometry, rngs, 1)
 
 
 def test_progressive_with_unrefined_scans_equals_the_full_decode():
