@@ -254,8 +254,7 @@ def normalize(
     on_cpu = x.device.type == "cpu" and dtype == torch.float32 and x.dtype in _NUMPY_DTYPES
     # numpy does not track gradients: a float input that needs them takes torch's ops
     on_cpu = on_cpu and not (
-        torch.is_grad_enabled()
-        and (x.requires_grad or (out is not None and out.requires_grad))
+        torch.is_grad_enabled() and (x.requires_grad or (out is not None and out.requires_grad))
     )
     if on_cpu and (
         out is None

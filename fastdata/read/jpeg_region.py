@@ -46,7 +46,6 @@ DECODER_ENV = "FASTDATA_REGION_DECODER"
 _CHOICES = ("auto", "libjpeg", "nvimgcodec", "pillow")
 
 
-
 class DecoderChoiceError(RuntimeError):
     """$FASTDATA_REGION_DECODER names no decoder: a setting to fix, never a bad image (not a
     ValueError, which the readers take for a sample that cannot be decoded, and skip)."""
