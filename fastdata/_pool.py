@@ -52,7 +52,14 @@ class TensorPool:
         memory_format: torch.memory_format = torch.contiguous_format,
     ) -> Tensor:
         """An uninitialized tensor of this shape, dtype, device and memory format."""
-        if device.type != "cpu" or _ALONE is None or self.size == 0:
+        if (
+            device.type != "cpu"
+            or _ALONE is None
+            or self.size == 0
+            # a buffer made in inference mode would be an inference tensor for good: a later
+            # training batch written into it could not be saved for backward
+            or torch.is_inference_mode_enabled()
+        ):
             return torch.empty(shape, dtype=dtype, device=device, memory_format=memory_format)
         for buffer in self._buffers:
             if (

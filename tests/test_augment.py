@@ -356,7 +356,13 @@ def test_cpu_normalize_equals_the_whole_batch_formula(monkeypatch, n, side, chan
 
 def test_cpu_normalize_keeps_gradients_of_float_inputs():
     """A float batch that needs gradients (e.g. an adversarial input) is normalized by torch's
-    differentiable ops, not the numpy fast path."""
+    differentiable ops, not the numpy fast path; also when the constants were first made in
+    inference mode (Lightning validates in it)."""
+    from fastdata.augment import kernels
+
+    kernels._mean_std.cache_clear()
+    with torch.inference_mode():
+        A.normalize(torch.rand(1, 3, 2, 2), A.IMAGENET_MEAN, A.IMAGENET_STD)
     x = torch.rand(2, 3, 4, 4, requires_grad=True)
     y = A.normalize(x * 255, A.IMAGENET_MEAN, A.IMAGENET_STD)
     assert y.requires_grad

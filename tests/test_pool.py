@@ -63,3 +63,19 @@ def test_presets_give_the_same_result_with_a_pool():
     assert first.data_ptr() != second.data_ptr()
     with pytest.raises(ValueError, match="size"):
         TensorPool(size=-1)
+
+
+def test_inference_mode_neither_takes_nor_leaves_buffers():
+    """A custom evaluation loop under `torch.inference_mode()`: its outputs are fresh tensors,
+    so no inference tensor stays in the pool to come back as a training batch (whose backward
+    would fail: "Inference tensors cannot be saved for backward")."""
+    pool = TensorPool(size=2)
+    with torch.inference_mode():
+        held = pool.empty((2, 3), torch.float32, torch.device("cpu"))
+    assert held.is_inference() and not pool._buffers
+    del held
+    train = pool.empty((2, 3), torch.float32, torch.device("cpu"))
+    assert not train.is_inference()
+    weight = torch.ones(3, requires_grad=True)
+    (train.fill_(1.0) * weight).sum().backward()  # saved for backward: a normal tensor
+    assert torch.equal(weight.grad, torch.full((3,), 2.0))

@@ -165,10 +165,13 @@ def resize_center_crop(
 def _mean_std(
     mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
 ) -> tuple[Tensor, Tensor]:
-    # Cached so a CUDA step does not copy two tiny host tensors to the device every batch.
+    # Cached so a CUDA step does not copy two tiny host tensors to the device every batch; made
+    # outside inference mode (Lightning validates in it), else a later call whose input needs
+    # gradients fails: "Inference tensors cannot be saved for backward".
     if len(mean) != len(std) or any(s <= 0 for s in std):
         raise ValueError(f"need one mean and one positive std per channel, got {mean} and {std}")
-    mean_t, std_t = (torch.tensor(v, dtype=torch.float32, device=device) for v in (mean, std))
+    with torch.inference_mode(False):
+        mean_t, std_t = (torch.tensor(v, dtype=torch.float32, device=device) for v in (mean, std))
     return mean_t.view(1, -1, 1, 1), std_t.view(1, -1, 1, 1)
 
 
