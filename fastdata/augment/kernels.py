@@ -166,8 +166,9 @@ def _mean_std(
     mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
 ) -> tuple[Tensor, Tensor]:
     # Cached so a CUDA step does not copy two tiny host tensors to the device every batch; made
-    # outside inference mode (Lightning validates in it), else a later call whose input needs
-    # gradients fails: "Inference tensors cannot be saved for backward".
+    # outside inference mode (a first call from an evaluation under torch.inference_mode), else a
+    # later call whose input needs gradients fails: "Inference tensors cannot be saved for
+    # backward".
     if len(mean) != len(std) or any(s <= 0 for s in std):
         raise ValueError(f"need one mean and one positive std per channel, got {mean} and {std}")
     with torch.inference_mode(False):
