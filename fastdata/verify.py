@@ -12,8 +12,15 @@ from tqdm import tqdm
 from fastdata.fields import FieldError, FieldSpec
 from fastdata.manifest import Manifest, ManifestError, ShardInfo, load_manifest
 from fastdata.read.decode import Geometry, decode_image, decode_raw
-from fastdata.read.integrity import IntegrityError, check_digest, open_regular, read_checked
-from fastdata.read.shardio import ShardReader, ShardReadError, _close, _open_bytes, parse_index
+from fastdata.read.integrity import IntegrityError, open_regular
+from fastdata.read.shardio import (
+    ShardReader,
+    ShardReadError,
+    _close,
+    _open_bytes,
+    check_index_count,
+    read_index_file,
+)
 from fastdata.summary import summarize
 
 __all__ = ["VerifyReport", "inspect_findings", "summarize", "verify"]
@@ -135,26 +142,11 @@ def _check_shard(
 
 def _read_index(manifest: Manifest, shard: ShardInfo) -> None:
     """Load, check and parse the shard's index (FileNotFoundError is fine: the tar is scanned)."""
-    url = manifest.index_url(shard)
     try:
-        if "://" in url:
-            from fastdata.remote.fs import read_bytes
-
-            data = read_bytes(url)
-            check_digest(data, shard.index_sha256, "index file", url)
-        else:
-            data = read_checked(url, shard.index_sha256, "index file")
+        index = read_index_file(manifest.index_url(shard), shard)
     except FileNotFoundError:
         return
-    except IntegrityError as exc:
-        raise ShardReadError(shard.name, None, str(exc)) from exc
-    index = parse_index(data.decode("utf-8", errors="replace"), shard.name)
-    if len(index) != shard.num_samples:
-        raise ShardReadError(
-            shard.name,
-            None,
-            f"index lists {len(index)} samples but the manifest says {shard.num_samples}",
-        )
+    check_index_count(index, shard)
 
 
 def _index_readable(reader: ShardReader, shard: int, report: VerifyReport) -> bool:

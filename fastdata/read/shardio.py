@@ -41,7 +41,15 @@ from fastdata.schema import split_member
 if TYPE_CHECKING:  # fastdata.remote is imported only for remote datasets
     from fastdata.remote import CachedShard, ShardCache
 
-__all__ = ["ShardIndex", "ShardReadError", "ShardReader", "parse_index", "read_sample"]
+__all__ = [
+    "ShardIndex",
+    "ShardReadError",
+    "ShardReader",
+    "check_index_count",
+    "parse_index",
+    "read_index_file",
+    "read_sample",
+]
 
 
 class ShardReadError(RuntimeError):
@@ -378,12 +386,7 @@ class ShardReader:
             if pin is not None and "://" in index_path:
                 index_path = pin.index  # else a local index of remote tars (`fastdata index`)
             index = _load_index(str(index_path) if index_path else None, info, data)
-            if len(index) != info.num_samples:
-                raise ShardReadError(
-                    info.name,
-                    None,
-                    f"index lists {len(index)} samples but the manifest says {info.num_samples}",
-                )
+            check_index_count(index, info)
             sums = self._sums(info, index) if self.verify_samples else None
             suspects = self._suspects(info, data, index)
         except BaseException:
@@ -489,10 +492,23 @@ def _open_bytes(url: str, name: str) -> bytes | mmap.mmap:
 
 
 def _load_index(path: str | None, info: ShardInfo, data: bytes | mmap.mmap) -> ShardIndex:
-    """Parse the index file at `path` (local, or a URL for a shard given by `use_bytes`),
-    checked against the manifest's `index_sha256`; scan the tar when there is none."""
+    """The index file at `path` (`read_index_file`); the tar scanned when there is none."""
     if path is None:
         return index_from_tar(data, info.name)
+    try:
+        return read_index_file(path, info)
+    except FileNotFoundError:
+        return index_from_tar(data, info.name)
+
+
+def read_index_file(path: str, info: ShardInfo) -> ShardIndex:
+    """The shard's index file at `path` (local, or a URL: `fastdata verify`, a shard given by
+    `use_bytes`), checked against the manifest's `index_sha256`, parsed.
+
+    Raises:
+        FileNotFoundError: there is no index file (readers scan the tar instead).
+        ShardReadError: it cannot be read, or differs from its sha256.
+    """
     try:
         if "://" in path:
             from fastdata.remote.fs import read_bytes
@@ -502,7 +518,17 @@ def _load_index(path: str | None, info: ShardInfo, data: bytes | mmap.mmap) -> S
         else:
             raw = read_checked(path, info.index_sha256, "index file")
     except FileNotFoundError:
-        return index_from_tar(data, info.name)
+        raise
     except (OSError, RuntimeError, IntegrityError) as exc:  # RuntimeError: RemoteError
         raise ShardReadError(info.name, None, str(exc)) from exc
     return parse_index(raw.decode("utf-8", errors="replace"), info.name)
+
+
+def check_index_count(index: ShardIndex, info: ShardInfo) -> None:
+    """Raise ShardReadError unless the index lists the manifest's number of samples."""
+    if len(index) != info.num_samples:
+        raise ShardReadError(
+            info.name,
+            None,
+            f"index lists {len(index)} samples but the manifest says {info.num_samples}",
+        )
