@@ -43,7 +43,6 @@ __all__ = [
 log = logging.getLogger("fastdata")
 
 DECODER_ENV = "FASTDATA_REGION_DECODER"
-_CHOICES = ("auto", "libjpeg", "nvimgcodec", "pillow")
 
 
 class DecoderChoiceError(RuntimeError):
@@ -281,19 +280,25 @@ def region_decoder() -> RegionDecoder | None:
     if decoders is None:
         decoders = _local.decoders = {}
     if choice not in decoders:
-        if choice not in _CHOICES:
+        if choice not in _DECODERS:
             raise DecoderChoiceError(
-                f"${DECODER_ENV}={choice!r}: expected one of {', '.join(_CHOICES)}"
+                f"${DECODER_ENV}={choice!r}: expected one of {', '.join(_DECODERS)}"
             )
         decoders[choice] = _start(choice)
     return decoders[choice]
 
 
+#: $FASTDATA_REGION_DECODER's values -> the decoders tried, in order ("pillow": none).
+_DECODERS: dict[str, tuple[type[RegionDecoder], ...]] = {
+    "auto": (LibjpegDecoder, NvImageCodecDecoder),
+    "libjpeg": (LibjpegDecoder,),
+    "nvimgcodec": (NvImageCodecDecoder,),
+    "pillow": (),
+}
+
+
 def _start(choice: str) -> RegionDecoder | None:
-    kinds = {"auto": (LibjpegDecoder, NvImageCodecDecoder), "pillow": ()}.get(
-        choice, (LibjpegDecoder,) if choice == "libjpeg" else (NvImageCodecDecoder,)
-    )
-    for kind in kinds:
+    for kind in _DECODERS[choice]:
         try:
             return kind()
         except Exception as exc:  # ImportError, or a binary that does not load on this system
