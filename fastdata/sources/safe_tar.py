@@ -302,7 +302,7 @@ def _headers(stream: IO[bytes], archive: Path) -> Iterator[tarfile.TarInfo]:
                 )
             value = _read_exactly(stream, _padded(info.size))[: info.size]
             if info.type == tarfile.XGLTYPE:
-                global_pax.update(_acted_on(_pax_records(value, archive)))
+                global_pax.update(_pax_records(value, archive))
                 continue
             kind = tarfile.XHDTYPE if info.type == tarfile.SOLARIS_XHDTYPE else info.type
             if kind in extended:
@@ -311,7 +311,7 @@ def _headers(stream: IO[bytes], archive: Path) -> Iterator[tarfile.TarInfo]:
             continue
         pax = dict(global_pax)
         if tarfile.XHDTYPE in extended:
-            pax.update(_acted_on(_pax_records(extended[tarfile.XHDTYPE], archive)))
+            pax.update(_pax_records(extended[tarfile.XHDTYPE], archive))
         for kind, field in (
             (tarfile.GNUTYPE_LONGNAME, "name"),
             (tarfile.GNUTYPE_LONGLINK, "linkname"),
@@ -341,20 +341,14 @@ _ACTED_ON = ("path", "linkpath", "size")
 _SPARSE = "GNU.sparse."  # stands for any GNU.sparse.* key: the member is refused
 
 
-def _acted_on(records: dict[str, str]) -> dict[str, str]:
-    kept = {key: records[key] for key in _ACTED_ON if key in records}
-    if any(key.startswith(_SPARSE) for key in records):
-        kept[_SPARSE] = ""
-    return kept
-
-
 def _padded(size: int) -> int:
     return size + (-size % tarfile.BLOCKSIZE)
 
 
 def _pax_records(data: bytes, archive: Path) -> dict[str, str]:
-    """The `length key=value\\n` records of a pax header; a `path` or `linkpath` that could not
-    name a member inside the archive's folder refuses the archive."""
+    """The `length key=value\\n` records of a pax header that the parser acts on (`_ACTED_ON`,
+    and `_SPARSE` for any GNU.sparse.* key); a `path` or `linkpath` that could not name a member
+    inside the archive's folder refuses the archive."""
     records: dict[str, str] = {}
     pos = 0
     while pos < len(data) and data[pos] != 0:
@@ -372,7 +366,10 @@ def _pax_records(data: bytes, archive: Path) -> dict[str, str]:
         name, text = (part.decode("utf-8", "surrogateescape") for part in (key, value))
         if name in ("path", "linkpath") and (problem := _name_problem(text)) is not None:
             raise _refuse(archive, text, problem)
-        records[name] = text
+        if name in _ACTED_ON:
+            records[name] = text
+        elif name.startswith(_SPARSE):
+            records[_SPARSE] = ""
         pos += length
     return records
 
