@@ -184,9 +184,9 @@ static PyObject *py_planes_to_pixels(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*y*w*nw*", &src, &ids, &dst, &plane, &moments)) return NULL;
     PyObject *result = NULL;
     Py_ssize_t n = ids.len / (Py_ssize_t)sizeof(int64_t);
-    Py_ssize_t sample = plane >= 1 && plane <= PY_SSIZE_T_MAX / 3 ? 3 * plane : 0;
-    if (sample == 0 || (n > 0 && sample > PY_SSIZE_T_MAX / n) || src.len % sample != 0 ||
-        ids.len % (Py_ssize_t)sizeof(int64_t) != 0 || dst.len != n * sample ||
+    Py_ssize_t sample = 0, total = 0;
+    if (plane < 1 || !mul3(plane, 3, 1, &sample) || !mul3(n, sample, 1, &total) ||
+        src.len % sample != 0 || ids.len % (Py_ssize_t)sizeof(int64_t) != 0 || dst.len != total ||
         moments.len != 6 * (Py_ssize_t)sizeof(uint64_t)) {
         PyErr_SetString(PyExc_ValueError,
                         "planes_to_pixels: src must hold whole 3 x plane samples, dst one per id, "
