@@ -40,6 +40,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from common import print_table, results_dir, save_results  # noqa: I001
+from fastdata_pipelines.cifar100.model import BasicBlock  # the pipeline's ResNet block
 from torch import nn
 
 from fastdata._env import data_dir
@@ -81,28 +82,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ------------------------------------------------------------------ model
 
 
-class Block(nn.Module):
-    """A basic residual block (two 3x3 convolutions), a 1x1 projection when the shape changes."""
-
-    def __init__(self, cin: int, cout: int, stride: int) -> None:
-        super().__init__()
-        self.body = nn.Sequential(
-            nn.Conv2d(cin, cout, 3, stride, 1, bias=False),
-            nn.BatchNorm2d(cout),
-            nn.ReLU(inplace=True),
-            nn.Conv2d(cout, cout, 3, 1, 1, bias=False),
-            nn.BatchNorm2d(cout),
-        )
-        self.skip: nn.Module = nn.Identity()
-        if stride != 1 or cin != cout:
-            self.skip = nn.Sequential(
-                nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout)
-            )
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.relu(self.body(x) + self.skip(x))
-
-
 class SmallResNet(nn.Module):
     """A ResNet-10-like classifier: a stride-2 stem, four one-block stages (S/2 .. S/16), pool, fc."""
 
@@ -113,10 +92,10 @@ class SmallResNet(nn.Module):
             nn.Conv2d(3, w, 3, 2, 1, bias=False),
             nn.BatchNorm2d(w),
             nn.ReLU(inplace=True),
-            Block(w, w, 1),
-            Block(w, 2 * w, 2),
-            Block(2 * w, 4 * w, 2),
-            Block(4 * w, 8 * w, 2),
+            BasicBlock(w, w, 1),
+            BasicBlock(w, 2 * w, 2),
+            BasicBlock(2 * w, 4 * w, 2),
+            BasicBlock(4 * w, 8 * w, 2),
             nn.AdaptiveAvgPool2d(1),
             nn.Flatten(),
             nn.Linear(8 * w, classes),
