@@ -17,24 +17,12 @@ from PIL import Image
 
 from fastdata.read import decode, jpeg_region
 from fastdata.read.decode import Geometry, decode_image
+from tests.read.test_decode import encode as jpeg
+from tests.read.test_decode import photo
 
 _jpeg = pytest.importorskip(
     "fastdata.read._jpeg", reason="the extension was not built (no C compiler or libjpeg headers)"
 )
-
-
-def photo(h: int, w: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
-    img = np.stack([128 + 90 * np.sin(x / 13 + c) * np.cos(y / 17 - c) for c in range(3)], -1)
-    img += rng.normal(0, 12, img.shape)
-    return np.clip(img, 0, 255).astype(np.uint8)
-
-
-def jpeg(pixels: np.ndarray, **kwargs) -> bytes:
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, "JPEG", **kwargs)
-    return buf.getvalue()
 
 
 def full(data: bytes) -> np.ndarray:
