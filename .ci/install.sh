@@ -35,10 +35,10 @@ import torch
 import fastdata
 # The first import of a fresh venv (bytecode compiled, libraries read from disk) took ~90 s more
 # than later ones; done here, it is not counted in the trainer's time budget.
-import fastdata.datamodule
+import fastdata.lightning.datamodule
 import fastdata_pipelines.cifar100.train  # noqa: F401
 
-from fastdata.read.decode import jpeg_region_decoder
+from fastdata.read.decoders.image import jpeg_region_decoder
 
 print(f"installed fastdata {fastdata.__version__}, torch {torch.__version__}, PIL (SIMD) {PIL.__version__}")
 print(f"JPEG region decoder: {jpeg_region_decoder() or 'none (Pillow-SIMD decodes whole images)'}")

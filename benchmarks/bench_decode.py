@@ -46,13 +46,13 @@ from pathlib import Path
 
 import numpy as np
 from common import print_table, results_dir, save_results  # noqa: I001  (run as a script)
+from fastdata_pipelines.env import data_dir
 from PIL import Image
 
-from fastdata import _threads
-from fastdata._env import data_dir
+from fastdata._util import threads as _threads
 from fastdata.augment import rrc_params
-from fastdata.read import decode
-from fastdata.read.decode import Geometry, decode_batch, decode_image, jpeg_region_decoder
+from fastdata.read.decoders import image as decode
+from fastdata.read.decoders.image import Geometry, decode_batch, decode_image, jpeg_region_decoder
 
 Box = tuple[int, int, int, int]  # (left, top, right, bottom)
 
@@ -302,9 +302,9 @@ def loader_rows(args: argparse.Namespace) -> list[dict]:
     from baselines import PhotoFolder
     from torch.utils.data import DataLoader
 
-    from fastdata.datamodule import ShardDataModule
-    from fastdata.sources import open_source
+    from fastdata.lightning.datamodule import ShardDataModule
     from fastdata.write import ShardOptions, write_shards
+    from fastdata.write.sources import open_source
 
     suite = bl.parse_args(["--data", str(args.data or data_dir())])
     root = suite.data / "clothing-small"

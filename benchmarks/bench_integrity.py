@@ -4,7 +4,7 @@
 
 CIFAR-100 (../shared/data, or $FASTDATA_DATA_DIR) is sharded into a temporary folder (raw pixels,
 5,000 images a shard), then one training epoch of the train split (batch 256, preset "none") is
-read through the cpu backend (`fastdata.read.cpu.make_cpu_loader`) three ways, round-robin:
+read through the cpu backend (`fastdata.read.backends.cpu.make_cpu_loader`) three ways, round-robin:
 
 - unchecked: the every-read checks switched off in this process (no index sha256, no tar header
   match, no label range check) - what a reader did before they existed;
@@ -38,15 +38,16 @@ from typing import Any
 
 import numpy as np
 from common import print_table, results_dir, round_robin, save_results  # noqa: I001  (script)
+from fastdata_pipelines.env import data_dir
 
-from fastdata._env import data_dir
-from fastdata.manifest import Manifest, load_manifest
+from fastdata.format.integrity import scan_shard
+from fastdata.format.manifest import Manifest
+from fastdata.format.manifest_io import load_manifest
 from fastdata.read import shardio
+from fastdata.read.backends.cpu import make_cpu_loader
 from fastdata.read.base import LoaderSpec, WorkerSettings
-from fastdata.read.cpu import make_cpu_loader
-from fastdata.read.integrity import scan_shard
-from fastdata.sources import open_source
 from fastdata.write import ShardOptions, write_shards
+from fastdata.write.sources import open_source
 
 
 def parse_args() -> argparse.Namespace:

@@ -39,8 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from common import REPO, environment, print_table, results_dir, save_results  # noqa: I001
-
-from fastdata._env import data_dir
+from fastdata_pipelines.env import data_dir
 
 ARCHIVE = "cifar-100-python.tar.gz"
 ROW = re.compile(r"^\s*(\d+)\s+\S+\s+\S+\s+([\d,]+)\s+\S+\s*$")  # epoch, loss, top-1, img/s, wait
@@ -137,8 +136,8 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
     out = results_dir(args.out)
     at_start = environment()
     with tempfile.TemporaryDirectory(prefix="bench_load_follow_") as tmp:
-        from fastdata.sources import open_source
         from fastdata.write import ShardOptions, write_shards
+        from fastdata.write.sources import open_source
 
         shards = Path(tmp) / "shards"
         write_shards(open_source("cifar100", archive), shards, ShardOptions(progress=False))

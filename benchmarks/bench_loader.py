@@ -43,14 +43,14 @@ from typing import Any
 import numpy as np
 from baselines import ArrayDataset, PhotoFolder, webdataset_loader  # noqa: I001
 from common import measure_throughput, print_table, results_dir, round_robin, save_results
+from fastdata_pipelines.env import data_dir
 from torch.utils.data import DataLoader
 
-from fastdata._env import data_dir
-from fastdata.datamodule import ShardDataModule
-from fastdata.read.decoded_cache import CACHE_DIR_ENV
-from fastdata.read.memory import clear_device_cache
-from fastdata.sources import open_source
+from fastdata.lightning.datamodule import ShardDataModule
+from fastdata.read.backends.memory import clear_device_cache
+from fastdata.read.stores.decoded_cache import CACHE_DIR_ENV
 from fastdata.write import ShardOptions, write_shards
+from fastdata.write.sources import open_source
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

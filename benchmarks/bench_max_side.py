@@ -41,12 +41,12 @@ import lightning.pytorch as pl
 import torch
 from common import print_table, results_dir, save_results  # noqa: I001
 from fastdata_pipelines.cifar100.model import BasicBlock  # the pipeline's ResNet block
+from fastdata_pipelines.env import data_dir
 from torch import nn
 
-from fastdata._env import data_dir
-from fastdata.datamodule import ShardDataModule
-from fastdata.sources import open_source
+from fastdata.lightning.datamodule import ShardDataModule
 from fastdata.write import ShardOptions, write_shards
+from fastdata.write.sources import open_source
 
 DATASET = "clothing-small"
 SPLITS = ["train", "validation"]

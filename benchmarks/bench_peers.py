@@ -43,9 +43,8 @@ from typing import Any
 
 import torch
 from common import REPO, environment, print_table, results_dir, save_results  # noqa: I001
+from fastdata_pipelines.env import data_dir
 from peers_common import LoadWatcher, time_epochs
-
-from fastdata._env import data_dir
 
 PEERS = ("litdata", "streaming")
 PEER_NAMES = {"litdata": "LitData", "streaming": "Streaming"}
@@ -202,7 +201,7 @@ def fastdata_epochs(
     root: Path, backend: str, batch: int, epochs: int, args: argparse.Namespace, **kw: Any
 ) -> list[dict[str, Any]]:
     """Whole epochs of `ShardDataModule` through its public hooks; epoch 1 includes setup."""
-    from fastdata.datamodule import ShardDataModule
+    from fastdata.lightning.datamodule import ShardDataModule
 
     cpu = torch.device("cpu")
     dm = ShardDataModule(root, batch_size=batch, num_workers=args.workers, backend=backend, **kw)
@@ -233,8 +232,8 @@ def conversion_suite(
     args: argparse.Namespace, work: Path, problems: dict[str, str | None]
 ) -> list[dict[str, Any]]:
     """Convert each input with each library, `args.workers` processes each."""
-    from fastdata.sources import open_source
     from fastdata.write import ShardOptions, write_shards
+    from fastdata.write.sources import open_source
 
     def fastdata_shard(source: Path, kind: str, dataset: str) -> dict[str, Any]:
         options = ShardOptions(workers=args.workers, progress=False)

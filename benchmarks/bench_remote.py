@@ -30,15 +30,16 @@ from typing import Any
 
 import numpy as np
 from common import print_table, results_dir, save_results  # noqa: I001  (run as a script)
+from fastdata_pipelines.env import data_dir
 
-from fastdata._env import data_dir
-from fastdata.manifest import Manifest, load_manifest
-from fastdata.read.decode import Geometry, decode_image, decode_raw
+from fastdata.format.manifest import Manifest
+from fastdata.format.manifest_io import load_manifest
+from fastdata.read.decoders.image import Geometry, decode_image, decode_raw
 from fastdata.read.plan import epoch_order, rows_to_refs
 from fastdata.read.shardio import ShardReader
 from fastdata.remote import ShardCache
-from fastdata.sources import open_source
 from fastdata.write import ShardOptions, write_shards
+from fastdata.write.sources import open_source
 
 
 class _QuietHandler(SimpleHTTPRequestHandler):

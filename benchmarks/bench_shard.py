@@ -33,9 +33,9 @@ from typing import Any
 
 import numpy as np
 from common import REPO, print_table, results_dir, save_results  # noqa: I001  (run as a script)
+from fastdata_pipelines.env import cpu_description, data_dir
 
-from fastdata._env import cpu_description, data_dir
-from fastdata.sources import open_source
+from fastdata.write.sources import open_source
 
 _CHUNK = 1 << 20
 

@@ -43,11 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from common import environment  # noqa: I001  (run as a script: benchmarks/ is on sys.path)
+from fastdata_pipelines.env import data_dir
 
-from fastdata._env import data_dir
 from fastdata.read.base import LoaderSpec
-from fastdata.sources import open_source
-from fastdata.sources.base import Source, SourceItem
 from fastdata.tune import (
     LoaderSettings,
     SweepPoint,
@@ -58,6 +56,8 @@ from fastdata.tune import (
     tuning_spec,
 )
 from fastdata.write import ShardOptions, write_shards
+from fastdata.write.sources import open_source
+from fastdata.write.sources.base import Source, SourceItem
 
 
 @dataclass(frozen=True)

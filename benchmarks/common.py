@@ -55,8 +55,7 @@ def environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
     after calling it.
     """
     import psutil
-
-    from fastdata._env import cpu_description
+    from fastdata_pipelines.env import cpu_description
 
     return {
         "git_revision": _git_revision(),
@@ -80,8 +79,8 @@ def environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
 
 def _region_decoder() -> str | None:
     """The CPU JPEG region decoder of this process (fastdata's extension, nvImageCodec or none)."""
-    from fastdata.read.decode import jpeg_region_decoder
-    from fastdata.read.jpeg_region import DecoderChoiceError
+    from fastdata.read.decoders.image import jpeg_region_decoder
+    from fastdata.read.decoders.jpeg_region import DecoderChoiceError
 
     try:
         return jpeg_region_decoder()

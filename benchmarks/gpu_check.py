@@ -57,6 +57,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # a checkout without `pip install -e`
 
 import common  # noqa: E402
+from fastdata_pipelines.env import data_dir  # noqa: E402
 from gpu_report import Report, evaluate_targets  # noqa: E402
 from gpu_steps import (  # noqa: E402
     Dataset,
@@ -68,8 +69,6 @@ from gpu_steps import (  # noqa: E402
     synthetic_cifar,
     synthetic_photos,
 )
-
-from fastdata._env import data_dir  # noqa: E402
 
 # The trainer recipe the 70%-in-60-s target is checked with (one H200, bf16, memory backend).
 GPU_TRAINER_ARGS = (

@@ -20,10 +20,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from fastdata.manifest import Manifest
-from fastdata.sources import open_source
-from fastdata.sources.arrays import ArraySource
+from fastdata.format.manifest import Manifest
 from fastdata.write import ShardOptions, write_shards
+from fastdata.write.sources import open_source
+from fastdata.write.sources.arrays import ArraySource
 
 __all__ = [
     "Dataset",
@@ -196,7 +196,7 @@ class RunSettings:
 
 
 def _datamodule(root: Path, backend: str, s: RunSettings) -> Any:
-    from fastdata.datamodule import ShardDataModule
+    from fastdata.lightning.datamodule import ShardDataModule
 
     kwargs: dict[str, Any] = dict(
         batch_size=s.batch_size, num_workers=s.workers, backend=backend, preset=s.preset,
@@ -285,7 +285,7 @@ def nvjpeg_run(
 ) -> dict[str, Any]:
     """The nvjpeg backend before it is registered: its loader built from the DataModule's spec
     (`ShardDataModule.loader_spec`), the DataModule's device augmentation after it."""
-    from fastdata.read.nvjpeg import make_nvjpeg_loader
+    from fastdata.read.backends.nvjpeg import make_nvjpeg_loader
 
     probe = MemoryProbe(device)
     t0 = time.perf_counter()
@@ -323,7 +323,7 @@ def _release(loader: Any, dm: Any, device: torch.device) -> None:
 
 def _collect(device: torch.device) -> None:
     try:
-        from fastdata.read import memory
+        from fastdata.read.backends import memory
 
         if hasattr(memory, "clear_device_cache"):
             memory.clear_device_cache()

@@ -129,7 +129,7 @@ def engine_consumer(dataset: str, seed: int = 0) -> Callable[[torch.Tensor], tor
     from fastdata.augment import IMAGENET_MEAN, IMAGENET_STD, get_preset, normalize
 
     try:  # fastdata's datamodule reuses output memory (a fresh 38 MB batch page-faults 9,400x)
-        from fastdata._pool import TensorPool
+        from fastdata._util.pool import TensorPool
 
         pool = TensorPool()
     except ImportError:  # private, may move: then plain fresh outputs (slower, still correct)
@@ -145,7 +145,7 @@ def engine_consumer(dataset: str, seed: int = 0) -> Callable[[torch.Tensor], tor
 
     def apply(x: torch.Tensor) -> torch.Tensor:
         # One intra-op thread, as fastdata's on_after_batch_transfer runs CPU batches
-        # (fastdata/_threads.py says why: two threads beside busy loader workers wait on each
+        # (fastdata/_util/threads.py says why: two threads beside busy loader workers wait on each
         # other). Inlined, not imported: that module is private and may move.
         threads = torch.get_num_threads()
         torch.set_num_threads(1)

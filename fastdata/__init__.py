@@ -14,17 +14,17 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "ShardDataModule": "fastdata.datamodule",
-    "ShardSet": "fastdata.shardset",
-    "CacheSettings": "fastdata.shardset",
+    "ShardDataModule": "fastdata.lightning.datamodule",
+    "ShardSet": "fastdata.lightning.options",
+    "CacheSettings": "fastdata.lightning.options",
     "WorkerSettings": "fastdata.read.base",
-    "SegmentationDataModule": "fastdata.datamodules",
-    "DetectionDataModule": "fastdata.datamodules",
-    "Manifest": "fastdata.manifest",
-    "load_manifest": "fastdata.manifest",
+    "SegmentationDataModule": "fastdata.lightning.family",
+    "DetectionDataModule": "fastdata.lightning.family",
+    "Manifest": "fastdata.format.manifest",
+    "load_manifest": "fastdata.format.manifest",
     "ShardOptions": "fastdata.write",
     "write_shards": "fastdata.write",
-    "open_source": "fastdata.sources",
+    "open_source": "fastdata.write.sources",
     "LoaderMonitor": "fastdata.tune.monitor",
     "make_trainer": "fastdata.train",
 }
@@ -32,15 +32,16 @@ _EXPORTS = {
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 if TYPE_CHECKING:  # pragma: no cover
-    from fastdata.datamodule import ShardDataModule  # noqa: F401
-    from fastdata.datamodules import DetectionDataModule, SegmentationDataModule  # noqa: F401
-    from fastdata.manifest import Manifest, load_manifest  # noqa: F401
+    from fastdata.format.manifest import Manifest  # noqa: F401
+    from fastdata.format.manifest_io import load_manifest  # noqa: F401
+    from fastdata.lightning.datamodule import ShardDataModule  # noqa: F401
+    from fastdata.lightning.family import DetectionDataModule, SegmentationDataModule  # noqa: F401
+    from fastdata.lightning.options import CacheSettings, ShardSet  # noqa: F401
     from fastdata.read.base import WorkerSettings  # noqa: F401
-    from fastdata.shardset import CacheSettings, ShardSet  # noqa: F401
-    from fastdata.sources import open_source  # noqa: F401
     from fastdata.train import make_trainer  # noqa: F401
     from fastdata.tune.monitor import LoaderMonitor  # noqa: F401
     from fastdata.write import ShardOptions, write_shards  # noqa: F401
+    from fastdata.write.sources import open_source  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

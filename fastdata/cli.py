@@ -20,7 +20,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from fastdata import __version__
+from fastdata._util.version import __version__
 
 __all__ = ["build_parser", "main"]
 
@@ -70,7 +70,7 @@ list files (CSV with a header, or JSON Lines): `path` (required), `split` (optio
 
 
 def _add_shard(sub: argparse._SubParsersAction) -> None:
-    from fastdata.sources import REGISTRY
+    from fastdata.write.sources import REGISTRY
 
     kinds = "\n".join(
         f"  {k.name:<13} {' '.join(k.inputs)} OUT: {k.help}" for k in REGISTRY.values()
@@ -155,8 +155,8 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:
 
 def _add_shard_limits(p: argparse.ArgumentParser) -> None:
     """Bounds on untrusted input (see `ShardOptions` and `ListSource`)."""
-    from fastdata.sources.listfile import DEFAULT_MAX_CLASSES
     from fastdata.write.encode import DEFAULT_MAX_PIXELS
+    from fastdata.write.sources.listfile import DEFAULT_MAX_CLASSES
 
     p.add_argument(
         "--max-bad",
@@ -200,10 +200,10 @@ def _size(text: str) -> int:
 def _shard(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from fastdata.manifest import MANIFEST_NAME
-    from fastdata.sources import open_source
-    from fastdata.summary import summarize
+    from fastdata.format.manifest import MANIFEST_NAME
+    from fastdata.format.summary import summarize
     from fastdata.write import ShardOptions, TooManyBadSamplesError, write_shards
+    from fastdata.write.sources import open_source
 
     if args.download and args.source not in ("cifar10", "cifar100"):
         raise SystemExit(
@@ -249,7 +249,7 @@ def _shard(args: argparse.Namespace) -> int:
 
 def _split_paths(args: argparse.Namespace) -> list[str | None]:
     """The source's inputs from `paths` (OUT, the last, goes to `args.out`); checks the count."""
-    from fastdata.sources import REGISTRY
+    from fastdata.write.sources import REGISTRY
 
     wanted = REGISTRY[args.source].inputs
     *inputs, args.out = args.paths
@@ -319,8 +319,8 @@ def _shard_part(args: argparse.Namespace, source: Any, options: Any) -> int:
 
 def _part_command(args: argparse.Namespace) -> str:
     """The command line that runs any part of this sharding, with "{part}" for I/N."""
-    from fastdata.sources.listfile import DEFAULT_MAX_CLASSES
     from fastdata.write.encode import DEFAULT_MAX_PIXELS
+    from fastdata.write.sources.listfile import DEFAULT_MAX_CLASSES
 
     words = ["fastdata", "shard", args.source, *args.paths]
     defaults = {"seed": 0, "max_count": 10_000, "max_size": None, "encoding": "auto"}
@@ -341,8 +341,8 @@ def _part_command(args: argparse.Namespace) -> str:
 
 
 def _merge(args: argparse.Namespace) -> int:
-    from fastdata.manifest import MANIFEST_NAME
-    from fastdata.summary import summarize
+    from fastdata.format.manifest import MANIFEST_NAME
+    from fastdata.format.summary import summarize
     from fastdata.write import TooManyBadSamplesError
     from fastdata.write.parts import merge_parts
 
@@ -357,9 +357,10 @@ def _merge(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from fastdata.manifest import ManifestError, load_manifest
-    from fastdata.summary import summarize
-    from fastdata.verify import inspect_findings
+    from fastdata.format.manifest import ManifestError
+    from fastdata.format.manifest_io import load_manifest
+    from fastdata.format.summary import summarize
+    from fastdata.read.verify import inspect_findings
 
     try:
         manifest = load_manifest(args.out)
@@ -376,7 +377,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from fastdata.verify import verify
+    from fastdata.read.verify import verify
 
     report = verify(args.out, progress=not args.no_progress)
     print(report)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fastdata_pipelines.env import data_dir
 from PIL import Image
 
-from fastdata._env import data_dir
-from fastdata.sources.arrays import ArraySource
 from fastdata.write import ShardOptions, write_shards
+from fastdata.write.sources.arrays import ArraySource
 
 
 @pytest.fixture(autouse=True)
@@ -37,7 +37,7 @@ def rehash_indexes(root: Path):
     import hashlib
     import json
 
-    from fastdata.manifest import load_manifest
+    from fastdata.format.manifest_io import load_manifest
 
     path = root / "manifest.json"
     data = json.loads(path.read_text())

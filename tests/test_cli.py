@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from fastdata.cli import main
-from fastdata.manifest import load_manifest
+from fastdata.format.manifest_io import load_manifest
 from tests.conftest import write_jpeg_folder
 
 
@@ -121,7 +121,7 @@ def test_real_clothing_folder(real_data, tmp_path):
         "test": 372,
     }
     assert manifest.num_classes == 10 and manifest.split("train").encoding == "jpeg"
-    from fastdata.sources import FolderSource
+    from fastdata.write.sources import FolderSource
 
     source = FolderSource(real_data / "clothing-small")
     samples = list(

@@ -1,5 +1,5 @@
 """The registries are the single source: every list of backends or fields in the code, the CLI's
-help and the README agrees with `fastdata.read.BACKENDS` and `fastdata.fields.FIELD_KINDS`, and a
+help and the README agrees with `fastdata.read.BACKENDS` and `fastdata.format.fields.FIELD_KINDS`, and a
 backend registered at run time appears wherever backends are offered (CLI choices, `auto`)."""
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ import pytest
 import fastdata.read as read
 from fastdata.augment import get_preset
 from fastdata.cli import build_parser
-from fastdata.fields import FIELD_KINDS, infer_fields
-from fastdata.manifest import Manifest, ShardInfo, SplitInfo
+from fastdata.format.fields import FIELD_KINDS, infer_fields
+from fastdata.format.manifest import Manifest, ShardInfo, SplitInfo
+from fastdata.lightning.runtime import check_options
 from fastdata.read import BACKENDS, Backend, backend_choices, field_backends
-from fastdata.read.auto import choose_backend
-from fastdata.runtime import check_options
+from fastdata.read.backends.auto import choose_backend
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE = Backend(
     "fake",
-    "fastdata.read.cpu:make_cpu_loader",
+    "fastdata.read.backends.cpu:make_cpu_loader",
     "fastdata.read:_always",
     uses_workers=False,
     decodes_on_gpu=True,
@@ -37,7 +37,7 @@ def fake_backend(monkeypatch) -> Backend:
     monkeypatch.setattr(read, "BACKENDS", {"fake": FAKE, **BACKENDS})
     # Modules that imported the dict itself see the same (patched) object only if they look it
     # up through the package; patch their names as well so the test exercises the lookup.
-    import fastdata.read.auto as auto
+    import fastdata.read.backends.auto as auto
 
     monkeypatch.setattr(auto, "BACKENDS", read.BACKENDS)
     return FAKE
@@ -190,8 +190,8 @@ def test_readme_lists_every_registered_backend():
 
 
 def test_the_field_table_is_the_registry():
-    """The table in `fastdata.fields`' docstring lists each kind with its components."""
-    import fastdata.fields as fields
+    """The table in `fastdata.format.fields`' docstring lists each kind with its components."""
+    import fastdata.format.fields as fields
 
     rows = re.findall(r"^\| `([a-z]+)` +\| ([^|]*)\|", fields.__doc__, re.MULTILINE)
     table = {kind: set(re.findall(r"`([a-z_.]+)`", cells)) for kind, cells in rows}
@@ -205,7 +205,7 @@ def test_the_field_table_is_the_registry():
 def test_verify_reads_the_split_fields(tiny_shards):
     """`verify` checks the components its split's fields name (not a fixed image list): a split
     that declares a caption its samples lack is reported, sample by sample, naming the field."""
-    from fastdata.verify import verify
+    from fastdata.read.verify import verify
 
     assert verify(tiny_shards, progress=False).ok
     path = tiny_shards / "manifest.json"

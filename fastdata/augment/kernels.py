@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fastdata._native import pixels as _pixels  # None: not built (numpy does it)
+from fastdata._util.native import pixels as _pixels  # None: not built (numpy does it)
 from fastdata.augment.params import _rand, center_crop_params, pad_crop_params
 
 __all__ = [
@@ -248,7 +248,7 @@ def normalize(
         dtype: floating dtype of the result.
         channels_last: return the channels-last memory format (same NCHW shape).
         out: optional tensor of x's shape, `dtype` and memory format to write the result into
-            (e.g. from `fastdata._pool.TensorPool`: no page faults for a fresh CPU tensor).
+            (e.g. from `fastdata._util.pool.TensorPool`: no page faults for a fresh CPU tensor).
     """
     if x.dim() != 4 or x.shape[1] != len(mean):
         raise ValueError(f"expected an (N, {len(mean)}, H, W) batch, got shape {tuple(x.shape)}")

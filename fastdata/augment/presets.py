@@ -21,7 +21,7 @@ from typing import Union
 import torch
 from torch import Tensor
 
-from fastdata._pool import TensorPool
+from fastdata._util.pool import TensorPool
 from fastdata.augment.constants import CIFAR100_MEAN, CIFAR100_STD, IMAGENET_MEAN, IMAGENET_STD
 from fastdata.augment.kernels import (
     normalize,
@@ -232,7 +232,7 @@ class Preset:
     def resizes(self, train: bool) -> bool:
         """Whether the split's ops crop to `image_size` themselves (`RandomResizedCrop`,
         `ResizeCenterCrop`): then images are decoded with room around that size
-        (`fastdata.read.decode.stored_hw`); otherwise straight at the output size."""
+        (`fastdata.read.decoders.image.stored_hw`); otherwise straight at the output size."""
         return any(isinstance(op, _SIZED) for op in self.ops(train))
 
     def pad_crop(self, train: bool) -> PadCrop | None:

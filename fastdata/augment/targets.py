@@ -220,7 +220,7 @@ def draw_regions(
 def cover_region(in_hw: tuple[int, int], out_hw: tuple[int, int]) -> Region:
     """The region of a resize that just covers `out_hw`, keeping the centre window.
 
-    The geometry of the "cover" decode (`fastdata.read.decode.Geometry("cover")`: how the memory
+    The geometry of the "cover" decode (`fastdata.read.decoders.image.Geometry("cover")`: how the memory
     backend and the decoded cache store photos at `stored_hw`), so a sample's mask and boxes can
     be stored the way its image is; the box is fractional when the aspects differ.
 

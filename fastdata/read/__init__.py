@@ -32,7 +32,7 @@ __all__ = [
     "get_backend",
 ]
 
-#: The backend name that lets `fastdata.read.auto` choose one of `BACKENDS`.
+#: The backend name that lets `fastdata.read.backends.auto` choose one of `BACKENDS`.
 AUTO = "auto"
 
 
@@ -49,7 +49,7 @@ class Backend:
         resident: it keeps the decoded split resident on the device (auto checks memory).
         decodes_on_gpu: it decodes on the GPU (auto prefers it when the memory store won't fit).
         user_transforms: it hands uint8 batches over, so user callables can run on them.
-        carries_fields: it reads every field of a split (`fastdata.fields`: masks, boxes,
+        carries_fields: it reads every field of a split (`fastdata.format.fields`: masks, boxes,
             text, ...), not only the classification pair (image, label); `auto` picks only
             such a backend for a split with other fields.
     """
@@ -89,7 +89,7 @@ BACKENDS: dict[str, Backend] = {
     for b in (
         Backend(
             "memory",
-            "fastdata.read.memory:make_memory_loader",
+            "fastdata.read.backends.memory:make_memory_loader",
             _BUILTIN,
             uses_workers=False,
             resident=True,
@@ -97,22 +97,22 @@ BACKENDS: dict[str, Backend] = {
         ),
         Backend(
             "dali",
-            "fastdata.read.dali:make_dali_loader",
-            "fastdata.read.dali:dali_status",
+            "fastdata.read.backends.dali:make_dali_loader",
+            "fastdata.read.backends.dali:dali_status",
             uses_workers=False,
             decodes_on_gpu=True,
             user_transforms=False,
         ),
         Backend(
             "nvjpeg",
-            "fastdata.read.nvjpeg:make_nvjpeg_loader",
-            "fastdata.read.nvjpeg:nvjpeg_status",
+            "fastdata.read.backends.nvjpeg:make_nvjpeg_loader",
+            "fastdata.read.backends.nvjpeg:nvjpeg_status",
             uses_workers=False,
             decodes_on_gpu=True,
         ),
         Backend(
             "cpu",
-            "fastdata.read.cpu:make_cpu_loader",
+            "fastdata.read.backends.cpu:make_cpu_loader",
             _BUILTIN,
             uses_workers=True,
             carries_fields=True,

@@ -13,8 +13,8 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from fastdata.augment import Preset, get_preset
-from fastdata.manifest import Manifest
-from fastdata.read.carve import Carve
+from fastdata.format.carve import Carve
+from fastdata.format.manifest import Manifest
 from fastdata.read.plan import EpochMix, EpochPlan, PlanConfig, plan_epoch
 
 __all__ = ["DEFAULT_LOADER_TIMEOUT", "BatchLoader", "LoaderSpec", "WorkerSettings"]
@@ -98,13 +98,13 @@ class LoaderSpec:
             default cache for a remote manifest).
         mix: for the training split of a mix of datasets (`fastdata.read.mix`), the rows each
             epoch draws from each dataset (plan rule 0); None: every row once per epoch.
-        carve: read one side of a val split carved from `split` (`fastdata.read.carve`): the
+        carve: read one side of a val split carved from `split` (`fastdata.format.carve`): the
             training rows or the carved val rows; None: every row.
         decoded_cache_dir: where the memory backend caches decoded splits
-            (`fastdata.read.decoded_cache.resolve_cache_dir`); None: its default.
+            (`fastdata.read.stores.decoded_cache.resolve_cache_dir`); None: its default.
         verify_samples: hash every sample read and compare it with its digest written at shard
-            time (`fastdata.read.integrity`); cpu and memory backends only.
-        ignore_index: dict batches (`fastdata.read.samples`): the mask value of pixels outside
+            time (`fastdata.format.integrity`); cpu and memory backends only.
+        ignore_index: dict batches (`fastdata.read.decoders.dict_batch`): the mask value of pixels outside
             the image after a pad-crop and of evaluation padding samples.
     """
 

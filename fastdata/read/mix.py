@@ -23,7 +23,7 @@ makes it a mix:
   encoded datasets are refused. Pixel statistics are combined weighted by each dataset's samples
   in the split.
 - Resume: the training fingerprint covers each dataset's fingerprint, the weights and the epoch
-  size (`fastdata.resume.dataset_fingerprint`), so a state from another mix is refused.
+  size (`fastdata.read.resume.dataset_fingerprint`), so a state from another mix is refused.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ from fractions import Fraction
 
 import torch
 
-from fastdata.manifest import Manifest, ManifestError, ShardInfo, SplitInfo, load_manifest
+from fastdata.format.manifest import Manifest, ManifestError, ShardInfo, SplitInfo
+from fastdata.format.manifest_io import load_manifest
 from fastdata.read.plan import EpochMix
 
 __all__ = [
@@ -144,7 +145,7 @@ def mix_manifests(
         name: _merge_split([m.split(name) for m in manifests], manifests, maps, len(classes))
         for name in common
     }
-    from fastdata.resume import dataset_fingerprint  # resume imports the manifest only
+    from fastdata.read.resume import dataset_fingerprint  # resume imports the manifest only
 
     datasets = [
         {

@@ -23,7 +23,7 @@ The rules:
    shard permuted, both drawn from (seed, epoch). Shards were pre-shuffled at write time, so this
    gives a fresh order every epoch while a batch stays within one or two shards (local reads).
    Evaluation: row order (a mix's evaluation too: every row once).
-   Carve (`PlanConfig.carve`, `fastdata.read.carve`): the order keeps only the rows of the
+   Carve (`PlanConfig.carve`, `fastdata.format.carve`): the order keeps only the rows of the
    carve's side (training: the rows not carved; val: the carved ones), in the same order; the
    carved rows are a pure function of the carve's seed, so rules 2-6 apply unchanged.
 2. Consumption. The epoch is consumed from the front of its order, one *step* at a time: a step
@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fastdata.read.carve import Carve
+from fastdata.format.carve import Carve
 
 __all__ = [
     "PAD_LABEL",

@@ -19,14 +19,14 @@ import math
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from fastdata import schema
-from fastdata.manifest import Manifest, SplitInfo
-from fastdata.read.integrity import (
+from fastdata.format import schema
+from fastdata.format.integrity import (
     IntegrityError,
     open_regular,
     read_checked,
     scan_shard,
 )
+from fastdata.format.manifest import Manifest, SplitInfo
 from fastdata.read.shardio import ShardReader, ShardReadError, parse_index
 
 __all__ = ["gather_raw_batch", "read_raw_shard"]

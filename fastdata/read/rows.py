@@ -8,7 +8,7 @@ share are written once:
 2. the sample's components (`ShardReader.sample`), its key;
 3. classification splits: the label (`schema.label_and_id`), mapped through a mix's merged
    classes (`ShardEntry.map_label`), and the image component; other splits: every component,
-   decoded later field by field (`fastdata.read.samples`);
+   decoded later field by field (`fastdata.read.decoders.dict_batch`);
 4. evaluation padding: the padded flag (and `PAD_LABEL` for a classification label);
 5. errors: a `ShardReadError` naming the shard and the key (and the field, for a field's error)
    under ``on_error="raise"``; a `Skip` under ``on_error="skip"``, counted by the caller and
@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from fastdata import schema
+from fastdata.format import schema
 from fastdata.read.plan import PAD_LABEL, EpochPlan, rows_to_refs
 from fastdata.read.shardio import ShardReader, ShardReadError
 
@@ -125,7 +125,7 @@ class RowReader:
         train: a training loader (no padding marks).
         on_error: "raise" or "skip".
         classification: read the label and image component (True), or keep every component
-            for field-by-field decoding (False: `fastdata.read.samples`).
+            for field-by-field decoding (False: `fastdata.read.decoders.dict_batch`).
     """
 
     def __init__(

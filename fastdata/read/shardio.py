@@ -5,7 +5,7 @@ sample is one slice of a memory-mapped file. Remote shards (s3://, gs://, https:
 the same way from a node-local `fastdata.remote.ShardCache`: downloaded once per node, checked
 against the manifest's sha256, then memory-mapped like local shards.
 
-Every read is checked against untrusted files (`fastdata.read.integrity`): files are opened only
+Every read is checked against untrusted files (`fastdata.format.integrity`): files are opened only
 as regular files, the index against the manifest's `index_sha256` when it is loaded, each
 component against its tar header, each label against the class list, and with
 `verify_samples=True` each sample against its digest written at shard time.
@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fastdata.manifest import Manifest, ShardInfo
-from fastdata.read.integrity import (
+from fastdata.format.integrity import (
     IntegrityError,
     SampleSums,
     check_digest,
@@ -36,7 +35,8 @@ from fastdata.read.integrity import (
     read_checked,
     scan_shard,
 )
-from fastdata.schema import split_member
+from fastdata.format.manifest import Manifest, ShardInfo
+from fastdata.format.schema import split_member
 
 if TYPE_CHECKING:  # fastdata.remote is imported only for remote datasets
     from fastdata.remote import CachedShard, ShardCache
@@ -92,7 +92,7 @@ class ShardIndex:
     """A parsed index: the key of each sample and its components' (offset, size) by extension.
 
     `layout`: ext -> (offsets, sizes) arrays when every line lists the same components (what
-    `fastdata.read.integrity.scan_shard` checks at once); None otherwise.
+    `fastdata.format.integrity.scan_shard` checks at once); None otherwise.
     """
 
     keys: list[str]
@@ -275,7 +275,7 @@ class ShardReader:
 
     def position(self, shard: int, index: int) -> int:
         """The sample's position in its split (shards in manifest order): the sample id of a
-        foreign sample, whose key carries none (`fastdata.schema.label_and_id`)."""
+        foreign sample, whose key carries none (`fastdata.format.schema.label_and_id`)."""
         return int(self._starts[shard]) + index
 
     def sample(

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastdata.manifest import Manifest, ShardInfo
+from fastdata.format.manifest import Manifest, ShardInfo
 from fastdata.remote.config import (
     CACHE_LIMIT_ENV,
     DEFAULT_LIMIT,

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastdata.manifest import Manifest, ShardInfo
+from fastdata.format.manifest import Manifest, ShardInfo
 from fastdata.remote.locks import LockFile
 
 if TYPE_CHECKING:

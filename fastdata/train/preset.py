@@ -19,7 +19,7 @@ iterable, the iterator is dropped) and continues the epoch at batch k + 1 withou
 it expects the iterator to yield only the ``len(loader) - k`` remaining batches while
 ``len(loader)`` stays the full epoch, and its first ``next()`` comes after the loops were reset
 (``trainer.current_epoch`` is then the epoch that runs, also when the checkpoint was taken at the
-last batch of the previous one). `fastdata.datamodule.ShardDataModule` keeps that position.
+last batch of the previous one). `fastdata.lightning.datamodule.ShardDataModule` keeps that position.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from fastdata.manifest import Manifest, load_manifest
+from fastdata.format.manifest import Manifest
+from fastdata.format.manifest_io import load_manifest
 from fastdata.read.base import LoaderSpec
 from fastdata.tune.confirm import confirm_by_measurement, decodes_photos
 from fastdata.tune.follow import choose_threads, recheck

@@ -7,7 +7,7 @@ expensive (JPEG photos), more workers than cores can win because the main proces
 work overlaps theirs. Both were measured (benchmarks/bench_tune.py), and neither is predicted
 well from the sample cost alone, so the answer is checked on the machine as it is now.
 
-Photos (encoded images, decoded by `fastdata.read.decode`, whose libjpeg-turbo calls release
+Photos (encoded images, decoded by `fastdata.read.decoders.image`, whose libjpeg-turbo calls release
 the GIL) can also be decoded by threads: inside each worker, or in the main process where
 handing batches over from workers costs more than it saves. For them the candidates include
 decode threads, so the timing chooses processes, threads, or both.

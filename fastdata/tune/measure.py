@@ -93,7 +93,7 @@ class SampleCost:
 def batch_nbytes(batch: object) -> tuple[int, int]:
     """(bytes, samples) of a batch: the tensors of a tuple/list or of a dict batch's values
     (and of its lists of per-sample tensors), samples from the first one."""
-    if isinstance(batch, dict):  # a dict dataset's batch (`fastdata.read.samples`)
+    if isinstance(batch, dict):  # a dict dataset's batch (`fastdata.read.decoders.dict_batch`)
         items = list(batch.values())
         lists = [t for v in items if isinstance(v, list) for t in v if isinstance(t, torch.Tensor)]
         first = [t for t in items if isinstance(t, torch.Tensor)]
@@ -171,7 +171,7 @@ def measure_spec_cost(
     Pinning is left out: with workers it happens in the main process's pin thread, not in the
     workers whose number this cost decides.
     """
-    from fastdata.read.cpu import CpuLoader  # the read side imports decoders; load on use
+    from fastdata.read.backends.cpu import CpuLoader  # the read side imports decoders; load on use
 
     measured = dataclasses.replace(
         spec,
@@ -299,7 +299,7 @@ def measure_settings(
     start arrive in a burst), then times `n_batches`, running on into further epochs with
     persistent workers when the split is shorter, as training would.
     """
-    from fastdata.read.cpu import CpuLoader
+    from fastdata.read.backends.cpu import CpuLoader
 
     with warnings.catch_warnings():
         # A sweep goes past the core count on purpose; torch warns about that (twice).

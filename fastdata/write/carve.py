@@ -1,7 +1,7 @@
 """`fastdata shard --val-fraction F`: a val split carved out of a source's training split.
 
 `CarvedSource` wraps a source that has no validation split and presents its training split as
-two: "train" (the samples not carved) and "val" (a seeded `F` share of them, `fastdata.read.carve`
+two: "train" (the samples not carved) and "val" (a seeded `F` share of them, `fastdata.format.carve`
 over the source's sample ids, so the same seed and input carve the same samples on every run and
 every `--part`). Each side's samples are numbered from 0 in source order; `origin` still names the
 source file or array row.
@@ -12,9 +12,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from fastdata.manifest import VAL_SPLITS
-from fastdata.read.carve import carve_ids, check_fraction
-from fastdata.sources.base import Source, SourceItem, source_fields, source_skipped
+from fastdata.format.carve import carve_ids, check_fraction
+from fastdata.format.manifest import VAL_SPLITS
+from fastdata.write.sources.base import Source, SourceItem, source_fields, source_skipped
 
 __all__ = ["CarvedSource", "carve_source"]
 

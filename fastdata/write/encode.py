@@ -33,8 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from fastdata.sources.base import SourceItem
 from fastdata.write.images import UnreadableImage, header_size, open_image, to_rgb
+from fastdata.write.sources.base import SourceItem
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",

@@ -2,9 +2,9 @@
 
 `scan_tar` reads a tar once, as a stream (a local file or an HTTP body), and returns what
 `fastdata index` records about it: its size and sha256, the DALI index text (the same `v1.2`
-format `fastdata.write.tarshard` writes), the per-sample digests (`fastdata.schema.sums_text`),
+format `fastdata.write.tarshard` writes), the per-sample digests (`fastdata.format.schema.sums_text`),
 each sample's components and its `cls` label. Members are grouped into samples as webdataset
-groups them (`fastdata.schema.split_member`: the key is the member's path up to the first dot of
+groups them (`fastdata.format.schema.split_member`: the key is the member's path up to the first dot of
 its base name); any header webdataset's writer or GNU tar emits is accepted (other modes, mtimes,
 user names, GNU long names, PAX headers, members in directories).
 
@@ -22,8 +22,8 @@ import tarfile
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from fastdata.read.integrity import check_header
-from fastdata.schema import sample_digest, split_member, sums_text
+from fastdata.format.integrity import check_header
+from fastdata.format.schema import sample_digest, split_member, sums_text
 from fastdata.write.tarshard import INDEX_VERSION
 
 __all__ = ["ForeignTarError", "ScannedTar", "scan_tar"]

@@ -9,7 +9,7 @@ and `Manifest.shard_url` reads them from there.
 
 Splits come from the file names (`train-000000.tar` -> `train`, as `fastdata shard` names
 them; a single prefix that names no split is `train`) or from `--split NAME=PATTERN`; fields
-from the components the samples hold (`fastdata.fields.infer_fields`); classes from the `cls`
+from the components the samples hold (`fastdata.format.fields.infer_fields`); classes from the `cls`
 values (0..max) or from a file of names. Everything is written under temporary names and renamed
 into place at the end, the manifest last: a failure leaves nothing half-written.
 """
@@ -28,10 +28,10 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastdata import __version__
-from fastdata.fields import FieldSpec, infer_fields, is_classification
-from fastdata.manifest import MANIFEST_NAME, Manifest, ShardInfo, SplitInfo, load_manifest
-from fastdata.manifest_checks import check_name
+from fastdata._util.version import __version__
+from fastdata.format.fields import FieldSpec, infer_fields, is_classification
+from fastdata.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, SplitInfo
+from fastdata.format.manifest_io import check_name, load_manifest
 from fastdata.write.foreign import ForeignTarError, ScannedTar, scan_tar
 from fastdata.write.locate import IndexingError, Located, expand_braces, locate, open_tar
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from fastdata.read.integrity import open_regular
+from fastdata.format.integrity import open_regular
 
 __all__ = ["IndexingError", "Located", "expand_braces", "locate", "open_tar"]
 

@@ -14,7 +14,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from fastdata.manifest import MANIFEST_NAME, Manifest, load_manifest
+from fastdata.format.manifest import MANIFEST_NAME, Manifest
+from fastdata.format.manifest_io import load_manifest
 from fastdata.write.errors import ShardingError
 from fastdata.write.lock import LOCK_NAME
 
@@ -73,7 +74,9 @@ def same_identity(recorded: dict[str, Any], identity: dict[str, Any]) -> bool:
     return all(recorded.get(k) == identity.get(k) for k in keys)
 
 
-CACHE_DIR = ".fastdata-cache"  # decoded splits of the memory backend (fastdata.read.memory)
+CACHE_DIR = (
+    ".fastdata-cache"  # decoded splits of the memory backend (fastdata.read.backends.memory)
+)
 
 
 def _is_ours(path: Path) -> bool:

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fastdata.manifest import MANIFEST_NAME, Manifest, load_manifest
-from fastdata.sources.base import Source, source_skipped
+from fastdata.format.manifest import MANIFEST_NAME, Manifest
+from fastdata.format.manifest_io import load_manifest
 from fastdata.write.carve import carve_source
 from fastdata.write.errors import TooManyBadSamplesError, allowance, too_many_message
 from fastdata.write.lock import LOCK_NAME, lock_folder
@@ -45,6 +45,7 @@ from fastdata.write.results import (
     lost_results,
     report_skipped,
 )
+from fastdata.write.sources.base import Source, source_skipped
 from fastdata.write.writer import (
     WORK_DIR,
     ShardingError,

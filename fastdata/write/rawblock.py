@@ -9,7 +9,7 @@ headers, names, sizes and checksums are filled column-wise. Only the per-sample 
 `.sum` file) and the index lines stay per sample.
 
 The bytes are the per-sample path's, exactly (tests/write/test_rawblock.py and
-tests/sources/test_cifar_blocks.py compare the two): same members, order, headers, index, digests
+tests/write/sources/test_cifar_blocks.py compare the two): same members, order, headers, index, digests
 and statistics. Samples that do not share one layout (a member name over 100 bytes) are written
 one by one, which raises the usual error.
 """
@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from fastdata import schema
-from fastdata.sources.base import PixelBlock
+from fastdata.format import schema
+from fastdata.write.sources.base import PixelBlock
 from fastdata.write.stats import PixelStats
 from fastdata.write.tarshard import BLOCK, ShardTarWriter, ustar_header
 

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fastdata import __version__, schema
-from fastdata.fields import fields_from_json
-from fastdata.manifest import Manifest, ShardInfo, SkippedSample, SplitInfo
+from fastdata._util.version import __version__
+from fastdata.format import schema
+from fastdata.format.fields import fields_from_json
+from fastdata.format.manifest import Manifest, ShardInfo, SkippedSample, SplitInfo
 from fastdata.write.stats import PixelStats
 
 __all__ = ["ShardResult", "build_manifest", "done_path", "load_result", "report_skipped"]
@@ -43,7 +44,7 @@ class ShardResult:
     skipped: list[list[str]] = field(default_factory=list)  # [origin, reason]
     pixel_sums: list[float] = field(default_factory=list)  # PixelStats.to_list (train split)
     index_sha256: str | None = None  # None in done records of an older fastdata
-    sums: str | None = None  # the per-sample digest file (fastdata.read.integrity)
+    sums: str | None = None  # the per-sample digest file (fastdata.format.integrity)
     sums_sha256: str | None = None
     fields: dict[str, Any] | None = None  # the split's fields besides the image (fields_to_json)
 

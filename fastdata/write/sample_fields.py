@@ -3,11 +3,11 @@
 A source whose split holds more than an image and a label (`Source.sample_fields`: COCO boxes, a
 segmentation mask, multi-label lists, captions) hands the writer each sample's field values in
 `SourceItem.fields`. This module turns them into tar components through the field registry
-(`fastdata.fields.FieldSpec.encode`), reads mask files (`MaskFile`) in the writer's worker,
+(`fastdata.format.fields.FieldSpec.encode`), reads mask files (`MaskFile`) in the writer's worker,
 checks that a mask has its image's size, and moves masks (nearest) and boxes (scaled) with an
 image that `--max-side` shrank, so every target stays aligned with the pixels it describes.
 
-Classification samples never come here: their components are `fastdata.schema.components`.
+Classification samples never come here: their components are `fastdata.format.schema.components`.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from fastdata import schema
-from fastdata.fields import FieldError, FieldSpec
-from fastdata.sources.base import MaskFile, SourceItem
+from fastdata.format import schema
+from fastdata.format.fields import FieldError, FieldSpec
 from fastdata.write.encode import BadSampleError, EncodedSample
 from fastdata.write.images import UnreadableImage, open_image, to_rgb
+from fastdata.write.sources.base import MaskFile, SourceItem
 
 __all__ = [
     "MASK_MODES",

@@ -15,7 +15,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from fastdata import schema
+from fastdata.format import schema
 
 __all__ = ["PixelStats"]
 

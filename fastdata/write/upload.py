@@ -22,7 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fastdata.manifest import MANIFEST_NAME, Manifest, load_manifest
+from fastdata.format.manifest import MANIFEST_NAME, Manifest
+from fastdata.format.manifest_io import load_manifest
 from fastdata.remote.fs import join_url, remove, upload_file
 from fastdata.remote.retry import DEFAULT_RETRY, RemoteError, RetryPolicy
 

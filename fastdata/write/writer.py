@@ -24,16 +24,9 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from fastdata import schema
-from fastdata.fields import fields_to_json
-from fastdata.manifest import Manifest
-from fastdata.sources.base import (
-    Source,
-    SourceItem,
-    source_fields,
-    source_skipped,
-    split_name_problem,
-)
+from fastdata.format import schema
+from fastdata.format.fields import fields_to_json
+from fastdata.format.manifest import Manifest
 from fastdata.write.carve import carve_source
 from fastdata.write.encode import DEFAULT_MAX_PIXELS, BadSampleError, encode_item, resolve_encoding
 from fastdata.write.errors import (
@@ -56,6 +49,13 @@ from fastdata.write.results import (
     report_skipped,
 )
 from fastdata.write.sample_fields import encode_with_fields
+from fastdata.write.sources.base import (
+    Source,
+    SourceItem,
+    source_fields,
+    source_skipped,
+    split_name_problem,
+)
 from fastdata.write.stats import PixelStats
 from fastdata.write.tarshard import ShardTarWriter, sha256_file
 
@@ -277,7 +277,7 @@ def _estimated_sizes(source: Source, split: str, order: list[int]) -> list[int]:
     return sizes
 
 
-SUMS_SUFFIX = ".sum"  # per-sample digests beside each shard (fastdata.read.integrity)
+SUMS_SUFFIX = ".sum"  # per-sample digests beside each shard (fastdata.format.integrity)
 
 
 # ----------------------------------------------------------------------------- parallel writing

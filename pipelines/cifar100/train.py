@@ -44,9 +44,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from fastdata_pipelines.env import cpu_description, data_dir
 
-from fastdata._env import cpu_description, data_dir
-from fastdata.manifest import MANIFEST_NAME
+from fastdata.format.manifest import MANIFEST_NAME
 from fastdata.read import backend_choices
 from fastdata.train.ddp import end_process_group
 
@@ -191,8 +191,8 @@ def prepare_shards(data: Path | None, download: bool, out: Path) -> Path:
         return shards
     if _global_rank() != 0:
         return _wait_for_manifest(shards)
-    from fastdata.sources import open_source
     from fastdata.write import ShardOptions, write_shards
+    from fastdata.write.sources import open_source
 
     if download:
         source = open_source("cifar100", None, download=True)
@@ -236,7 +236,7 @@ def _loader_monitor() -> pl.Callback | None:
 # ----------------------------------------------------------------------------- run
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Shard (once), train and evaluate; returns what it writes to OUT/metrics.json."""
-    from fastdata.datamodule import ShardDataModule
+    from fastdata.lightning.datamodule import ShardDataModule
     from fastdata.train import TrainPreset, make_trainer
 
     started = process_start()

@@ -218,9 +218,9 @@ def test_warp_checks_shapes():
 @pytest.mark.parametrize("train", [True, False])
 def test_photo_regions_match_the_cpu_decoders_crop(train):
     """With the same seeds, the photo preset's regions are the boxes and flips that the cpu
-    backend's decode-time geometry draws (fastdata.read.decode), so a worker can warp targets
+    backend's decode-time geometry draws (fastdata.read.decoders.image), so a worker can warp targets
     for a crop it fused into decoding."""
-    from fastdata.read.decode import Geometry, _draw
+    from fastdata.read.decoders.image import Geometry, _draw
 
     geometry = Geometry("rrc", 64, flip_p=0.5) if train else Geometry("center", 64)
     sizes = [(480, 640), (333, 500), (64, 64), (701, 129), (100, 1000)]

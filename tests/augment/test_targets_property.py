@@ -282,7 +282,7 @@ def test_cover_region_matches_the_cover_decode(out_hw):
     from PIL import Image
 
     from fastdata.augment import cover_region
-    from fastdata.read.decode import Geometry, decode_image
+    from fastdata.read.decoders.image import Geometry, decode_image
 
     stats = _stats()
     for seed in range(24):
@@ -307,7 +307,7 @@ def test_cover_decode_of_an_image_with_the_output_aspect():
 
     from PIL import Image
 
-    from fastdata.read.decode import Geometry, decode_image
+    from fastdata.read.decoders.image import Geometry, decode_image
 
     png = io.BytesIO()
     Image.new("RGB", (15, 65)).save(png, format="PNG")

@@ -9,9 +9,9 @@ import pytest
 from PIL import Image
 
 from fastdata import ShardDataModule
-from fastdata.manifest import ManifestError
-from fastdata.sources.folder import FolderSource
+from fastdata.format.manifest import ManifestError
 from fastdata.write import ShardOptions, write_shards
+from fastdata.write.sources.folder import FolderSource
 from tests.conftest import write_jpeg_folder
 
 

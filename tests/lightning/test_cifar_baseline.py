@@ -32,15 +32,15 @@ from torch.optim.lr_scheduler import OneCycleLR
 pytest.importorskip("pytorch_lightning")
 pytest.importorskip("torchmetrics")
 
+from fastdata_pipelines.env import data_dir  # noqa: E402
 from pytorch_lightning import LightningModule, Trainer, seed_everything  # noqa: E402
 from pytorch_lightning.callbacks import LearningRateMonitor  # noqa: E402
 from pytorch_lightning.loggers import CSVLogger  # noqa: E402
 from torchmetrics.functional import accuracy  # noqa: E402
 
 from fastdata import ShardDataModule  # noqa: E402
-from fastdata._env import data_dir  # noqa: E402
-from fastdata.sources.arrays import ArraySource  # noqa: E402
 from fastdata.write import ShardOptions, write_shards  # noqa: E402
+from fastdata.write.sources.arrays import ArraySource  # noqa: E402
 
 BATCH_SIZE = 64
 NUM_CLASSES = 10  # set from dm.num_classes by the test, as a user would

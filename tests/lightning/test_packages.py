@@ -84,7 +84,7 @@ def test_without_pytorch_lightning_it_is_a_lightning_pytorch_datamodule(tiny_sha
         sys.modules["pytorch_lightning"] = None  # as if not installed: import raises ImportError
         import lightning.pytorch as L
         from fastdata import ShardDataModule
-        from fastdata.compat import DATAMODULE_BASES
+        from fastdata.lightning.compat import DATAMODULE_BASES
         assert DATAMODULE_BASES == (L.LightningDataModule,), DATAMODULE_BASES
         assert "pytorch_lightning" not in [c.__module__.split(".")[0] for c in ShardDataModule.__mro__]
         sys.path.insert(0, {str(Path(__file__).parents[2])!r})

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from fastdata._env import data_dir
+from fastdata_pipelines.env import data_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCHIVE = data_dir() / "cifar-100-python.tar.gz"
@@ -44,8 +43,8 @@ def _pipeline(out: Path, *options: str, timeout: int = 300) -> subprocess.Comple
 
 
 def test_pipeline_on_synthetic_shards_prints_table_and_writes_metrics(tmp_path: Path) -> None:
-    from fastdata.sources.arrays import ArraySource
     from fastdata.write import ShardOptions, write_shards
+    from fastdata.write.sources.arrays import ArraySource
 
     rng = np.random.default_rng(0)
     splits = {

@@ -7,8 +7,8 @@ import logging
 import pytest
 
 from fastdata.augment import get_preset
-from fastdata.manifest import Manifest, ShardInfo, SplitInfo
-from fastdata.read.auto import backend_available, choose_backend, free_device_memory
+from fastdata.format.manifest import Manifest, ShardInfo, SplitInfo
+from fastdata.read.backends.auto import backend_available, choose_backend, free_device_memory
 
 MiB = 1 << 20
 

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from fastdata.augment import Flip, Preset, RandomResizedCrop, ResizeCenterCrop
-from fastdata.manifest import load_manifest
+from fastdata.format.manifest_io import load_manifest
+from fastdata.read.backends.cpu import make_cpu_loader
 from fastdata.read.base import LoaderSpec, WorkerSettings
-from fastdata.read.cpu import make_cpu_loader
 from fastdata.read.shardio import ShardReader, ShardReadError
-from fastdata.sources.folder import FolderSource
 from fastdata.write import ShardOptions, write_shards
+from fastdata.write.sources.folder import FolderSource
 from tests.conftest import rehash_indexes, unique_label_source, write_jpeg_folder
 
 
@@ -146,7 +146,7 @@ def _identity_photo_preset() -> Preset:
 
 
 def test_photo_preset_flips_at_decode_time_in_training_only(tmp_path):
-    from fastdata.read.cpu import decode_geometry
+    from fastdata.read.backends.cpu import decode_geometry
 
     # Decode-time geometry applies to encoded images (raw splits run every op on the device).
     write_shards(
@@ -178,7 +178,7 @@ def test_photo_preset_flips_at_decode_time_in_training_only(tmp_path):
 
 
 def test_decode_time_flip_mirrors_the_same_crop():
-    from fastdata.read.decode import Geometry, decode_image
+    from fastdata.read.decoders.image import Geometry, decode_image
     from tests.conftest import jpeg_bytes
 
     pixels = np.random.default_rng(3).integers(0, 256, (48, 64, 3), dtype=np.uint8)
@@ -232,7 +232,7 @@ def test_errors_from_workers_keep_their_type(tiny_shards):
 
 
 def test_fixed_size_png_split_keeps_its_size(tmp_path):
-    from fastdata.datamodule import ShardDataModule
+    from fastdata.lightning.datamodule import ShardDataModule
 
     write_shards(
         unique_label_source(n_train=40, n_test=8),
@@ -262,7 +262,7 @@ def test_next_epochs_first_batch_is_decoded_ahead_and_equals_a_fresh_decode(
 ):
     import threading
 
-    from fastdata.read import cpu
+    from fastdata.read.backends import cpu
 
     fresh = make_cpu_loader(_spec(tiny_shards, batch_size=64))  # no workers: nothing ahead
     want = {}
@@ -297,7 +297,7 @@ def test_next_epochs_first_batch_is_decoded_ahead_and_equals_a_fresh_decode(
 
 
 def test_skips_in_a_batch_made_ahead_count_once_when_it_is_used(tiny_shards, monkeypatch):
-    from fastdata.read import cpu
+    from fastdata.read.backends import cpu
 
     manifest = load_manifest(tiny_shards)
     shard = manifest.split("train").shards[0]

@@ -19,16 +19,16 @@ import numpy as np
 import pytest
 import torch
 
-import fastdata.read.cpu as cpu
-from fastdata.datamodule import ShardDataModule
-from fastdata.manifest import load_manifest
+import fastdata.read.backends.cpu as cpu
+from fastdata.format.manifest_io import load_manifest
+from fastdata.lightning.datamodule import ShardDataModule
+from fastdata.read.backends.cpu import make_cpu_loader
 from fastdata.read.base import LoaderSpec, WorkerSettings
-from fastdata.read.cpu import make_cpu_loader
 from fastdata.read.plan import PAD_LABEL
 from fastdata.read.shardio import ShardReadError, parse_index
-from fastdata.read.slots import BatchSlots, SlotError
-from fastdata.sources.arrays import ArraySource
+from fastdata.read.transport.slots import BatchSlots, SlotError
 from fastdata.write import ShardOptions, write_shards
+from fastdata.write.sources.arrays import ArraySource
 
 
 def _spec(root: Path, **kw) -> LoaderSpec:
@@ -244,7 +244,7 @@ def test_slots_refuse_what_they_cannot_hold_and_detect_a_rewritten_slot():
 
 
 def test_slots_take_at_most_a_quarter_of_the_free_shared_memory_fewer_if_need_be(monkeypatch):
-    import fastdata.read.slots as slots_module
+    import fastdata.read.transport.slots as slots_module
 
     slot = 4 * (3 * 32 * 32 + 8) + 8  # one slot of 4 images
     for free, depth in [(4 * 6 * slot, 3), (4 * 6 * slot - 1, 2), (4 * 4 * slot - 1, None)]:
@@ -296,7 +296,7 @@ def test_photo_batches_decoded_into_the_slots_equal_main_process_batches(tmp_pat
     decode skipped (their batch is then collated anew and copied into the slot)."""
     from PIL import Image
 
-    from fastdata.sources import open_source
+    from fastdata.write.sources import open_source
 
     rng = np.random.default_rng(0)
     for c in range(3):
@@ -360,7 +360,7 @@ def test_photo_batches_decoded_into_the_slots_equal_main_process_batches(tmp_pat
     assert in_place[0] >= len(fast) - 2 * 2 and in_place[1] == 0
     # Two slots per worker where four batches may be in flight: a worker whose next slot is
     # still held decodes into its own array, and no batch is torn.
-    import fastdata.read.slots as slots_module
+    import fastdata.read.transport.slots as slots_module
 
     per_slot = 8 * (3 * 32 * 32 + 8) + 8
     monkeypatch.setattr(slots_module, "_shm_free", lambda: 4 * 2 * 2 * per_slot)

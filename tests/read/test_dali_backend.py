@@ -1,7 +1,7 @@
 """The DALI backend (CPU operators, device_id=None): fed the epoch plan, presets as DALI graphs.
 
 Label order against the other backends and the refusal of user callables are tested in
-tests/test_contract.py; these test DALI's own graphs, resume and errors.
+tests/read/test_contract.py; these test DALI's own graphs, resume and errors.
 """
 
 from __future__ import annotations
@@ -12,12 +12,12 @@ import torch
 pytest.importorskip("nvidia.dali")
 
 from fastdata.augment import crop_with_padding, flip_horizontal  # noqa: E402
-from fastdata.manifest import load_manifest  # noqa: E402
+from fastdata.format.manifest_io import load_manifest  # noqa: E402
+from fastdata.format.schema import label_and_id  # noqa: E402
+from fastdata.read.backends.dali import make_dali_loader  # noqa: E402
 from fastdata.read.base import LoaderSpec  # noqa: E402
-from fastdata.read.dali import make_dali_loader  # noqa: E402
 from fastdata.read.plan import PAD_LABEL  # noqa: E402
 from fastdata.read.shardio import ShardReader  # noqa: E402
-from fastdata.schema import label_and_id  # noqa: E402
 from tests.conftest import unique_label_source  # noqa: E402
 
 pytestmark = pytest.mark.dali
@@ -85,7 +85,7 @@ def _labels(loader) -> list[list[int]]:
 def test_every_rank_gets_the_cpu_backends_batches_and_the_split_is_covered(
     tiny_shards, world_size, batch_size, drop_last
 ):
-    from fastdata.read.cpu import make_cpu_loader
+    from fastdata.read.backends.cpu import make_cpu_loader
 
     seen: list[int] = []
     lengths = set()
@@ -153,9 +153,10 @@ def test_cifar_train_is_a_padded_crop_and_flip_of_the_source(tiny_shards):
 def test_photo_preset_on_real_jpegs(tmp_path, train):
     import shutil
 
-    from fastdata._env import data_dir
-    from fastdata.sources.folder import FolderSource
+    from fastdata_pipelines.env import data_dir
+
     from fastdata.write import ShardOptions, write_shards
+    from fastdata.write.sources.folder import FolderSource
 
     source_root = data_dir() / "clothing-small"
     if not source_root.is_dir():
@@ -184,7 +185,7 @@ def test_a_missing_index_is_rebuilt_from_the_tar(tiny_shards):
     # fed by the plan through the shared ShardReader, it reads the tar as the cpu backend does.
     import os
 
-    from fastdata.read.cpu import make_cpu_loader
+    from fastdata.read.backends.cpu import make_cpu_loader
 
     manifest = load_manifest(tiny_shards)
     os.remove(manifest.index_url(manifest.split("train").shards[1]))
@@ -204,11 +205,11 @@ def test_fastdata_imports_without_dali(tiny_shards):
     code = textwrap.dedent(
         f"""
         import sys
-        import fastdata.read.dali as dali
+        import fastdata.read.backends.dali as dali
         assert "nvidia.dali" not in sys.modules, "importing the backend module imported DALI"
         sys.modules["nvidia.dali"] = None  # DALI now cannot be imported
         import fastdata
-        from fastdata.manifest import load_manifest
+        from fastdata.format.manifest_io import load_manifest
         from fastdata.read import get_backend
         from fastdata.read.base import LoaderSpec
         ok, why = dali.dali_status()

@@ -1,4 +1,4 @@
-"""The one CPU decoder (fastdata.read.decode): region decoding, geometry, threads, errors, fork."""
+"""The one CPU decoder (fastdata.read.decoders.image): region decoding, geometry, threads, errors, fork."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastdata import _threads
+from fastdata._util import threads as _threads
 from fastdata.augment import rrc_params
-from fastdata.read import decode, jpeg_region
-from fastdata.read.decode import Geometry, decode_batch, decode_image, jpeg_region_decoder
+from fastdata.read.decoders import image as decode
+from fastdata.read.decoders import jpeg_region
+from fastdata.read.decoders.image import Geometry, decode_batch, decode_image, jpeg_region_decoder
 
 # Mean absolute difference (uint8 levels) allowed between a region decode and a full Pillow decode
 # then `crop(box).resize(...)` of the same box (torchvision's `resized_crop` on a PIL image), over

@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from fastdata.read import resize
-from fastdata.read.decode import Geometry, decode_batch
-from fastdata.read.resize import resize_aa
+from fastdata.read.decoders import resize
+from fastdata.read.decoders.image import Geometry, decode_batch
+from fastdata.read.decoders.resize import resize_aa
 
 
 def region(h: int, w: int, seed: int) -> torch.Tensor:

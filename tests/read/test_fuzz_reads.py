@@ -43,17 +43,18 @@ import numpy as np
 import pytest
 
 from fastdata import cli
-from fastdata.manifest import ManifestError, load_manifest
-from fastdata.read import memory
+from fastdata.format.integrity import IntegrityError
+from fastdata.format.manifest import ManifestError
+from fastdata.format.manifest_io import load_manifest
+from fastdata.read.backends import memory
+from fastdata.read.backends.cpu import make_cpu_loader
+from fastdata.read.backends.memory import make_memory_loader
 from fastdata.read.base import LoaderSpec
-from fastdata.read.cpu import make_cpu_loader
-from fastdata.read.integrity import IntegrityError
-from fastdata.read.memory import make_memory_loader
 from fastdata.read.plan import PAD_LABEL
+from fastdata.read.resume import ResumeError
 from fastdata.read.shardio import ShardReadError
-from fastdata.resume import ResumeError
-from fastdata.sources.arrays import ArraySource
 from fastdata.write import ShardOptions, write_shards
+from fastdata.write.sources.arrays import ArraySource
 from tests.conftest import unique_label_source
 from tests.write.test_fuzz_lists import _time_limit
 

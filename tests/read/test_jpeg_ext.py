@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastdata.read import decode, jpeg_region
-from fastdata.read.decode import Geometry, decode_image
+from fastdata.read.decoders import image as decode
+from fastdata.read.decoders import jpeg_region
+from fastdata.read.decoders.image import Geometry, decode_image
 from tests.read.test_decode import encode as jpeg
 from tests.read.test_decode import photo
 

@@ -16,16 +16,17 @@ import torch
 from PIL import Image
 
 from fastdata.augment import get_preset
-from fastdata.manifest import Manifest
-from fastdata.read import decoded_cache, memory
+from fastdata.format.manifest import Manifest
+from fastdata.read.backends import memory
+from fastdata.read.backends.memory import make_memory_loader
 from fastdata.read.base import BatchLoader, LoaderSpec
-from fastdata.read.decoded_cache import decode_split
-from fastdata.read.memory import make_memory_loader
-from fastdata.read.padded import PaddedImages
 from fastdata.read.shardio import ShardReader, ShardReadError
-from fastdata.sources.arrays import ArraySource
-from fastdata.sources.folder import FolderSource
+from fastdata.read.stores import decoded_cache
+from fastdata.read.stores.decoded_cache import decode_split
+from fastdata.read.stores.padded import PaddedImages
 from fastdata.write import ShardOptions, write_shards
+from fastdata.write.sources.arrays import ArraySource
+from fastdata.write.sources.folder import FolderSource
 from tests.conftest import rehash_indexes
 
 N_TRAIN, N_TEST = 51, 13  # odd: two ranks need the plan's padding (repeats of the first samples)
@@ -224,7 +225,7 @@ def test_eval_and_other_presets_keep_the_uint8_store(raw_shards):
 
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_same_samples_in_the_same_order_as_the_cpu_backend(raw_shards, world_size):
-    from fastdata.read.cpu import make_cpu_loader
+    from fastdata.read.backends.cpu import make_cpu_loader
 
     manifest, _ = raw_shards
     for rank in range(world_size):
@@ -278,7 +279,7 @@ _DDP_SCRIPT = """
 import sys
 import lightning as L
 import torch
-from fastdata.datamodule import ShardDataModule
+from fastdata.lightning.datamodule import ShardDataModule
 from fastdata.train import end_process_group
 
 root, out = sys.argv[1], sys.argv[2]
@@ -318,7 +319,9 @@ if __name__ == "__main__":
 @pytest.mark.slow  # two Lightning processes on a 2-core machine: about 30 s
 @pytest.mark.timeout(240)
 def test_two_process_ddp_ranks_see_the_same_number_of_batches(raw_shards, tmp_path):
-    pytest.importorskip("fastdata.datamodule", reason="ShardDataModule has not landed yet")
+    pytest.importorskip(
+        "fastdata.lightning.datamodule", reason="ShardDataModule has not landed yet"
+    )
     manifest, _ = raw_shards
     decode_split(manifest, "train")  # decode once here; both ranks then hit the cache
     script = tmp_path / "ddp_probe.py"
@@ -361,7 +364,7 @@ def test_fused_cifar_batches_on_the_gpu(raw_shards):
 
 @pytest.mark.realdata
 def test_clothing_photos_decode_to_the_photo_device_store(tmp_path):
-    from fastdata._env import data_dir
+    from fastdata_pipelines.env import data_dir
 
     folder = data_dir() / "clothing-small"
     if not folder.is_dir():

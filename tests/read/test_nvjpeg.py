@@ -15,15 +15,15 @@ import pytest
 import torch
 from PIL import Image
 
-from fastdata.manifest import load_manifest
-from fastdata.read import nvjpeg
+from fastdata.format.manifest_io import load_manifest
+from fastdata.read.backends import nvjpeg
+from fastdata.read.backends.cpu import make_cpu_loader
+from fastdata.read.backends.nvjpeg import NvjpegLoader, crop_box, crop_resize, nvjpeg_status
 from fastdata.read.base import LoaderSpec
-from fastdata.read.cpu import make_cpu_loader
-from fastdata.read.decode import Geometry
-from fastdata.read.nvjpeg import NvjpegLoader, crop_box, crop_resize, nvjpeg_status
+from fastdata.read.decoders.image import Geometry
 from fastdata.read.shardio import ShardReadError
-from fastdata.sources.folder import FolderSource
 from fastdata.write import ShardOptions, write_shards
+from fastdata.write.sources.folder import FolderSource
 
 SIZE = 24
 

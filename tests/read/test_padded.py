@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fastdata.augment import crop_with_padding
-from fastdata.read.padded import PaddedImages, padded_nbytes
+from fastdata.read.stores.padded import PaddedImages, padded_nbytes
 
 CUDA = pytest.param(
     "cuda",
@@ -76,7 +76,7 @@ def test_windows_write_into_out_and_unmirrored_stores_refuse_flips():
 
 
 def test_building_runs_in_chunks(monkeypatch):
-    from fastdata.read import padded
+    from fastdata.read.stores import padded
 
     monkeypatch.setattr(padded, "_BUILD_CHUNK_BYTES", 1)  # one image per chunk
     images = _images(5, 3, 3, 3)
@@ -101,7 +101,7 @@ def test_bad_input_is_refused(images, pad, match):
 
 @pytest.mark.parametrize(("pad", "mirrored"), [(4, True), (0, True), (2, False)])
 def test_threaded_build_writes_the_sequential_bytes(monkeypatch, pad, mirrored):
-    from fastdata.read import padded
+    from fastdata.read.stores import padded
 
     monkeypatch.setattr(padded, "_BUILD_CHUNK_BYTES", 700)  # a few images per chunk: 20+ chunks
     images = _images(67, 3, 5, 6, seed=4)

@@ -182,7 +182,7 @@ def test_a_mix_applies_to_training_only_and_must_name_every_shard():
 def test_a_loader_spec_keeps_its_last_plan_but_never_pickles_it(tiny_shards):
     import pickle
 
-    from fastdata.manifest import load_manifest
+    from fastdata.format.manifest_io import load_manifest
     from fastdata.read.base import LoaderSpec
 
     spec = LoaderSpec(load_manifest(tiny_shards), "train", train=True, batch_size=8, seed=2)

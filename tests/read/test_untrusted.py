@@ -13,14 +13,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastdata import manifest as manifest_module
-from fastdata.manifest import ManifestError, load_manifest
-from fastdata.read import memory
+from fastdata.format import manifest as manifest_module
+from fastdata.format.manifest import ManifestError
+from fastdata.format.manifest_io import load_manifest
+from fastdata.read.backends import memory
+from fastdata.read.backends.cpu import make_cpu_loader
+from fastdata.read.backends.memory import make_memory_loader
 from fastdata.read.base import LoaderSpec
-from fastdata.read.cpu import make_cpu_loader
-from fastdata.read.decoded_cache import decode_split
-from fastdata.read.memory import make_memory_loader
 from fastdata.read.shardio import ShardReader, ShardReadError
+from fastdata.read.stores.decoded_cache import decode_split
 from tests.conftest import rehash_indexes, unique_label_source
 
 
@@ -285,7 +286,7 @@ def test_verify_samples_catches_an_in_range_label_flip(tiny_shards):
 
 
 def test_shards_without_digests_still_load_with_verify_samples(tiny_shards, caplog, monkeypatch):
-    from fastdata.read import integrity
+    from fastdata.format import integrity
 
     monkeypatch.setattr(integrity, "_WARNED_NO_SUMS", set())
 
@@ -336,7 +337,7 @@ def test_a_clean_dataset_reads_the_same_with_every_check(tmp_path):
 
 def test_the_dali_backend_refuses_a_changed_index_and_verify_samples(tiny_shards):
     pytest.importorskip("nvidia.dali")
-    from fastdata.read.dali import make_dali_loader
+    from fastdata.read.backends.dali import make_dali_loader
 
     with pytest.raises(ValueError, match="dali backend cannot check per-sample digests"):
         make_dali_loader(_spec(tiny_shards, verify_samples=True))

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fastdata.manifest import Manifest, load_manifest
+from fastdata.format.manifest import Manifest
+from fastdata.format.manifest_io import load_manifest
 from fastdata.remote import RetryPolicy
 from fastdata.write import ShardOptions, write_shards
 from tests.conftest import unique_label_source

@@ -8,7 +8,7 @@ import os
 import time
 from pathlib import Path
 
-from fastdata.manifest import Manifest
+from fastdata.format.manifest import Manifest
 from fastdata.read.plan import epoch_order, rows_to_refs
 from fastdata.read.shardio import ShardReader
 from fastdata.remote import ShardCache
@@ -93,8 +93,8 @@ def loader_rank_main(
     """A "rank" process reading one training epoch with the cpu backend and 2 DataLoader workers;
     its main process prefetches too (as the loader tuner does), so the workers fork while a
     download is under way. Puts (rank, labels) on `results`, or (rank, "Type: message")."""
+    from fastdata.read.backends.cpu import make_cpu_loader
     from fastdata.read.base import LoaderSpec, WorkerSettings
-    from fastdata.read.cpu import make_cpu_loader
 
     try:
         workers = WorkerSettings(num_workers=2, prefetch_factor=2, persistent_workers=False)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from fastdata.manifest import load_manifest
+from fastdata.format.manifest_io import load_manifest
 from fastdata.remote import ShardCache
 from fastdata.remote.config import Timeouts
 from fastdata.write import ShardOptions, write_shards

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from fastdata import ShardDataModule
-from fastdata.manifest import load_manifest
+from fastdata.format.manifest_io import load_manifest
+from fastdata.read.backends.cpu import make_cpu_loader
 from fastdata.read.base import LoaderSpec
-from fastdata.read.cpu import make_cpu_loader
 from fastdata.read.plan import rows_to_refs
 from fastdata.remote import ShardCache
 from tests.remote.conftest import FAST_RETRY

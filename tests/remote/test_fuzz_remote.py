@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from fastdata.manifest import ManifestError, load_manifest
+from fastdata.format.manifest import ManifestError
+from fastdata.format.manifest_io import load_manifest
 from fastdata.read.shardio import ShardReader, ShardReadError
 from fastdata.remote import RetryPolicy, ShardCache
 from fastdata.remote.config import Timeouts

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fastdata.manifest import Manifest, load_manifest
+from fastdata.format.manifest import Manifest
+from fastdata.format.manifest_io import load_manifest
 from fastdata.read.shardio import ShardReader, ShardReadError
 from fastdata.remote import ShardCache
 from tests.remote.conftest import FAST_RETRY

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from fastdata.manifest import load_manifest
+from fastdata.format.manifest_io import load_manifest
+from fastdata.read.backends.cpu import make_cpu_loader
 from fastdata.read.base import LoaderSpec
-from fastdata.read.cpu import make_cpu_loader
 from fastdata.read.shardio import ShardReader, ShardReadError
 from fastdata.remote import RetryPolicy, ShardCache
 from fastdata.remote.config import Timeouts
@@ -62,7 +62,7 @@ def run_script(script: str, *args: str, timeout: float = 120) -> subprocess.Comp
 FORK_WHILE_LOCKED = """
     import multiprocessing, sys, threading
     import fastdata.remote.cache as cache_module
-    from fastdata.manifest import load_manifest
+    from fastdata.format.manifest_io import load_manifest
     from fastdata.remote import ShardCache
 
     url, cache_dir = sys.argv[1:3]
@@ -195,9 +195,9 @@ def test_a_failing_shard_is_skipped_whole_once_per_epoch(
 KILLED_MID_EPOCH = """
     import os, sys, time
     from pathlib import Path
-    from fastdata.manifest import load_manifest
+    from fastdata.format.manifest_io import load_manifest
     from fastdata.read.base import LoaderSpec, WorkerSettings
-    from fastdata.read.cpu import make_cpu_loader
+    from fastdata.read.backends.cpu import make_cpu_loader
     from fastdata.read.shardio import ShardReader
     from fastdata.remote import RetryPolicy, ShardCache
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from fastdata.cli import main
-from fastdata.manifest import MANIFEST_NAME, Manifest, ManifestError, load_manifest
+from fastdata.format.manifest import MANIFEST_NAME, Manifest, ManifestError
+from fastdata.format.manifest_io import load_manifest
 from fastdata.remote import RemoteError, ShardCache
 from fastdata.remote.fs import filesystem
 from fastdata.write import upload as upload_module

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from fastdata.manifest import ManifestError, load_manifest
+from fastdata.format.manifest import ManifestError
+from fastdata.format.manifest_io import load_manifest
 from fastdata.read.shardio import ShardReader, ShardReadError
 from fastdata.remote import ShardCache
 from tests.conftest import rehash_indexes
@@ -110,7 +111,7 @@ def test_verify_samples_over_http_checks_the_served_digests(
 def test_verify_over_http_downloads_each_shard_once_and_reports_a_changed_one(
     dataset: Path, http_server: FileServer
 ) -> None:
-    from fastdata.verify import verify
+    from fastdata.read.verify import verify
     from tests.remote.servers import FaultProxy
 
     proxy = FaultProxy(http_server.url)  # no faults: counts the GETs

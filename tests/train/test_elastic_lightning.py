@@ -9,7 +9,7 @@ with ``trainer.fit(..., ckpt_path=<the step-K checkpoint>)``. The first run's st
 the resumed steps must be the whole epoch, each sample once, plus the padding of plan rule 3
 (the remainder padded to a multiple of the new world size), in the order of a run never
 interrupted; also for a checkpoint Lightning saves when a mid-epoch validation ends. A checkpoint
-taken with another seed or on other shards is refused with `fastdata.resume.ResumeError`.
+taken with another seed or on other shards is refused with `fastdata.read.resume.ResumeError`.
 Lightning does not warn that the loader cannot resume, and the epochs after a resume with another
 world size x batch size are whole (both were bugs this file found).
 """
@@ -224,7 +224,7 @@ def test_lightning_checkpoint_resumes_the_epoch_on_another_world_size(
 def test_resuming_with_another_seed_or_other_shards_is_refused(
     shards: Path, tmp_path: Path
 ) -> None:
-    from fastdata.resume import ResumeError
+    from fastdata.read.resume import ResumeError
     from fastdata.write import ShardOptions, write_shards
     from tests.conftest import unique_label_source
 

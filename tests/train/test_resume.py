@@ -66,7 +66,7 @@ class _KillAt(pl.Callback):
 
 
 def _train(args: argparse.Namespace) -> None:
-    from fastdata.datamodule import ShardDataModule
+    from fastdata.lightning.datamodule import ShardDataModule
     from fastdata.train import TrainPreset, make_trainer
 
     dm = ShardDataModule(
@@ -95,9 +95,9 @@ def _train(args: argparse.Namespace) -> None:
 # ----------------------------------------------------------------------------- test side
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    pytest.importorskip("fastdata.datamodule", reason="ShardDataModule is not there yet")
-    from fastdata.sources.arrays import ArraySource
+    pytest.importorskip("fastdata.lightning.datamodule", reason="ShardDataModule is not there yet")
     from fastdata.write import ShardOptions, write_shards
+    from fastdata.write.sources.arrays import ArraySource
 
     rng = np.random.default_rng(0)
     pixels = rng.integers(0, 256, (NUM_SAMPLES, 4, 4, 3), dtype=np.uint8)

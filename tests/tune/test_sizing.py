@@ -154,8 +154,8 @@ def test_bad_inputs(kw, match):
 def shards(tmp_path_factory):
     import numpy as np
 
-    from fastdata.sources.arrays import ArraySource
     from fastdata.write import ShardOptions, write_shards
+    from fastdata.write.sources.arrays import ArraySource
 
     pixels = np.random.default_rng(0).integers(0, 256, (96, 8, 8, 3), dtype=np.uint8)
     source = ArraySource({"train": (pixels, np.arange(96) % 4)}, classes=["a", "b", "c", "d"])
@@ -395,8 +395,8 @@ def photo_shards(tmp_path_factory):
     import numpy as np
     from PIL import Image
 
-    from fastdata.sources import open_source
     from fastdata.write import ShardOptions, write_shards
+    from fastdata.write.sources import open_source
 
     folder = tmp_path_factory.mktemp("photos") / "train"
     rng = np.random.default_rng(0)

@@ -16,12 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastdata.manifest import load_manifest
-from fastdata.sources import CocoSource, SegmentationSource
-from fastdata.verify import verify
+from fastdata.format.manifest_io import load_manifest
+from fastdata.read.verify import verify
 from fastdata.write import ShardOptions, write_shards
 from fastdata.write.parts import Part, merge_parts, write_part
-from tests.sources.family_data import (
+from fastdata.write.sources import CocoSource, SegmentationSource
+from tests.write.sources.family_data import (
     coloured,
     pixel_box,
     read_samples,
@@ -75,7 +75,7 @@ KILL_SCRIPT = textwrap.dedent(
     """
     import sys, time
     sys.path.insert(0, {root!r})
-    from fastdata.sources import SegmentationSource
+    from fastdata.write.sources import SegmentationSource
     from fastdata.write import ShardOptions, write_shards
 
     class Slow:

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastdata.sources import BadSourceError, ListSource
 from fastdata.write import ShardingError, ShardOptions, write_shards
+from fastdata.write.sources import BadSourceError, ListSource
 
 CASES = int(os.environ.get("FASTDATA_FUZZ_CASES", "40"))
 SEED = int(os.environ.get("FASTDATA_FUZZ_SEED", "0"))

@@ -14,10 +14,10 @@ import pytest
 from PIL import Image
 
 from fastdata import ShardDataModule
-from fastdata.manifest import load_manifest
-from fastdata.sources.folder import FolderSource
+from fastdata.format.manifest_io import load_manifest
 from fastdata.write import ShardOptions, write_shards
 from fastdata.write.images import UnreadableImage, open_image, to_rgb
+from fastdata.write.sources.folder import FolderSource
 from tests.write.image_zoo import BROKEN, make_zoo, valid_images
 
 # The zoo is a third broken files on purpose: no max_bad stop.

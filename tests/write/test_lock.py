@@ -17,9 +17,9 @@ import pytest
 from PIL import Image
 
 import fastdata
-from fastdata.sources import FolderSource
 from fastdata.write import FolderLockedError, Part, ShardOptions, write_part, write_shards
 from fastdata.write.lock import LOCK_NAME, lock_folder
+from fastdata.write.sources import FolderSource
 
 OPTS = ShardOptions(max_count=2, workers=1, progress=False)
 _HOLDER = """

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from fastdata.cli import main
-from fastdata.manifest import MANIFEST_NAME, load_manifest
-from fastdata.sources.folder import FolderSource
+from fastdata.format.manifest import MANIFEST_NAME
+from fastdata.format.manifest_io import load_manifest
 from fastdata.write import ShardingError, ShardOptions, write_shards
 from fastdata.write.parts import MergeError, Part, merge_parts, write_part
+from fastdata.write.sources.folder import FolderSource
 from fastdata.write.writer import WORK_DIR
 from tests.conftest import unique_label_source, write_jpeg_folder
 
@@ -188,8 +189,8 @@ def _folder_with_broken_links(root: Path, links: int) -> Path:
 def test_parts_count_the_sources_losses_once_in_merge(tmp_path: Path) -> None:
     """Every part sees the source's losses (a broken link): counted per part, a part with few
     or no shards went over max_bad where one run of the same input passes."""
-    from fastdata.sources.folder import FolderSource
     from fastdata.write.parts import Part, merge_parts, write_part
+    from fastdata.write.sources.folder import FolderSource
 
     src = _folder_with_broken_links(tmp_path / "in", links=1)
     options = ShardOptions(max_count=10, workers=1, progress=False, max_bad=0.1)
@@ -202,9 +203,9 @@ def test_parts_count_the_sources_losses_once_in_merge(tmp_path: Path) -> None:
 
 
 def test_merge_stops_when_the_whole_run_has_too_many_bad_inputs(tmp_path: Path) -> None:
-    from fastdata.sources.folder import FolderSource
     from fastdata.write import TooManyBadSamplesError
     from fastdata.write.parts import Part, merge_parts, write_part
+    from fastdata.write.sources.folder import FolderSource
 
     src = _folder_with_broken_links(tmp_path / "in", links=6)  # 6 of 46 inputs: over 10%
     options = ShardOptions(max_count=10, workers=1, progress=False, max_bad=0.1)

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fastdata.sources.arrays import ArraySource
-from fastdata.sources.base import PixelBlock, SourceItem
 from fastdata.write import ShardOptions, rawblock, write_shards
+from fastdata.write.sources.arrays import ArraySource
+from fastdata.write.sources.base import PixelBlock, SourceItem
 from fastdata.write.stats import PixelStats
 
 

@@ -14,10 +14,10 @@ import pytest
 from PIL import Image
 
 from fastdata.cli import main
-from fastdata.sources import FolderSource, ListSource
 from fastdata.write import ShardOptions, TooManyBadSamplesError, write_shards
 from fastdata.write import encode as encode_module
 from fastdata.write.lock import LOCK_NAME
+from fastdata.write.sources import FolderSource, ListSource
 
 from .test_lock import _holder
 

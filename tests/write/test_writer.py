@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastdata.manifest import load_manifest
-from fastdata.sources.folder import FolderSource
+from fastdata.format.manifest_io import load_manifest
 from fastdata.write import ShardingError, ShardOptions, write_shards
+from fastdata.write.sources.folder import FolderSource
 from tests.conftest import unique_label_source, write_jpeg_folder
 
 OPTS = ShardOptions(max_count=64, workers=1, progress=False)

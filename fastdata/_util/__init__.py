@@ -1,0 +1,1 @@
+"""The library's own small helpers (threads, tensor pool, C extensions)."""

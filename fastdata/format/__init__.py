@@ -1,0 +1,1 @@
+"""The on-disk contract: sample schema, fields, manifest, integrity, carve."""

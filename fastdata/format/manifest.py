@@ -1,0 +1,407 @@
+"""The manifest: everything a reader needs to know about a folder of shards.
+
+A manifest is written once, last, by the shard writer (`fastdata.write`), so a folder that has a
+`manifest.json` holds a complete dataset. Readers never list the folder: shard names, sample
+counts, byte sizes, checksums, classes and the sample encoding all come from here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fastdata.format.fields import FieldSpec, default_fields, fields_to_json
+
+__all__ = [
+    "FORMAT",
+    "FORMAT_VERSION",
+    "MANIFEST_NAME",
+    "Manifest",
+    "ManifestError",
+    "ShardInfo",
+    "SkippedSample",
+    "SplitInfo",
+    "load_manifest",
+    "resolve_splits",
+]
+
+log = logging.getLogger("fastdata")
+
+FORMAT = "fastdata-shards"
+# 2: shards carry `index_sha256` (and `sums` / `sums_sha256`); version 1 manifests still load.
+FORMAT_VERSION = 2
+MANIFEST_NAME = "manifest.json"
+VAL_SPLITS = ("val", "validation")  # the names a validation split is looked up under
+
+
+class ManifestError(ValueError):
+    """A manifest is missing, unreadable or of an unknown format."""
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """One tar shard of a split.
+
+    Args:
+        name: file name of the tar, relative to the manifest's folder.
+        index: file name of the DALI index file for this tar.
+        num_samples: samples in the shard.
+        bytes: size of the tar file.
+        sha256: hex digest of the tar file.
+        label_map: only in a mix of datasets (`fastdata.read.mix`, never saved): the mix's label
+            of each label stored in this shard (classes merged by name); None: labels as stored.
+        index_sha256: hex digest of the index file, checked whenever a reader loads it; None in
+            manifests written before it existed (format_version 1).
+        sums: file name of the per-sample digest list (`fastdata.format.integrity`) checked by
+            `verify_samples=True`; None for shards written without one.
+        sums_sha256: hex digest of the `sums` file.
+    """
+
+    name: str
+    index: str
+    num_samples: int
+    bytes: int
+    sha256: str
+    label_map: tuple[int, ...] | None = None
+    index_sha256: str | None = None
+    sums: str | None = None
+    sums_sha256: str | None = None
+
+    def map_label(self, label: int) -> int:
+        """The manifest's label of a label stored in this shard (unchanged outside a mix).
+
+        Raises:
+            ValueError: the stored label is not one of the shard's dataset's classes.
+        """
+        if self.label_map is None:
+            return label
+        if not 0 <= label < len(self.label_map):
+            raise ValueError(
+                f"label {label} is outside its dataset's {len(self.label_map)} classes; "
+                "run `fastdata verify` on that shard folder"
+            )
+        return self.label_map[label]
+
+
+@dataclass(frozen=True)
+class SkippedSample:
+    """A source sample that the writer could not encode and left out (named for the user)."""
+
+    origin: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class SplitInfo:
+    """One split (train / val / test) of a dataset.
+
+    Args:
+        shards: the split's shards, in file order.
+        class_counts: samples per class index.
+        encoding: how images are stored: "raw" (`rgb` component), "png", "jpeg" (kept or re-encoded
+            JPEG, `jpg` component), or "mixed" (JPEG kept as is, other formats converted to PNG).
+        raw_shape: (H, W, C) of every sample when all share one shape (always set for "raw").
+        image_stats: min / max / mean height and width of the stored images.
+        skipped: source samples left out because they could not be read or decoded.
+        pixel_mean: per-channel (RGB) mean of the stored pixels, 0..255 scale, measured while
+            writing; the default normalization. None in manifests written before it existed.
+        pixel_std: per-channel standard deviation, as `pixel_mean`.
+        fields: what each sample holds beyond the classification pair (`fastdata.format.fields`: name
+            -> kind and tar components); None: an image and a label (every manifest written
+            before fields existed, and every classification split). Read it as `field_specs`.
+    """
+
+    shards: list[ShardInfo]
+    class_counts: list[int]
+    encoding: str
+    raw_shape: list[int] | None = None
+    image_stats: dict[str, float] = field(default_factory=dict)
+    skipped: list[SkippedSample] = field(default_factory=list)
+    pixel_mean: list[float] | None = None
+    pixel_std: list[float] | None = None
+    fields: dict[str, FieldSpec] | None = None
+
+    @property
+    def field_specs(self) -> dict[str, FieldSpec]:
+        """The split's fields: `fields`, or an image (this split's encoding) and a label."""
+        if self.fields is not None:
+            return dict(self.fields)
+        from fastdata.format.schema import exts_of_encoding
+
+        try:
+            exts = exts_of_encoding(self.encoding)
+        except ValueError:
+            exts = ("jpg", "png", "rgb")
+        return default_fields(exts)
+
+    @property
+    def num_samples(self) -> int:
+        """Total samples in the split."""
+        return sum(s.num_samples for s in self.shards)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A shard folder's description. Load with `load_manifest`, never build one by hand in user code.
+
+    Args:
+        root: folder holding the manifest and the shards (not serialized). A URL prefix
+            ("http://host/path", "s3://bucket/path") is allowed for remote shards.
+        classes: class names; label `i` is `classes[i]`.
+        splits: split name -> `SplitInfo`.
+        source: what the shards were made from (kind, path, parameters).
+        seed: the seed of the cross-shard pre-shuffle.
+        fastdata_version: version of the writer.
+        format: always `FORMAT`.
+        format_version: `FORMAT_VERSION` of the writer.
+        data_root: where the tars are when they live elsewhere (`fastdata index` of another
+            tool's read-only or remote shards): an absolute folder or a URL prefix that every
+            shard's `name` is relative to; the index and digest files stay beside the manifest.
+            None (every dataset `fastdata shard` writes): the tars are in `root`.
+    """
+
+    root: str
+    classes: list[str]
+    splits: dict[str, SplitInfo]
+    source: dict[str, Any]
+    seed: int
+    fastdata_version: str
+    format: str = FORMAT
+    format_version: int = FORMAT_VERSION
+    data_root: str | None = None
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def split(self, name: str) -> SplitInfo:
+        """The named split, or a ValueError that lists the splits there are."""
+        if name not in self.splits:
+            raise ValueError(
+                f"split {name!r} is not in the manifest at {self.root}; it has {sorted(self.splits)}"
+            )
+        return self.splits[name]
+
+    def shard_url(self, shard: ShardInfo) -> str:
+        """Path or URL of a shard's tar file (under `data_root` when the manifest has one)."""
+        return _join(self.data_root or self.root, shard.name)
+
+    def index_url(self, shard: ShardInfo) -> str:
+        """Path or URL of a shard's DALI index file."""
+        return _join(self.root, shard.index)
+
+    def sums_url(self, shard: ShardInfo) -> str | None:
+        """Path or URL of a shard's per-sample digest file (None: the shard has none)."""
+        return _join(self.root, shard.sums) if shard.sums else None
+
+    def to_json(self) -> str:
+        """Serialize (without `root`), with sorted keys so the file is deterministic.
+
+        Raises:
+            ValueError: for a mix (`fastdata.read.mix`): it is built from its roots, never saved.
+        """
+        if self.source.get("kind") == "mix":
+            raise ValueError(
+                "a mix of datasets is a virtual manifest built from its roots and weights "
+                "(`fastdata.read.mix.load_mix`); it cannot be saved: save each dataset on its own"
+            )
+        data = asdict(self)
+        data.pop("root")
+        if data["data_root"] is None:
+            del data["data_root"]  # the tars beside the manifest: the file is as it always was
+        for name, split in data["splits"].items():
+            fields = self.splits[name].fields
+            if fields is None:
+                del split["fields"]  # classification splits stay as they were written before
+            else:
+                split["fields"] = fields_to_json(fields)
+            for shard in split["shards"]:
+                del shard["label_map"]  # only a mix has one, and a mix is never saved
+        return json.dumps(data, indent=1, sort_keys=True) + "\n"
+
+    def save(self, folder: str | os.PathLike[str]) -> Path:
+        """Write `manifest.json` into `folder` atomically (temporary name, then rename)."""
+        path = Path(folder) / MANIFEST_NAME
+        tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+        tmp.write_text(self.to_json())
+        os.replace(tmp, path)
+        return path
+
+    @classmethod
+    def from_dict(cls, data: Any, root: str) -> Manifest:
+        """Build from parsed JSON, checking every field a reader relies on.
+
+        Raises:
+            ManifestError: an unknown format, or a malformed field (names the split or shard,
+                and the root), including a file name that leaves the dataset
+                (`fastdata.format.manifest_io.check_name`).
+        """
+        if not isinstance(data, dict):
+            raise ManifestError(
+                f"{root}: manifest is a JSON {type(data).__name__}, not an object; re-run "
+                "`fastdata shard`"
+            )
+        if data.get("format") != FORMAT:
+            raise ManifestError(f"{root}: not a fastdata manifest (format={data.get('format')!r})")
+        version = data.get("format_version")
+        if not isinstance(version, int) or version > FORMAT_VERSION:
+            raise ManifestError(
+                f"{root}: manifest format_version {version!r} is newer than this fastdata reads "
+                f"({FORMAT_VERSION}); upgrade fastdata"
+            )
+        try:
+            classes = data["classes"]
+            if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+                raise ManifestError(f"{root}: 'classes' must be a list of names")
+            if not isinstance(data["splits"], dict):
+                raise ManifestError(f"{root}: 'splits' must be an object of split name -> split")
+            # They build this module's classes.
+            from fastdata.format.manifest_io import check_data_root, split_from_dict
+
+            splits = {
+                name: split_from_dict(root, name, sp, len(classes))
+                for name, sp in data["splits"].items()
+            }
+            return cls(
+                root=root,
+                classes=list(classes),
+                splits=splits,
+                source=dict(data["source"]),
+                seed=int(data["seed"]),
+                fastdata_version=str(data["fastdata_version"]),
+                format=data["format"],
+                format_version=version,
+                data_root=check_data_root(root, data.get("data_root")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, ManifestError):
+                raise
+            raise ManifestError(
+                f"{root}: manifest is missing or has a malformed field: {exc}"
+            ) from exc
+
+
+_WARNED_NO_INDEX_SUMS: set[str] = set()
+
+
+def load_manifest(
+    root: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+) -> Manifest:
+    """Load `ROOT/manifest.json` (ROOT may be a folder or the manifest file itself, or a URL).
+
+    Args:
+        root: a folder, its manifest.json, or a URL prefix (s3://, gs://, https://; needs
+            `pip install "fastdata[remote]"`).
+        storage_options: for a URL, passed to fsspec (e.g. `{"endpoint_url": ...}`).
+
+    Raises:
+        ManifestError: when there is no manifest there, or it is not a fastdata manifest.
+        RemoteError: a remote manifest cannot be read after the retries (names the URL).
+    """
+    text_root = os.fspath(root)
+    if text_root.endswith(".json"):
+        text_root = text_root.rsplit("/", 1)[0] if "/" in text_root else "."
+    url = _join(text_root, MANIFEST_NAME)
+    try:
+        if _is_remote(text_root):
+            from fastdata.remote.fs import read_bytes  # fsspec only for remote manifests
+
+            data = json.loads(read_bytes(url, storage_options))
+        else:
+            with open(url, encoding="utf-8") as f:
+                data = json.load(f)
+    except FileNotFoundError as exc:
+        upload = " (an upload writes it last: is one still running?)" if _is_remote(url) else ""
+        raise ManifestError(
+            f"no {MANIFEST_NAME} in {text_root}{upload}: make the shards first with "
+            f"`fastdata shard SOURCE INPUT {text_root}`"
+        ) from exc
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting
+        raise ManifestError(
+            f"{url} is not valid UTF-8 JSON ({type(exc).__name__}: {exc}); re-run `fastdata shard`"
+        ) from exc
+    manifest = Manifest.from_dict(data, root=text_root)
+    from fastdata.format.manifest_io import check_files  # it imports this module's classes
+
+    check_files(manifest)
+    shards = [s for split in manifest.splits.values() for s in split.shards]
+    if any(s.index_sha256 is None for s in shards) and text_root not in _WARNED_NO_INDEX_SUMS:
+        _WARNED_NO_INDEX_SUMS.add(text_root)
+        log.warning(
+            "%s: the manifest (format_version %d) carries no index checksums, so a changed "
+            "index file goes unnoticed until it misplaces a sample; re-write it with this "
+            "fastdata's `fastdata shard ... --overwrite` to add them",
+            text_root,
+            manifest.format_version,
+        )
+    return manifest
+
+
+def resolve_splits(
+    manifest: Manifest, given: Mapping[str, str] | None = None, val: str | float | None = None
+) -> dict[str, str]:
+    """Split role ("train", "val", "test") -> split name in `manifest`.
+
+    Roles not in `given` get the split of their own name ("val": the first of `VAL_SPLITS`)
+    when the manifest has one; a role it lacks is left out (never another role's split).
+
+    Args:
+        manifest: the dataset.
+        given: roles named by the user (`ShardDataModule(splits=...)`).
+        val: a split name for the "val" role (e.g. "test"), or a fraction carved from the
+            training split (`fastdata.format.carve`): the "val" role then names the training split
+            itself, and the caller reads each role's side of the carve. None: as above.
+
+    Raises:
+        ValueError: a split named in `given` or `val` is not in the manifest (names the root and
+            lists the splits there are); `val` contradicts `given["val"]`; a fraction `val` with
+            no training split.
+    """
+    names = dict(given or {})
+    available = manifest.splits
+    if "train" not in names and "train" in available:
+        names["train"] = "train"
+    if val is not None:
+        if isinstance(val, str):
+            wanted = val
+        elif "train" not in names:
+            raise ValueError(
+                f"val={val!r} carves from the training split, but {manifest.root} has none "
+                f"(splits: {sorted(available)}); pass splits={{'train': NAME}}"
+            )
+        else:
+            wanted = names["train"]
+        if names.get("val", wanted) != wanted:
+            raise ValueError(
+                f"val={val!r} and splits={{'val': {names['val']!r}}} disagree: pass only one"
+            )
+        names["val"] = wanted
+    if "val" not in names:
+        found = next((s for s in VAL_SPLITS if s in available), None)
+        if found:
+            names["val"] = found
+    if "test" not in names and "test" in available:
+        names["test"] = "test"
+    for role, split in names.items():
+        if split and split not in available:
+            raise ValueError(
+                f"{role} split {split!r} is not in {manifest.root} (splits: {sorted(available)})"
+            )
+    return {role: split for role, split in names.items() if split}
+
+
+def _is_remote(root: str) -> bool:
+    return "://" in root  # read through fsspec: http(s)://, s3://, gs://, ... where reachable
+
+
+def _join(root: str, name: str) -> str:
+    if _is_remote(name) or os.path.isabs(name):
+        return name  # a mix names each shard by its full path or URL
+    if _is_remote(root):
+        return root.rstrip("/") + "/" + name
+    return os.path.join(root, name)

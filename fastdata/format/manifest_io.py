@@ -1,0 +1,291 @@
+"""Checks of a manifest's fields and file names: a manifest is untrusted input.
+
+`Manifest.from_dict` checks every field a reader relies on (counts are positive integers,
+checksums are hex digests, a split counts no more classes than the manifest lists), and
+`check_name` / `check_files` hold the one rule for paths: every file a manifest names resolves
+inside the dataset root (or, for a remote dataset, under the same scheme, host and path
+prefix), as a regular file. Each error names the shard entry and says what to do.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+import stat
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from fastdata.format.fields import FieldError, FieldSpec, fields_from_json
+from fastdata.format.manifest import (
+    Manifest,
+    ManifestError,
+    ShardInfo,
+    SkippedSample,
+    SplitInfo,
+    _is_remote,
+    _join,
+)
+
+__all__ = ["check_data_root", "check_files", "check_name", "split_from_dict"]
+
+#: Largest image side a manifest's raw_shape may give (JPEG's own limit); the writer's is lower.
+MAX_SIDE = 65_535
+#: Largest shard a manifest may list (1 TiB; the writer's shards are a few hundred MB).
+MAX_SHARD_BYTES = 2**40
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_SHARD_KEYS = {f for f in ShardInfo.__dataclass_fields__ if f != "label_map"}
+
+
+def split_from_dict(root: str, name: str, sp: Any, num_classes: int) -> SplitInfo:
+    """One split of `from_dict`, every shard entry checked (errors name the shard)."""
+    if not isinstance(sp, dict) or not isinstance(sp.get("shards"), list):
+        raise ManifestError(f"{root}: split {name!r} is malformed (needs a 'shards' list)")
+    shards = [_shard_from_dict(root, name, number, s) for number, s in enumerate(sp["shards"])]
+    counts = sp["class_counts"]
+    if not isinstance(counts, list) or not all(_is_int(c) and c >= 0 for c in counts):
+        raise ManifestError(f"{root}: split {name!r} class_counts must be counts (ints >= 0)")
+    if len(counts) > num_classes:
+        raise ManifestError(
+            f"{root}: split {name!r} counts {len(counts)} classes, the manifest lists "
+            f"{num_classes}; re-run `fastdata shard`"
+        )
+    fields = _fields(root, name, sp.get("fields"))
+    listed = sum(shard.num_samples for shard in shards)
+    # One label per sample: the counts add up to the samples. A split with boxes, masks or
+    # multi-labels counts each class once per sample that holds it (any sum); a split without
+    # labels (captions, other tools' shards) has no counts to check.
+    kinds = [f.kind for f in fields.values()] if fields is not None else ["label"]
+    one_label = "label" in kinds and not {"labels", "boxes", "mask"} & set(kinds)
+    if one_label and sum(counts) != listed:  # a shard entry lost (or added) leaves the counts
+        raise ManifestError(
+            f"{root}: split {name!r} class_counts add up to {sum(counts)} samples, its shards "
+            f"list {listed}; a tampered or broken manifest: re-run `fastdata shard`"
+        )
+    raw_shape = sp.get("raw_shape")
+    if raw_shape is not None and (
+        not isinstance(raw_shape, list)
+        or len(raw_shape) != 3
+        or not all(_is_int(v) and 0 < v <= MAX_SIDE for v in raw_shape[:2])
+        or not (_is_int(raw_shape[2]) and raw_shape[2] == 3)
+    ):
+        raise ManifestError(
+            f"{root}: split {name!r} raw_shape {raw_shape!r} is not [H, W, 3] with sides of 1 to "
+            f"{MAX_SIDE} pixels; a tampered or broken manifest: re-run `fastdata shard`"
+        )
+    if not isinstance(sp["encoding"], str):
+        raise ManifestError(f"{root}: split {name!r} encoding must be a string")
+    if sp["encoding"] == "raw" and raw_shape is None:
+        raise ManifestError(
+            f"{root}: split {name!r} is raw but has no raw_shape (the pixels cannot be placed "
+            "without it); a tampered or broken manifest: re-run `fastdata shard`"
+        )
+    return SplitInfo(
+        shards=shards,
+        class_counts=list(counts),
+        encoding=sp["encoding"],
+        raw_shape=sp.get("raw_shape"),
+        image_stats=dict(sp.get("image_stats", {})),
+        skipped=[SkippedSample(**s) for s in sp.get("skipped", [])],
+        pixel_mean=sp.get("pixel_mean"),  # absent from older manifests: None
+        pixel_std=sp.get("pixel_std"),
+        fields=fields,
+    )
+
+
+def _fields(root: str, name: str, data: Any) -> dict[str, FieldSpec] | None:
+    if data is None:
+        return None
+    try:
+        return fields_from_json(data, f"{root}: split {name!r}")
+    except FieldError as exc:
+        raise ManifestError(
+            f"{exc}; a tampered or broken manifest: re-run `fastdata shard`"
+        ) from exc
+
+
+def _shard_from_dict(root: str, split: str, number: int, entry: Any) -> ShardInfo:
+    where = f"{root}: split {split!r} shard #{number}"
+    if not isinstance(entry, dict):
+        raise ManifestError(f"{where} is not an object")
+    if isinstance(entry.get("name"), str):
+        where = f"{root}: shard {entry['name']!r} (split {split!r})"
+    unknown = set(entry) - _SHARD_KEYS
+    missing = {"name", "index", "num_samples", "bytes", "sha256"} - set(entry)
+    if unknown or missing:
+        raise ManifestError(
+            f"{where}: unknown fields {sorted(unknown)} / missing fields {sorted(missing)}"
+        )
+    count = entry["num_samples"]
+    if not _is_int(count) or count < 1:
+        raise ManifestError(
+            f"{where}: num_samples must be a positive integer, got {count!r}; a tampered or "
+            "broken manifest: re-run `fastdata shard`"
+        )
+    if not _is_int(entry["bytes"]) or not 0 <= entry["bytes"] <= MAX_SHARD_BYTES:
+        raise ManifestError(
+            f"{where}: bytes must be an integer from 0 to {MAX_SHARD_BYTES}, got "
+            f"{entry['bytes']!r}; a tampered or broken manifest: re-run `fastdata shard`"
+        )
+    if count * 512 > entry["bytes"]:  # a plan of a claimed billion rows is never built
+        raise ManifestError(
+            f"{where}: num_samples {count} cannot fit in {entry['bytes']} bytes (a tar holds a "
+            "512-byte header per member); a tampered or broken manifest: re-run `fastdata shard`"
+        )
+    if not isinstance(entry["sha256"], str) or not _HEX64.match(entry["sha256"]):
+        raise ManifestError(f"{where}: sha256 {entry['sha256']!r} is not a hex sha256")
+    for field_name in ("index_sha256", "sums_sha256"):
+        value = entry.get(field_name)
+        if value is not None and (not isinstance(value, str) or not _HEX64.match(value)):
+            raise ManifestError(f"{where}: {field_name} {value!r} is not a hex sha256")
+    for field_name in ("name", "index", "sums"):
+        value = entry.get(field_name)
+        if value is not None or field_name != "sums":  # name and index are never null
+            check_name(root, value, f"{where}: {field_name}")
+    if entry.get("sums") is not None and entry.get("sums_sha256") is None:
+        raise ManifestError(f"{where}: has a 'sums' file but no 'sums_sha256'")
+    return ShardInfo(**entry)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_name(root: str, name: Any, what: str) -> None:
+    """Refuse a file name that would resolve outside the dataset root (or remote prefix).
+
+    A name must be a relative path of plain parts: no absolute path, no drive, no `..`, no
+    backslash, no URL scheme (also after %-decoding, which a web server may apply).
+
+    Raises:
+        ManifestError: naming `what` (the entry) and the name.
+    """
+    if not isinstance(name, str) or not name:
+        raise ManifestError(f"{what}: file name must be a non-empty string, got {name!r}")
+    for text in {name, unquote(name)}:
+        parts = text.split("/")
+        if (
+            text.startswith("/")
+            or "\\" in text
+            or "\x00" in text
+            or ":" in parts[0]
+            or any(part in ("..", ".") for part in parts)
+        ):
+            raise ManifestError(
+                f"{what}: {name!r} leaves the dataset (every file a manifest names must be a "
+                "relative path inside its folder: no leading '/', no '..', no '\\', no URL "
+                "scheme); refusing a tampered or hand-edited manifest: re-run `fastdata shard`"
+            )
+        if "" in parts:
+            raise ManifestError(
+                f"{what}: {name!r} has an empty path part (a trailing or doubled '/'): every "
+                "file a manifest names is a plain relative path; re-run `fastdata shard`"
+            )
+
+
+_DATA_ROOT_SCHEMES = ("http", "https", "s3", "s3a", "gs", "gcs")
+
+
+def check_data_root(root: str, value: Any) -> str | None:
+    """The manifest's `data_root` (where another tool's tars are), checked; None when absent.
+
+    It must be an absolute, normalized folder path (no `..`, no `.` parts), only in a local
+    manifest (a manifest read from a server never points at the reader's own files), or an
+    http(s)://, s3:// or gs:// URL prefix with a host and no `..`, query or fragment. Each tar's
+    name is then checked to stay inside it (`check_name`, `check_files`).
+
+    Raises:
+        ManifestError: naming the root and the value.
+    """
+    if value is None:
+        return None
+    bad = f"{root}: data_root {value!r}"
+    if not isinstance(value, str) or not value or "\x00" in value or "\\" in value:
+        raise ManifestError(f"{bad} must be an absolute folder or a URL prefix")
+    if _is_remote(value):
+        got = urlsplit(value)
+        parts = unquote(got.path).split("/")
+        if (
+            got.scheme.lower() not in _DATA_ROOT_SCHEMES
+            or not got.netloc
+            or got.query
+            or got.fragment
+            or any(part in ("..", ".") for part in parts)
+        ):
+            raise ManifestError(
+                f"{bad} is not a plain http(s)://, s3:// or gs:// prefix (host, path, no '..', "
+                "query or fragment); refusing a tampered or hand-edited manifest: re-run "
+                "`fastdata index`"
+            )
+        return value
+    if _is_remote(root):
+        raise ManifestError(
+            f"{bad}: a manifest read from {root} may not point at local files; refusing it"
+        )
+    if (
+        not os.path.isabs(value)
+        or os.path.normpath(value) != value.rstrip("/")
+        or (".." in value.split("/"))
+    ):
+        raise ManifestError(
+            f"{bad} must be an absolute, normalized folder (no '..'); refusing a tampered or "
+            "hand-edited manifest: re-run `fastdata index`"
+        )
+    return value
+
+
+def check_files(manifest: Manifest) -> None:
+    """The path rule on the files themselves: each named file resolves inside its root.
+
+    The root of a shard's tar is the manifest's `data_root` when it has one (`fastdata index`
+    of shards that live elsewhere), else the manifest's folder, which also holds every index
+    and digest file. Local: after following symlinks each file that exists lies inside its root
+    folder and is a regular file (a FIFO, device or folder is refused; a missing file is
+    reported by the reader that needs it). Remote: each URL keeps the root's scheme, host and
+    path prefix.
+
+    Raises:
+        ManifestError: naming the shard entry and the file.
+    """
+    for split_name, split in manifest.splits.items():
+        for shard in split.shards:
+            for what, name in (("name", shard.name), ("index", shard.index), ("sums", shard.sums)):
+                if name is None:
+                    continue
+                root = manifest.root
+                if what == "name" and manifest.data_root is not None:
+                    root = manifest.data_root
+                where = f"{manifest.root}: shard {shard.name!r} (split {split_name!r}) {what}"
+                _check_file(root, _join(root, name), where)
+
+
+def _check_file(root: str, url: str, where: str) -> None:
+    """`check_files` of one file under `root`."""
+    if _is_remote(root):
+        base = urlsplit(root.rstrip("/") + "/")
+        got = urlsplit(url)
+        inside = (got.scheme, got.netloc) == (base.scheme, base.netloc) and (
+            posixpath.normpath(got.path) + "/"
+        ).startswith(base.path)
+        if not inside:
+            raise ManifestError(f"{where}: {url} is outside {root}")
+        return
+    base_path = os.path.realpath(root)
+    real = os.path.realpath(url)
+    if os.path.commonpath([real, base_path]) != base_path:
+        raise ManifestError(
+            f"{where}: {url} resolves to {real}, outside the dataset folder "
+            f"{base_path} (a symlink out of it?); refusing it"
+        )
+    try:
+        mode = os.stat(real).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:  # a name too long, a component that is not a folder...
+        raise ManifestError(
+            f"{where}: {url} cannot be looked up ({exc.strerror}); refusing it"
+        ) from exc
+    if not stat.S_ISREG(mode):
+        raise ManifestError(
+            f"{where}: {url} is not a regular file (a FIFO, device or folder); refusing it"
+        )

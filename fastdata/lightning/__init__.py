@@ -1,0 +1,1 @@
+"""The Lightning adapter: DataModules, epoch loader, runtime, options."""

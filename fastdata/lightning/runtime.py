@@ -1,0 +1,183 @@
+"""Where and how `ShardDataModule`'s loaders run: rank and world size, the training device, the
+backend (named or chosen by `auto`) and the loader's workers (given or sized by `fastdata.tune`).
+
+Each reads the Trainer when there is one (None without: Fabric, custom loops, benchmarks).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Literal, Protocol
+
+import lightning.pytorch as pl
+import torch
+
+from fastdata.augment import Preset
+from fastdata.format.manifest import Manifest
+from fastdata.read import LoaderSpec, WorkerSettings, get_backend
+
+log = logging.getLogger("fastdata")
+
+__all__ = [
+    "check_options",
+    "pick_backend",
+    "rank_and_world",
+    "size_workers",
+    "training_device",
+    "warn_unit_scale",
+]
+
+
+class DataModuleOptions(Protocol):
+    """The `ShardDataModule` options `check_options` reads (the module itself has them)."""
+
+    batch_size: int
+    on_error: str
+    num_workers: int | Literal["auto"]
+    prefetch_factor: int | Literal["auto"]
+    rank: int | None
+    world_size: int | None
+    backend: str
+    loader_timeout: float
+    decode_threads: int | Literal["auto"]
+
+
+def check_options(options: DataModuleOptions) -> None:
+    """ValueError naming the first `ShardDataModule` option that is out of range."""
+    batch_size, on_error, backend = options.batch_size, options.on_error, options.backend
+    num_workers, prefetch_factor = options.num_workers, options.prefetch_factor
+    rank, world_size = options.rank, options.world_size
+    decode_threads, loader_timeout = options.decode_threads, options.loader_timeout
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if on_error not in ("raise", "skip"):
+        raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+    for name, value in (("num_workers", num_workers), ("prefetch_factor", prefetch_factor)):
+        if value != "auto" and (not isinstance(value, int) or value < 0):
+            raise ValueError(f"{name} must be a non-negative int or 'auto', got {value!r}")
+    if (rank is None) != (world_size is None):
+        raise ValueError(f"pass rank and world_size together, got {rank} and {world_size}")
+    if world_size is not None and not 0 <= rank < world_size:
+        raise ValueError(f"need 0 <= rank < world_size, got {rank} and {world_size}")
+    if backend != "auto":
+        get_backend(backend)  # a bad name fails here, with the choices
+    if decode_threads != "auto" and (not isinstance(decode_threads, int) or decode_threads < 1):
+        raise ValueError(f"decode_threads must be an int >= 1 or 'auto', got {decode_threads!r}")
+    if loader_timeout < 0:
+        raise ValueError(f"loader_timeout must be >= 0 seconds, got {loader_timeout!r}")
+
+
+def rank_and_world(
+    rank: int | None, world_size: int | None, trainer: pl.Trainer | None
+) -> tuple[int, int]:
+    """(rank, world size): the explicit ones, else the Trainer's, else torch.distributed's, else
+    (0, 1)."""
+    if world_size is not None and rank is not None:
+        return rank, world_size
+    if trainer is not None:
+        return trainer.global_rank, trainer.world_size
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return 0, 1
+
+
+def training_device(trainer: pl.Trainer | None) -> torch.device:
+    """The Trainer's root device, else the current CUDA device when there is one, else the CPU."""
+    if trainer is not None:
+        return trainer.strategy.root_device
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def pick_backend(
+    backend: str,
+    manifest: Manifest,
+    train_split: str,
+    image_size: int | None,
+    preset: Preset,
+    trainer: pl.Trainer | None,
+) -> str:
+    """The backend's name: `backend` when it can run here (else ValueError with the reason), or
+    for "auto" `fastdata.read.backends.auto.choose_backend`'s choice (rank 0's on every rank)."""
+    if backend != "auto":
+        ok, why = get_backend(backend).check()
+        if not ok:
+            raise ValueError(f"backend {backend!r} cannot run here: {why}")
+        return backend
+    from fastdata.read.backends.auto import choose_backend
+
+    name, _reason = choose_backend(  # logs its choice and the figures behind it
+        manifest,
+        train_split,
+        str(training_device(trainer)),
+        image_size,
+        preset=preset,
+        ranks_per_node=trainer.num_devices if trainer is not None else 1,
+    )
+    if trainer is not None and trainer.world_size > 1:
+        # Free memory differs between ranks; all ranks must use rank 0's choice.
+        name = trainer.strategy.broadcast(name, src=0)
+    return name
+
+
+def size_workers(
+    spec: LoaderSpec,
+    workers: int | Literal["auto"],
+    prefetch: int | Literal["auto"],
+    settings: WorkerSettings,
+    backend: str,
+    trainer: pl.Trainer | None,
+    decode_threads: int | Literal["auto"] = 1,
+) -> LoaderSpec:
+    """`spec` with its workers: `settings` with the given counts, "auto" ones measured
+    (`fastdata.tune.auto_loader_settings`, which then also sets pinning; with
+    `decode_threads="auto"` it times (workers, decode threads) pairs on photo splits).
+
+    Workers persist between epochs whenever there are any: persistence follows the worker count
+    used, never the tuner's verdict on another count (with `num_workers=2` and
+    `prefetch_factor="auto"` the tuner may measure 0 workers best under a busy start-up)."""
+    if "auto" in (workers, prefetch, decode_threads):
+        from fastdata.tune import auto_loader_settings
+
+        # Ranks on one node share its cores; Lightning's launcher does not export that count.
+        ranks_per_node = trainer.num_devices if trainer is not None else None
+        auto = auto_loader_settings(
+            spec, backend=backend, ranks_per_node=ranks_per_node, decode_threads=decode_threads
+        )
+        workers = auto.num_workers if workers == "auto" else workers
+        prefetch = auto.prefetch_factor if prefetch == "auto" else prefetch
+        settings = replace(
+            settings,
+            pin_memory=auto.pin_memory,
+            persistent_workers=None,  # decided by the workers used (`WorkerSettings`)
+            decode_threads=auto.decode_threads if decode_threads == "auto" else decode_threads,
+        )
+    settings = replace(settings, num_workers=int(workers), prefetch_factor=max(1, int(prefetch)))
+    return replace(spec, workers=settings)
+
+
+def warn_unit_scale(mean: Sequence[float] | None, std: Sequence[float] | None) -> bool:
+    """Warn (and return True) when the given statistics look like the 0..1 scale.
+
+    fastdata normalizes uint8 pixels, so `mean`/`std` are on the 0..255 scale; torchvision's
+    ImageNet numbers (0.485, ..., 0.229, ...) would give inputs up to ~1100. Looks like 0..1: every
+    given value is at most 1 (std > 0). The warning names the values and their x255 equivalents.
+    """
+    given = {name: list(v) for name, v in (("mean", mean), ("std", std)) if v is not None}
+    if not given or not all(v and all(abs(x) <= 1 for x in v) for v in given.values()):
+        return False
+    if "std" in given and min(given["std"]) <= 0:
+        return False
+    shown = ", ".join(f"{name}={v}" for name, v in given.items())
+    scaled = ", ".join(f"{name}={[round(x * 255, 3) for x in v]}" for name, v in given.items())
+    log.warning(
+        "%s look like statistics on the 0..1 scale, but fastdata normalizes uint8 pixels on the "
+        "0..255 scale (inputs would be ~255 times too large): pass %s (the values x255), or "
+        "leave them None for the dataset's own",
+        shown,
+        scaled,
+    )
+    return True

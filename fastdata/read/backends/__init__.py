@@ -1,0 +1,1 @@
+"""The read backends: cpu, memory, nvjpeg, dali, and `auto`."""

@@ -1,0 +1,440 @@
+"""CPU decoding of one sample to uint8 HWC pixels: where a sample is decoded.
+
+Raw samples (`rgb`) are a reshape. Encoded images (`jpg`, `png`) are decoded with Pillow-SIMD and
+given their decode-time geometry here, because it is cheaper to shrink while decoding than after:
+
+- "rrc" (training, photo preset): the random-resized-crop box is drawn first from the image's
+  size (read from the header), then the JPEG is decoded the cheaper of two ways: only the box's
+  region, at full resolution, by libjpeg-turbo (`fastdata.read.decoders.jpeg_region`: fastdata's own
+  extension, else nvImageCodec's CPU decoder; columns outside the box skip IDCT and colour
+  conversion, rows above it the IDCT, rows below it are not decoded), resized by torch's uint8
+  antialiased bilinear kernel; or, when the
+  box is so large that a DCT scale of 1/2, 1/4 or 1/8 still covers the output size, the whole
+  image at that scale through Pillow-SIMD's draft mode and a boxed bilinear `resize`. Whichever
+  has fewer pixels to produce wins. The region path gives the pixels of a full decode then
+  torchvision's `resized_crop` (Pillow's ``crop(box).resize(...)``; tests/read/test_decode.py).
+- "center" (evaluation): resize the shorter side to `size * 256 / 224` and take the centre
+  `size` x `size` crop, through the same two paths.
+- "cover": resize so the image just covers `hw` and take the centre `hw` window (the stored size
+  of photos when no crop is fused: `stored_hw`, with room around `image_size` only when the
+  preset's ops crop on the device; the memory backend's store uses it too).
+- "none": decode at the stored size (every image of the split must then share one size).
+
+PNG, WebP, CMYK JPEGs, JPEGs that do not end in an EOI marker (for fastdata's extension), and
+every JPEG where no region decoder is available, take the Pillow-SIMD path. A preset's decode-time flip (`Geometry.flip_p`, "photo") is a PIL transpose after the
+resize. Pad-crops, other flips and normalization happen later, batched on the device
+(fastdata.augment).
+
+`decode_batch` decodes a batch in a persistent per-process thread pool (both decoders release the
+GIL while they work); every image draws from its own generator, so the pixels do not depend on
+the number of threads.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from PIL import Image
+
+from fastdata._util.threads import process_pool
+from fastdata.format.manifest import SplitInfo
+from fastdata.read.decoders.jpeg_region import (
+    JpegStream,
+    RegionDecoder,
+    jpeg_stream,
+    region_decoder,
+)
+from fastdata.read.decoders.resize import cover, resize_aa
+
+__all__ = [
+    "EVAL_RESIZE_RATIO",
+    "Geometry",
+    "decode_batch",
+    "decode_image",
+    "decode_raw",
+    "jpeg_region_decoder",
+    "stored_hw",
+]
+
+
+EVAL_RESIZE_RATIO = 256 / 224
+_CROP_RATIO = (256, 224)  # stored side / output side for photos
+
+
+def stored_hw(
+    info: SplitInfo, image_size: int | tuple[int, int] | None, margin: bool = True
+) -> tuple[int, int]:
+    """(H, W) of a split's decoded images when no crop is fused at decode time.
+
+    Raw samples, and encoded ones of one common size without `image_size`, keep their size.
+    Encoded images with `image_size` S are resized to cover a centre square and cropped to it:
+    with `margin` (the preset's ops crop to S themselves: `Preset.resizes`) the square is
+    floor(S * 256 / 224) (256 for 224), the usual resize-256 / crop-224 ratio, so a device
+    random-resized crop or centre crop of S has room; without, the square is S itself (the
+    output size: "cifar", "none", user callables).
+
+    Args:
+        info: the split.
+        image_size: the output side S (or (H, W)); None keeps the images' common size.
+        margin: store room around S for a crop on the device.
+
+    Raises:
+        ValueError: for photos of varying size without an `image_size`.
+    """
+    if info.encoding == "raw" or (image_size is None and info.raw_shape is not None):
+        if info.raw_shape is None:
+            raise ValueError("a raw split must have a raw_shape in its manifest; re-run the writer")
+        return int(info.raw_shape[0]), int(info.raw_shape[1])
+    if image_size is None:
+        raise ValueError(
+            f"the split's {info.encoding} images vary in size "
+            f"({info.image_stats or 'no stats'}): pass image_size (e.g. 224) to decode them to one size"
+        )
+    h, w = (image_size, image_size) if isinstance(image_size, int) else image_size
+    if h <= 0 or w <= 0:
+        raise ValueError(f"image_size must be positive, got {image_size!r}")
+    if not margin:
+        return h, w
+    num, den = _CROP_RATIO  # floor, as fastdata.augment.center_crop_params: 224 -> 256
+    return h * num // den, w * num // den
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Decode-time geometry.
+
+    Args:
+        kind: "none", "rrc", "center" or "cover".
+        size: output side in pixels (square output) for "rrc" and "center".
+        scale: area range of the random-resized crop.
+        ratio: aspect-ratio range of the random-resized crop.
+        flip_p: probability of a left-right flip of each image (drawn after the crop box).
+        resize_ratio: "center": the shorter side is resized to ``size * resize_ratio``.
+        hw: "cover": the output (H, W).
+    """
+
+    kind: str = "none"
+    size: int = 0
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip_p: float = 0.0
+    resize_ratio: float = EVAL_RESIZE_RATIO
+    hw: tuple[int, int] = (0, 0)
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("none", "rrc", "center", "cover"):
+            raise ValueError(
+                f"geometry kind must be 'none', 'rrc', 'center' or 'cover', got {self.kind!r}"
+            )
+        if self.kind in ("rrc", "center") and self.size < 1:
+            raise ValueError(f"geometry {self.kind!r} needs a positive size, got {self.size}")
+        if self.kind == "cover" and min(self.hw) < 1:
+            raise ValueError(f"geometry 'cover' needs a positive hw, got {self.hw}")
+        if not 0.0 <= self.flip_p <= 1.0:
+            raise ValueError(f"flip_p must be in [0, 1], got {self.flip_p}")
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        """(H, W) of every decoded image ((0, 0) for "none": the images' own size)."""
+        if self.kind == "cover":
+            return self.hw
+        return (self.size, self.size)
+
+
+def decode_raw(data: memoryview | bytes, shape: tuple[int, int, int]) -> np.ndarray:
+    """Raw HWC uint8 pixels (a view when possible). ValueError when the size does not match."""
+    expected = shape[0] * shape[1] * shape[2]
+    if len(data) != expected:
+        raise ValueError(f"raw sample has {len(data)} bytes, expected {expected} for shape {shape}")
+    return np.frombuffer(data, dtype=np.uint8).reshape(shape)
+
+
+def decode_image(
+    data: memoryview | bytes, geometry: Geometry, rng: np.random.Generator, roi: bool = True
+) -> np.ndarray:
+    """Decode JPEG/PNG bytes to uint8 HWC RGB with the decode-time `geometry`.
+
+    Args:
+        data: the encoded image.
+        geometry: the decode-time geometry.
+        rng: the image's generator (crop box first, then the flip).
+        roi: decode only a JPEG's crop region when that is cheaper (False: always Pillow-SIMD,
+            for comparison; the pixels are the same).
+
+    Raises:
+        ValueError: the bytes are not a readable image (the caller adds the shard and key).
+    """
+    try:
+        job = _region_job(data, geometry, rng) if roi else None
+        if job is None:
+            return _decode_pillow(data, geometry, rng)
+        pixels = _region_pixels([job], 1)[0] if job.region else None
+        return _finish(job, pixels, data, geometry.size)
+    except Exception as exc:
+        raise _readable(exc, data) from exc
+
+
+def decode_batch(
+    payloads: Sequence[memoryview | bytes],
+    geometry: Geometry,
+    rngs: Sequence[np.random.Generator],
+    threads: int = 1,
+    roi: bool = True,
+    out: np.ndarray | None = None,
+) -> list[np.ndarray | ValueError]:
+    """Decode a batch of encoded images: entry i is image i's HWC uint8 pixels, or its error.
+
+    Each image draws its random geometry from its own generator `rngs[i]`, so the result does not
+    depend on the order in which images are decoded (nor on `threads`). Every image's JPEG region
+    is decoded (fastdata's extension; nvImageCodec decodes the batch's regions in one call first,
+    on `threads` threads), resized and flipped, or the image decoded whole by Pillow-SIMD, by the
+    calling thread and ``threads - 1`` threads of this process's decode pool (created on first
+    use, and anew in a forked child). The pool's threads have finished when it returns, even on
+    an error: `out` may be shared memory that the caller hands on.
+
+    Args:
+        payloads: encoded image bytes.
+        geometry: the decode-time geometry of every image.
+        rngs: one generator per image.
+        threads: decode threads.
+        roi: see `decode_image`.
+        out: an (N, 3, H, W) uint8 array, (H, W) = `geometry.out_hw`, to decode into: image i's
+            pixels are written to ``out[i]`` (a region is resized straight into it) and entry i
+            is the HWC view ``out[i].transpose(1, 2, 0)``; ``out[i]`` of a failed image is left
+            as it was. The caller's batch then needs no copy of each image.
+
+    Raises:
+        ValueError: mismatched arguments (one generator per image, threads >= 1, `out`'s shape).
+    """
+    if len(payloads) != len(rngs):
+        raise ValueError(f"need one generator per image, got {len(payloads)} and {len(rngs)}")
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    n = len(payloads)
+    if out is not None and (out.shape != (n, 3, *geometry.out_hw) or out.dtype != np.uint8):
+        raise ValueError(
+            f"out must be a uint8 array of shape {(n, 3, *geometry.out_hw)} for {n} images of "
+            f"geometry {geometry.kind!r}, got {out.dtype} {out.shape}"
+        )
+    jobs = [_region_job(payloads[i], geometry, rngs[i]) if roi else None for i in range(n)]
+    regions: dict[int, np.ndarray | None] = dict.fromkeys(range(n))
+    # nvImageCodec decodes the batch's regions in one call here; fastdata's own decoder decodes
+    # each region in `one`, just before it is resized (the region is still in the cache).
+    together = [i for i in range(n) if jobs[i] is not None and jobs[i].region and jobs[i].batched]
+    if together:
+        found = _region_pixels([jobs[i] for i in together], threads)
+        regions.update(zip(together, found, strict=True))
+
+    def one(i: int) -> np.ndarray | ValueError:
+        slot = None if out is None else out[i]
+        job = jobs[i]
+        try:
+            if job is None:  # no draws made for it yet
+                return _place(decode_image(payloads[i], geometry, rngs[i], roi=False), slot)
+            try:
+                pixels = regions[i]
+                if job.region and not job.batched:
+                    pixels = _region_pixels([job], 1)[0]
+                return _finish(job, pixels, payloads[i], geometry.size, slot)
+            except Exception as exc:
+                raise _readable(exc, payloads[i]) from exc
+        except ValueError as exc:
+            return exc
+
+    k = min(threads, n)
+    if k <= 1:
+        return [one(i) for i in range(n)]
+    # Strided chunks (i, i + k, ...) balance the work; the calling thread does chunk 0.
+    pool = process_pool(k - 1)
+    futures = [pool.submit(lambda j=j: [one(i) for i in range(j, n, k)]) for j in range(1, k)]
+    results: list[np.ndarray | ValueError] = [None] * n  # type: ignore[list-item]
+    try:
+        results[0::k] = [one(i) for i in range(0, n, k)]
+    finally:  # no thread left writing `out` after an unexpected error here
+        concurrent.futures.wait(futures)
+    for j, future in enumerate(futures, start=1):
+        results[j::k] = future.result()
+    return results
+
+
+def jpeg_region_decoder() -> str | None:
+    """Name and version of the JPEG region decoder this process uses, None when unavailable."""
+    decoder = region_decoder()
+    return None if decoder is None else decoder.name
+
+
+@dataclass(frozen=True)
+class _Job:
+    """A JPEG's planned crop: the box and flip drawn for it, and which path decodes it."""
+
+    decoder: RegionDecoder
+    stream: JpegStream
+    box: tuple[int, int, int, int]  # (left, top, right, bottom), full-resolution pixels
+    flip: bool
+    region: bool  # decode the box's region; False: Pillow's DCT-scaled path
+
+    @property
+    def batched(self) -> bool:
+        """Whether the batch's regions are decoded in one call (`RegionDecoder.batched`)."""
+        return self.decoder.batched
+
+
+def _region_pixels(jobs: list[_Job], threads: int) -> list[np.ndarray | None]:
+    """The RGB pixels of each job's box (None where the decode failed), by this thread's decoder.
+
+    Every region decode goes through here (tests replace it to check which path ran).
+    """
+    return jobs[0].decoder.regions([(job.stream, job.box) for job in jobs], threads)
+
+
+def _region_job(
+    data: memoryview | bytes, geometry: Geometry, rng: np.random.Generator
+) -> _Job | None:
+    """Draw the box and flip of a JPEG the region decoder takes; None (no draws) otherwise.
+
+    The JPEG is sized from its code stream (~3 us; Pillow's header parser, in Python, ~200 us).
+    """
+    if geometry.kind not in ("rrc", "center"):
+        return None
+    found = jpeg_stream(data)
+    if found is None:
+        return None
+    decoder, stream = found
+    box, flip = _draw(stream.size, geometry, rng)
+    return _Job(decoder, stream, box, flip, _region_is_cheaper(stream.size, box, geometry.size))
+
+
+def _draw(
+    size: tuple[int, int], geometry: Geometry, rng: np.random.Generator
+) -> tuple[tuple[int, int, int, int], bool]:
+    """The crop box ("rrc": random; "center"), then the flip: the order of the draws."""
+    width, height = size
+    if geometry.kind == "rrc":
+        from fastdata.augment import rrc_params
+
+        top, left, h, w = rrc_params(height, width, geometry.scale, geometry.ratio, rng)
+    else:
+        h = w = max(1, round(min(width, height) / geometry.resize_ratio))
+        top, left = (height - h) // 2, (width - w) // 2
+    flip = geometry.flip_p > 0 and bool(rng.random() < geometry.flip_p)
+    return (left, top, left + w, top + h), flip
+
+
+def _region_is_cheaper(size: tuple[int, int], box: tuple[int, int, int, int], out: int) -> bool:
+    """Whether decoding `box`'s region has fewer pixels to produce than a DCT-scaled whole decode."""
+    width, height = size
+    left, top, right, bottom = box
+    dct = 2 ** min(3, int(math.log2(max(1.0, min(right - left, bottom - top) / out))))
+    return (right - left) * (bottom - top) * dct * dct <= width * height
+
+
+def _place(pixels: np.ndarray, slot: np.ndarray | None) -> np.ndarray:
+    """`pixels` (HWC), or copied into `slot` (CHW) and returned as its HWC view."""
+    if slot is None:
+        return pixels
+    if pixels.shape != (slot.shape[1], slot.shape[2], slot.shape[0]):
+        raise ValueError(f"decoded to {pixels.shape}, expected HWC {slot.shape[1:]} x 3")
+    slot[...] = pixels.transpose(2, 0, 1)
+    return slot.transpose(1, 2, 0)
+
+
+def _finish(
+    job: _Job,
+    pixels: np.ndarray | None,
+    data: memoryview | bytes,
+    size: int,
+    slot: np.ndarray | None = None,
+) -> np.ndarray:
+    """Resize the decoded region to size x size and flip; Pillow's path when `pixels` is None.
+
+    With `slot` (a contiguous CHW array), the pixels are written there; its HWC view is returned.
+
+    None: the DCT-scaled path was chosen, or the region decode failed (Pillow names the reason).
+    The region is resized by torch's uint8 antialiased bilinear kernel, which gives the pixels of
+    Pillow's ``crop(box).resize(size, BILINEAR)`` (torchvision's `resized_crop` on a PIL image)
+    without Pillow's RGB -> RGBX -> RGB conversions: ~0.1 ms an image less at 224 px.
+    """
+    if pixels is None:
+        resized = _crop_resize(Image.open(io.BytesIO(data)), job.box, size)
+        if job.flip:
+            resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        return _place(_to_array(resized), slot)
+    # (1, C, H, W) in the channels-last layout, the kernel's vectorized uint8 path.
+    region = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)[None]
+    target = None if slot is None else torch.from_numpy(slot)
+    resized = resize_aa(region, size, job.flip, target)
+    return resized.permute(1, 2, 0).numpy()  # HWC view of planar pixels: the batch's layout
+
+
+def _decode_pillow(
+    data: memoryview | bytes, geometry: Geometry, rng: np.random.Generator
+) -> np.ndarray:
+    """Pillow-SIMD decode with the geometry (draft mode for JPEG crops)."""
+    image = Image.open(io.BytesIO(data))  # reads the header only
+    if geometry.kind == "none":
+        return _to_array(_maybe_flip(image, geometry.flip_p, rng))
+    if geometry.kind == "cover":
+        return _to_array(_maybe_flip(cover(image, geometry.hw), geometry.flip_p, rng))
+    box, flip = _draw(image.size, geometry, rng)
+    resized = _crop_resize(image, box, geometry.size)
+    if flip:
+        resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return _to_array(resized)
+
+
+def _readable(exc: Exception, data: memoryview | bytes) -> ValueError:
+    """A ValueError that says why the image could not be decoded (re-raises other errors)."""
+    if isinstance(exc, Image.UnidentifiedImageError):  # its message is the BytesIO object's repr
+        return ValueError(f"cannot decode image (unknown image format, starts {bytes(data[:8])!r})")
+    if isinstance(exc, (OSError, SyntaxError, ValueError, Image.DecompressionBombError)):
+        return ValueError(f"cannot decode image ({type(exc).__name__}: {exc})")
+    raise exc
+
+
+def _maybe_flip(image: Image.Image, flip_p: float, rng: np.random.Generator) -> Image.Image:
+    """Mirror `image` left-right with probability `flip_p` (no draw when it is 0).
+
+    On the PIL image: a transpose there costs ~70 us at 224 px, a contiguous copy of the mirrored
+    HWC array ~500 us (numpy copies 3-byte pixels with a negative stride slowly).
+    """
+    if flip_p > 0 and rng.random() < flip_p:
+        return image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    return image
+
+
+def _crop_resize(image: Image.Image, box: tuple[int, int, int, int], size: int) -> Image.Image:
+    """Crop `box` (in full-resolution pixels) and resize it to size x size, via draft mode."""
+    width, height = image.size
+    box_w, box_h = box[2] - box[0], box[3] - box[1]
+    extent = None
+    if image.format == "JPEG":
+        # Ask for the smallest DCT scale at which the box still has >= `size` pixels per side.
+        reduce = max(1.0, min(box_w / size, box_h / size))
+        drafted = image.draft("RGB", (max(1, int(width / reduce)), max(1, int(height / reduce))))
+        extent = drafted[1] if drafted is not None else None
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    if image.size == (width, height):  # full resolution: the region path's pixels (crop, resize)
+        return image.crop(box).resize((size, size), Image.BILINEAR)
+    # At DCT scale 1/k the decoded image is ceil(width / k) x ceil(height / k) pixels, pixel i
+    # covering full-resolution pixels [k * i, k * i + k): the full image spans width / k scaled
+    # pixels (draft's box), not image.size. Scaling the box by image.size / (width, height)
+    # instead shifts it by up to 7/8 of a scaled pixel at the far edges of an image whose size
+    # is not a multiple of k (measured on 533-row clothing photos at 56 px: mean difference
+    # from a full decode 3.25 -> 1.88 levels, worst edge line 13.1 -> 7.2).
+    ext_w, ext_h = extent[2:] if extent is not None else image.size
+    scale_x, scale_y = ext_w / width, ext_h / height
+    scaled = (box[0] * scale_x, box[1] * scale_y, box[2] * scale_x, box[3] * scale_y)
+    return image.resize((size, size), Image.BILINEAR, box=scaled)
+
+
+def _to_array(image: Image.Image) -> np.ndarray:
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    return np.asarray(image, dtype=np.uint8)

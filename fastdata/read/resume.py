@@ -1,0 +1,211 @@
+"""The resume state of a training epoch: what `ShardDataModule.state_dict()` records.
+
+Resumption counts *global* samples (MosaicML Streaming's lesson): the epoch plan
+(`fastdata.read.plan`, rule 2) consumes its order from the front, so "the first `consumed`
+samples of epoch `epoch`" names the same samples whatever world size or batch size took them.
+A state taken on 2 ranks x batch 10 therefore resumes on 1 rank x batch 20 (or the reverse) with
+exactly the samples not yet consumed. A state that cannot be honoured (another dataset, another
+seed, another split size) is refused with the reason, never silently remapped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import numbers
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from fastdata.format.manifest import Manifest
+
+__all__ = [
+    "STATE_VERSION",
+    "ResumeError",
+    "ResumeState",
+    "dataset_fingerprint",
+    "mix_description",
+]
+
+STATE_VERSION = 2
+
+# The least each integer field may be (a state from a checkpoint is untrusted input).
+_MINIMUM = {
+    "epoch": 0,
+    "consumed": 0,
+    "steps": 0,
+    "seed": 0,
+    "world_size": 1,
+    "batch_size": 1,
+    "num_samples": 0,
+}
+_FINGERPRINT = re.compile(r"[0-9a-f]{16}")
+
+
+class ResumeError(ValueError):
+    """A saved data position that this DataModule cannot continue from."""
+
+
+def dataset_fingerprint(manifest: Manifest, split: str) -> str:
+    """A short hash of the split's shards (their sha256s and sizes, in manifest order).
+
+    A mix (`fastdata.read.mix`): a hash of each dataset's own fingerprint and weight, in mix
+    order, and the epoch size, so a state from another mix or weighting does not match (and
+    moving a dataset's folder does not matter).
+    """
+    if manifest.source.get("kind") == "mix":
+        parts = [f"{d['fingerprints'][split]}*{d['weight']!r}" for d in manifest.source["datasets"]]
+        text = "mix;" + ";".join(parts) + f";{_mix_epoch_size(manifest, split)}"
+    else:
+        shards = manifest.split(split).shards
+        text = ";".join(f"{s.name}:{s.num_samples}:{s.sha256}" for s in shards)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def mix_description(manifest: Manifest, split: str) -> str:
+    """How a training epoch of `split` is drawn, for messages: "" for one dataset, else the
+    datasets' fingerprints, the weights and the epoch size."""
+    if manifest.source.get("kind") != "mix":
+        return ""
+    datasets = manifest.source["datasets"]
+    weights = ":".join(f"{d['weight']:g}" for d in datasets)
+    prints = ", ".join(d["fingerprints"][split] for d in datasets)
+    size = _mix_epoch_size(manifest, split)
+    return f"weights {weights} over datasets {prints}, epoch size {size}"
+
+
+def _mix_epoch_size(manifest: Manifest, split: str) -> int:
+    """`epoch_samples`, else the sum of the datasets' sizes (`fastdata.read.mix.epoch_mix`)."""
+    given = manifest.source.get("epoch_samples")
+    return int(given or sum(d["samples"][split] for d in manifest.source["datasets"]))
+
+
+@dataclass(frozen=True)
+class ResumeState:
+    """The position in the training epoch.
+
+    Args:
+        epoch: the epoch.
+        consumed: samples of the epoch consumed by all ranks together (a prefix of its order).
+        steps: batches each rank had taken in the epoch (Lightning's count of the epoch's steps).
+        seed: the base seed (the epoch order depends on it).
+        world_size: ranks when the state was taken (informative: any world size may resume).
+        batch_size: per-rank batch size then (informative).
+        num_samples: samples in the training split.
+        dataset: `dataset_fingerprint` of the training split.
+        mix: `mix_description` of the training split ("" for one dataset).
+    """
+
+    epoch: int
+    consumed: int
+    steps: int
+    seed: int
+    world_size: int
+    batch_size: int
+    num_samples: int
+    dataset: str
+    mix: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The checkpointable form (plain ints and strings, with a version)."""
+        state = {"version": STATE_VERSION, **asdict(self)}
+        if not self.mix:
+            del state["mix"]  # one dataset: the same state as before mixes existed
+        return state
+
+    @classmethod
+    def from_dict(cls, state: Any) -> ResumeState:
+        """Parse and validate a `to_dict` result.
+
+        Every field is checked (type, range, consistency with the others); `check` then
+        compares it with the dataset and seed.
+
+        Raises:
+            ResumeError: an older or malformed state, naming the field at fault.
+        """
+        if not isinstance(state, Mapping):
+            raise ResumeError(
+                f"the checkpoint's data position is a {type(state).__name__}, not the dict "
+                "ShardDataModule.state_dict() returns: drop the checkpoint's 'ShardDataModule' "
+                "entry to restart the epoch, or resume from a checkpoint Lightning wrote"
+            )
+        if state.get("version") != STATE_VERSION:
+            raise ResumeError(
+                f"this data position was saved by an older fastdata ({sorted(state)}): it records "
+                "batches, not the samples consumed, so it cannot be mapped onto the epoch plan "
+                "exactly; resume from an end-of-epoch checkpoint, or drop the checkpoint's "
+                "'datamodule' entry to restart the epoch"
+            )
+        values: dict[str, Any] = {}
+        for name, least in _MINIMUM.items():
+            if name not in state:
+                raise ResumeError(f"the data position lacks field {name!r} ({dict(state)})")
+            value = state[name]
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ResumeError(f"data position field {name!r} must be an integer, got {value!r}")
+            if value < least:
+                raise ResumeError(f"data position field {name!r} must be >= {least}, got {value}")
+            values[name] = int(value)
+        for name, pattern in (("dataset", _FINGERPRINT), ("mix", None)):
+            value = state.get(name, "") if name == "mix" else state.get(name)
+            if not isinstance(value, str) or (pattern and not pattern.fullmatch(value)):
+                raise ResumeError(
+                    f"data position field {name!r} must be "
+                    + ("16 hex digits" if pattern else "a string")
+                    + f", got {value!r}"
+                )
+            values[name] = value
+        result = cls(**values)  # no "mix": one dataset
+        result._check_consistent()
+        return result
+
+    def _check_consistent(self) -> None:
+        """The fields agree with each other (ResumeError naming the one that does not)."""
+        if self.consumed > self.num_samples:
+            raise ResumeError(
+                f"data position field 'consumed' ({self.consumed}) exceeds 'num_samples' "
+                f"({self.num_samples})"
+            )
+        # A step (all ranks together) consumes at least one new sample of the epoch, whatever the
+        # world size and batch size; a run resumed from a checkpoint without a data position
+        # restarts the epoch's samples after counting its earlier steps (`restored_steps`), so
+        # steps can exceed consumed, but never two epochs' worth: that bounds len() as well.
+        if self.steps > 2 * self.num_samples:
+            raise ResumeError(
+                f"data position field 'steps' ({self.steps}) exceeds twice 'num_samples' "
+                f"({self.num_samples}): no epoch of this dataset has that many steps"
+            )
+
+    def check(self, seed: int, num_samples: int, dataset: str, mix: str = "") -> None:
+        """ResumeError unless this state belongs to the same dataset (or mix) and seed.
+
+        Args:
+            seed: this DataModule's seed.
+            num_samples: samples in its training epoch.
+            dataset: `dataset_fingerprint` of its training split.
+            mix: `mix_description` of its training split ("" for one dataset).
+        """
+        if self.mix != mix:
+            raise ResumeError(
+                f"the checkpoint's data position was taken on "
+                f"{_mix_words(self.mix)}; this DataModule reads {_mix_words(mix)}: the epoch's "
+                "selection of samples differs, so the consumed ones cannot be skipped; resume "
+                "with the same roots, weights and epoch_samples"
+            )
+        if self.dataset != dataset or self.num_samples != num_samples:
+            raise ResumeError(
+                f"the checkpoint's data position belongs to another dataset or val= carve "
+                f"(fingerprint {self.dataset}, {self.num_samples} samples; this one: {dataset}, "
+                f"{num_samples}): resume with the shard folder and the val= it was trained with"
+            )
+        if self.seed != seed:
+            raise ResumeError(
+                f"the checkpoint's data position was taken with seed={self.seed}, this DataModule "
+                f"has seed={seed}: the epoch order differs, so the consumed samples cannot be "
+                f"skipped; pass seed={self.seed}"
+            )
+        self._check_consistent()
+
+
+def _mix_words(mix: str) -> str:
+    return f"a mix ({mix})" if mix else "a single dataset"

@@ -1,0 +1,1 @@
+"""Decoded splits kept whole: the on-disk cache and the padded store."""

@@ -1,0 +1,1 @@
+"""DataLoader workers and the shared memory batches cross."""

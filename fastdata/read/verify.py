@@ -1,0 +1,228 @@
+"""`fastdata inspect` and `fastdata verify`: look at a shard folder, and check every byte of it."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+from tqdm import tqdm
+
+from fastdata.format.fields import FieldError, FieldSpec
+from fastdata.format.integrity import IntegrityError, open_regular
+from fastdata.format.manifest import Manifest, ManifestError, ShardInfo
+from fastdata.format.manifest_io import load_manifest
+from fastdata.format.summary import summarize
+from fastdata.read.decoders.image import Geometry, decode_image, decode_raw
+from fastdata.read.shardio import (
+    ShardReader,
+    ShardReadError,
+    _close,
+    _open_bytes,
+    check_index_count,
+    read_index_file,
+)
+
+__all__ = ["VerifyReport", "inspect_findings", "summarize", "verify"]
+
+
+@dataclass
+class VerifyReport:
+    """What `verify` found: a manifest that cannot be read, shards whose bytes or index changed,
+    and samples that cannot be read."""
+
+    shards_checked: int = 0
+    samples_checked: int = 0
+    bad_shards: list[str] = field(default_factory=list)
+    bad_samples: list[str] = field(default_factory=list)
+    bad_manifest: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return not self.bad_shards and not self.bad_samples and self.bad_manifest is None
+
+    def __str__(self) -> str:
+        if self.bad_manifest is not None:
+            return f"bad manifest: {self.bad_manifest}"
+        head = f"checked {self.shards_checked} shards, {self.samples_checked:,} samples: " + (
+            "OK"
+            if self.ok
+            else f"{len(self.bad_shards)} bad shards, {len(self.bad_samples)} bad samples"
+        )
+        return "\n".join(
+            [
+                head,
+                *(f"  bad shard  {s}" for s in self.bad_shards),
+                *(f"  bad sample {s}" for s in self.bad_samples),
+            ]
+        )
+
+
+def inspect_findings(manifest: Manifest) -> list[str]:
+    """Cheap checks of a local shard folder (what `fastdata inspect` adds to the summary): each
+    tar is a regular file of the manifest's size, each index matches its sha256, parses, and
+    lists the manifest's sample count. Remote datasets: nothing is fetched (use `verify`)."""
+    findings: list[str] = []
+    if "://" in manifest.root:
+        return findings
+    for split in manifest.splits.values():
+        for shard in split.shards:
+            try:
+                fd = open_regular(manifest.shard_url(shard))
+                size = os.fstat(fd).st_size
+                os.close(fd)
+                if size != shard.bytes:
+                    findings.append(f"{shard.name}: {size} bytes, the manifest says {shard.bytes}")
+                _read_index(manifest, shard)
+            except (OSError, IntegrityError, ShardReadError) as exc:
+                reason = exc.reason if isinstance(exc, ShardReadError) else str(exc)
+                findings.append(f"{shard.name}: {reason}")
+    return findings
+
+
+def verify(root: str | os.PathLike[str], progress: bool = True) -> VerifyReport:
+    """Re-hash every shard and index against the manifest and read every sample (tar header,
+    label, per-sample digest when the shard has one) and decode it; list what is bad.
+
+    A manifest that cannot be loaded is reported (`VerifyReport.bad_manifest`), not raised.
+    """
+    report = VerifyReport()
+    try:
+        manifest = load_manifest(root)
+    except ManifestError as exc:
+        report.bad_manifest = str(exc)
+        return report
+    total = sum(split.num_samples for split in manifest.splits.values())
+    bar = tqdm(total=total, unit="img", desc=f"verifying {root}", disable=not progress)
+    for split_name, split in manifest.splits.items():
+        reader = ShardReader(manifest, split_name, max_open=1, verify_samples=True)
+        shape = tuple(split.raw_shape) if split.encoding == "raw" and split.raw_shape else None
+        for number, shard in enumerate(split.shards):
+            report.shards_checked += 1
+            try:
+                _check_shard(manifest, shard, report, reader, number)
+                if split.fields is None:
+                    _check_samples(reader, number, shard.num_samples, shape, report)
+                else:
+                    _check_fields(reader, number, shard.num_samples, split.fields, shape, report)
+            except (ShardReadError, OSError, IntegrityError) as exc:
+                reason = exc.reason if isinstance(exc, ShardReadError) else str(exc)
+                report.bad_shards.append(f"{shard.name}: {reason}")
+            bar.update(shard.num_samples)
+        reader.close()
+    bar.close()
+    return report
+
+
+def _check_shard(
+    manifest: Manifest, shard: ShardInfo, report: VerifyReport, reader: ShardReader, number: int
+) -> None:
+    """The whole tar's sha256 and size, and the index's sha256 (a finding each).
+
+    A remote shard is fetched once, as the store serves it now (not through the node's cache,
+    which may hold an older copy): `reader` then reads its samples from the same bytes.
+    """
+    url = manifest.shard_url(shard)
+    data = _open_bytes(url, shard.name)  # local (memory-mapped) or remote (fetched whole)
+    digest = hashlib.sha256(data).hexdigest()
+    size = len(data)
+    if "://" in url:
+        reader.use_bytes(number, data)
+    else:
+        _close(data)
+    if digest != shard.sha256 or size != shard.bytes:
+        report.bad_shards.append(
+            f"{shard.name}: sha256/size differ from the manifest (file changed or truncated)"
+        )
+    try:
+        _read_index(manifest, shard)
+    except ShardReadError as exc:
+        report.bad_shards.append(f"{shard.name}: {exc.reason}")
+
+
+def _read_index(manifest: Manifest, shard: ShardInfo) -> None:
+    """Load, check and parse the shard's index (FileNotFoundError is fine: the tar is scanned)."""
+    try:
+        index = read_index_file(manifest.index_url(shard), shard)
+    except FileNotFoundError:
+        return
+    check_index_count(index, shard)
+
+
+def _index_readable(reader: ShardReader, shard: int, report: VerifyReport) -> bool:
+    """False (the shard reported once as bad) when the shard's index cannot be read."""
+    name = reader.shards[shard].name
+    try:
+        reader.key(shard, 0)
+    except ShardReadError as exc:
+        if not any(b.startswith(f"{name}: ") for b in report.bad_shards):
+            report.bad_shards.append(f"{name}: {exc.reason}")
+        return False
+    return True
+
+
+def _check_samples(
+    reader: ShardReader, shard: int, count: int, shape, report: VerifyReport
+) -> None:
+    rng = np.random.default_rng(0)
+    name = reader.shards[shard].name
+    if not _index_readable(reader, shard, report):
+        return
+    for index in range(count):
+        report.samples_checked += 1
+        key = reader.key(shard, index)
+        try:
+            components = reader.sample(shard, index)
+            image = next((components[e] for e in ("rgb", "jpg", "png") if e in components), None)
+            if image is None or "lid" not in components:
+                raise ValueError(f"missing components (has {sorted(components)})")
+            if shape is not None:
+                decode_raw(image, shape)
+            else:
+                decode_image(image, Geometry("none"), rng)
+        except (ShardReadError, ValueError) as exc:
+            reason = exc.reason if isinstance(exc, ShardReadError) else str(exc)
+            report.bad_samples.append(f"{name} {key}: {reason}")
+
+
+def _check_fields(
+    reader: ShardReader,
+    shard: int,
+    count: int,
+    fields: dict[str, FieldSpec],
+    shape,
+    report: VerifyReport,
+) -> None:
+    """Decode every field of every sample of a split with fields (errors name shard, key, field):
+    the image's pixels, and a mask's size against the image's."""
+    rng = np.random.default_rng(0)
+    name = reader.shards[shard].name
+    if not _index_readable(reader, shard, report):
+        return
+    for index in range(count):
+        report.samples_checked += 1
+        key = reader.key(shard, index)
+        field = "-"
+        try:
+            components = reader.sample(shard, index)
+            size = None
+            for spec in fields.values():
+                field = spec.name
+                value = spec.decode(components)
+                if spec.kind == "image":
+                    pixels = (
+                        decode_raw(value, shape)
+                        if shape is not None and "rgb" in components
+                        else decode_image(value, Geometry("none"), rng)
+                    )
+                    size = tuple(np.asarray(pixels).shape[:2])
+                elif spec.kind == "mask" and size is not None and value.shape != size:
+                    raise FieldError(
+                        f"mask is {value.shape[1]} x {value.shape[0]} (W x H), its image "
+                        f"{size[1]} x {size[0]}"
+                    )
+        except ShardReadError as exc:
+            report.bad_samples.append(f"{name} {key}: {exc.reason}")
+        except (FieldError, ValueError) as exc:
+            report.bad_samples.append(f"{name} {key} field {field!r}: {exc}")
