@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from fastdata._util.version import __version__
 
 _EXPORTS = {
     "ShardDataModule": "fastdata.lightning.datamodule",
@@ -21,7 +21,7 @@ _EXPORTS = {
     "SegmentationDataModule": "fastdata.lightning.family",
     "DetectionDataModule": "fastdata.lightning.family",
     "Manifest": "fastdata.format.manifest",
-    "load_manifest": "fastdata.format.manifest",
+    "load_manifest": "fastdata.format.manifest_io",
     "ShardOptions": "fastdata.write",
     "write_shards": "fastdata.write",
     "open_source": "fastdata.write.sources",

@@ -1,6 +1,6 @@
 """Kernels of `fastdata.augment.targets`: a batch of regions applied to images, masks and boxes.
 
-Every function takes per-sample regions (`fastdata.augment.targets.Region`) and works the same on
+Every function takes per-sample regions (`fastdata.augment.region.Region`) and works the same on
 CPU and CUDA tensors; `targets.warp_sample` calls them with a batch of one, so a sample warped in a
 worker and a batch warped on the device give the same result.
 """
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -17,9 +16,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fastdata.augment.kernels import _separable
-
-if TYPE_CHECKING:
-    from fastdata.augment.targets import Region
+from fastdata.augment.region import Region
 
 _EPS = 1e-3  # pixels: box edges closer than this to a pixel boundary are taken as on it
 

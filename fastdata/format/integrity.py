@@ -40,6 +40,7 @@ from fastdata.format.schema import SUMS_HEADER, sample_digest
 
 __all__ = [
     "IntegrityError",
+    "ShardReadError",
     "SampleSums",
     "check_header",
     "check_indexes",
@@ -50,6 +51,42 @@ __all__ = [
     "open_regular",
     "read_checked",
 ]
+
+
+class ShardReadError(RuntimeError):
+    """A shard or one of its samples cannot be read. The message names the shard and the key.
+
+    Attributes:
+        shard_failed: the whole shard is unreadable this epoch (a remote shard that could not be
+            downloaded): every one of its samples raises this, without another download.
+    """
+
+    def __init__(
+        self,
+        shard: str,
+        key: str | None = None,
+        reason: str | None = None,
+        shard_failed: bool = False,
+    ) -> None:
+        self.shard_failed = shard_failed
+        if reason is None:
+            # Re-raised in the main process by a DataLoader worker, which passes one message
+            # (that already names the shard and the key): keep the type, so callers can catch it.
+            super().__init__(shard)
+            self.shard, self.key, self.reason = None, None, shard
+            return
+        where = f"{shard}, sample {key!r}" if key else shard
+        super().__init__(
+            f"{where}: {reason}. Run `fastdata verify` on the shard folder to list every bad "
+            "sample; re-shard, or pass on_error='skip' to skip bad samples"
+        )
+        self.shard = shard
+        self.key = key
+        self.reason = reason
+
+    def __reduce__(self):  # pickling (e.g. multiprocessing) keeps every field
+        return (ShardReadError, (self.shard, self.key, self.reason, self.shard_failed))
+
 
 log = logging.getLogger("fastdata")
 
@@ -304,8 +341,6 @@ def check_indexes(manifest: Manifest, split: str) -> None:
     Raises:
         ShardReadError: an index file is not a regular file or differs from its sha256.
     """
-    from fastdata.read.shardio import ShardReadError
-
     for info in manifest.split(split).shards:
         url = manifest.index_url(info)
         if "://" in url:

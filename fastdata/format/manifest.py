@@ -26,7 +26,6 @@ __all__ = [
     "ShardInfo",
     "SkippedSample",
     "SplitInfo",
-    "load_manifest",
     "resolve_splits",
 ]
 
@@ -231,115 +230,6 @@ class Manifest:
         tmp.write_text(self.to_json())
         os.replace(tmp, path)
         return path
-
-    @classmethod
-    def from_dict(cls, data: Any, root: str) -> Manifest:
-        """Build from parsed JSON, checking every field a reader relies on.
-
-        Raises:
-            ManifestError: an unknown format, or a malformed field (names the split or shard,
-                and the root), including a file name that leaves the dataset
-                (`fastdata.format.manifest_io.check_name`).
-        """
-        if not isinstance(data, dict):
-            raise ManifestError(
-                f"{root}: manifest is a JSON {type(data).__name__}, not an object; re-run "
-                "`fastdata shard`"
-            )
-        if data.get("format") != FORMAT:
-            raise ManifestError(f"{root}: not a fastdata manifest (format={data.get('format')!r})")
-        version = data.get("format_version")
-        if not isinstance(version, int) or version > FORMAT_VERSION:
-            raise ManifestError(
-                f"{root}: manifest format_version {version!r} is newer than this fastdata reads "
-                f"({FORMAT_VERSION}); upgrade fastdata"
-            )
-        try:
-            classes = data["classes"]
-            if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
-                raise ManifestError(f"{root}: 'classes' must be a list of names")
-            if not isinstance(data["splits"], dict):
-                raise ManifestError(f"{root}: 'splits' must be an object of split name -> split")
-            # They build this module's classes.
-            from fastdata.format.manifest_io import check_data_root, split_from_dict
-
-            splits = {
-                name: split_from_dict(root, name, sp, len(classes))
-                for name, sp in data["splits"].items()
-            }
-            return cls(
-                root=root,
-                classes=list(classes),
-                splits=splits,
-                source=dict(data["source"]),
-                seed=int(data["seed"]),
-                fastdata_version=str(data["fastdata_version"]),
-                format=data["format"],
-                format_version=version,
-                data_root=check_data_root(root, data.get("data_root")),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            if isinstance(exc, ManifestError):
-                raise
-            raise ManifestError(
-                f"{root}: manifest is missing or has a malformed field: {exc}"
-            ) from exc
-
-
-_WARNED_NO_INDEX_SUMS: set[str] = set()
-
-
-def load_manifest(
-    root: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
-) -> Manifest:
-    """Load `ROOT/manifest.json` (ROOT may be a folder or the manifest file itself, or a URL).
-
-    Args:
-        root: a folder, its manifest.json, or a URL prefix (s3://, gs://, https://; needs
-            `pip install "fastdata[remote]"`).
-        storage_options: for a URL, passed to fsspec (e.g. `{"endpoint_url": ...}`).
-
-    Raises:
-        ManifestError: when there is no manifest there, or it is not a fastdata manifest.
-        RemoteError: a remote manifest cannot be read after the retries (names the URL).
-    """
-    text_root = os.fspath(root)
-    if text_root.endswith(".json"):
-        text_root = text_root.rsplit("/", 1)[0] if "/" in text_root else "."
-    url = _join(text_root, MANIFEST_NAME)
-    try:
-        if _is_remote(text_root):
-            from fastdata.remote.fs import read_bytes  # fsspec only for remote manifests
-
-            data = json.loads(read_bytes(url, storage_options))
-        else:
-            with open(url, encoding="utf-8") as f:
-                data = json.load(f)
-    except FileNotFoundError as exc:
-        upload = " (an upload writes it last: is one still running?)" if _is_remote(url) else ""
-        raise ManifestError(
-            f"no {MANIFEST_NAME} in {text_root}{upload}: make the shards first with "
-            f"`fastdata shard SOURCE INPUT {text_root}`"
-        ) from exc
-    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting
-        raise ManifestError(
-            f"{url} is not valid UTF-8 JSON ({type(exc).__name__}: {exc}); re-run `fastdata shard`"
-        ) from exc
-    manifest = Manifest.from_dict(data, root=text_root)
-    from fastdata.format.manifest_io import check_files  # it imports this module's classes
-
-    check_files(manifest)
-    shards = [s for split in manifest.splits.values() for s in split.shards]
-    if any(s.index_sha256 is None for s in shards) and text_root not in _WARNED_NO_INDEX_SUMS:
-        _WARNED_NO_INDEX_SUMS.add(text_root)
-        log.warning(
-            "%s: the manifest (format_version %d) carries no index checksums, so a changed "
-            "index file goes unnoticed until it misplaces a sample; re-write it with this "
-            "fastdata's `fastdata shard ... --overwrite` to add them",
-            text_root,
-            manifest.format_version,
-        )
-    return manifest
 
 
 def resolve_splits(

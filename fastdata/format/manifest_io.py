@@ -1,6 +1,8 @@
-"""Checks of a manifest's fields and file names: a manifest is untrusted input.
+"""Reading a manifest (`load_manifest`, `manifest_from_dict`) and checking it: untrusted input.
 
-`Manifest.from_dict` checks every field a reader relies on (counts are positive integers,
+Apart from the dataclasses (`fastdata.format.manifest`), which the writer builds without reading
+anything, so that the classes and the checks that build them do not import each other.
+`manifest_from_dict` checks every field a reader relies on (counts are positive integers,
 checksums are hex digests, a split counts no more classes than the manifest lists), and
 `check_name` / `check_files` hold the one rule for paths: every file a manifest names resolves
 inside the dataset root (or, for a remote dataset, under the same scheme, host and path
@@ -9,15 +11,20 @@ prefix), as a regular file. Each error names the shard entry and says what to do
 
 from __future__ import annotations
 
+import json
 import os
 import posixpath
 import re
 import stat
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from fastdata.format.fields import FieldError, FieldSpec, fields_from_json
 from fastdata.format.manifest import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
     Manifest,
     ManifestError,
     ShardInfo,
@@ -25,9 +32,17 @@ from fastdata.format.manifest import (
     SplitInfo,
     _is_remote,
     _join,
+    log,
 )
 
-__all__ = ["check_data_root", "check_files", "check_name", "split_from_dict"]
+__all__ = [
+    "check_data_root",
+    "check_files",
+    "check_name",
+    "load_manifest",
+    "manifest_from_dict",
+    "split_from_dict",
+]
 
 #: Largest image side a manifest's raw_shape may give (JPEG's own limit); the writer's is lower.
 MAX_SIDE = 65_535
@@ -38,7 +53,7 @@ _SHARD_KEYS = {f for f in ShardInfo.__dataclass_fields__ if f != "label_map"}
 
 
 def split_from_dict(root: str, name: str, sp: Any, num_classes: int) -> SplitInfo:
-    """One split of `from_dict`, every shard entry checked (errors name the shard)."""
+    """One split of `manifest_from_dict`, every shard entry checked (errors name the shard)."""
     if not isinstance(sp, dict) or not isinstance(sp.get("shards"), list):
         raise ManifestError(f"{root}: split {name!r} is malformed (needs a 'shards' list)")
     shards = [_shard_from_dict(root, name, number, s) for number, s in enumerate(sp["shards"])]
@@ -289,3 +304,108 @@ def _check_file(root: str, url: str, where: str) -> None:
         raise ManifestError(
             f"{where}: {url} is not a regular file (a FIFO, device or folder); refusing it"
         )
+
+
+def manifest_from_dict(data: Any, root: str) -> Manifest:
+    """Build from parsed JSON, checking every field a reader relies on.
+
+    Raises:
+        ManifestError: an unknown format, or a malformed field (names the split or shard,
+            and the root), including a file name that leaves the dataset
+            (`fastdata.format.manifest_io.check_name`).
+    """
+    if not isinstance(data, dict):
+        raise ManifestError(
+            f"{root}: manifest is a JSON {type(data).__name__}, not an object; re-run "
+            "`fastdata shard`"
+        )
+    if data.get("format") != FORMAT:
+        raise ManifestError(f"{root}: not a fastdata manifest (format={data.get('format')!r})")
+    version = data.get("format_version")
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ManifestError(
+            f"{root}: manifest format_version {version!r} is newer than this fastdata reads "
+            f"({FORMAT_VERSION}); upgrade fastdata"
+        )
+    try:
+        classes = data["classes"]
+        if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+            raise ManifestError(f"{root}: 'classes' must be a list of names")
+        if not isinstance(data["splits"], dict):
+            raise ManifestError(f"{root}: 'splits' must be an object of split name -> split")
+        # They build this module's classes.
+        from fastdata.format.manifest_io import check_data_root, split_from_dict
+
+        splits = {
+            name: split_from_dict(root, name, sp, len(classes))
+            for name, sp in data["splits"].items()
+        }
+        return Manifest(
+            root=root,
+            classes=list(classes),
+            splits=splits,
+            source=dict(data["source"]),
+            seed=int(data["seed"]),
+            fastdata_version=str(data["fastdata_version"]),
+            format=data["format"],
+            format_version=version,
+            data_root=check_data_root(root, data.get("data_root")),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        if isinstance(exc, ManifestError):
+            raise
+        raise ManifestError(f"{root}: manifest is missing or has a malformed field: {exc}") from exc
+
+
+_WARNED_NO_INDEX_SUMS: set[str] = set()
+
+
+def load_manifest(
+    root: str | os.PathLike[str], storage_options: Mapping[str, Any] | None = None
+) -> Manifest:
+    """Load `ROOT/manifest.json` (ROOT may be a folder or the manifest file itself, or a URL).
+
+    Args:
+        root: a folder, its manifest.json, or a URL prefix (s3://, gs://, https://; needs
+            `pip install "fastdata[remote]"`).
+        storage_options: for a URL, passed to fsspec (e.g. `{"endpoint_url": ...}`).
+
+    Raises:
+        ManifestError: when there is no manifest there, or it is not a fastdata manifest.
+        RemoteError: a remote manifest cannot be read after the retries (names the URL).
+    """
+    text_root = os.fspath(root)
+    if text_root.endswith(".json"):
+        text_root = text_root.rsplit("/", 1)[0] if "/" in text_root else "."
+    url = _join(text_root, MANIFEST_NAME)
+    try:
+        if _is_remote(text_root):
+            from fastdata.remote.fs import read_bytes  # fsspec only for remote manifests
+
+            data = json.loads(read_bytes(url, storage_options))
+        else:
+            with open(url, encoding="utf-8") as f:
+                data = json.load(f)
+    except FileNotFoundError as exc:
+        upload = " (an upload writes it last: is one still running?)" if _is_remote(url) else ""
+        raise ManifestError(
+            f"no {MANIFEST_NAME} in {text_root}{upload}: make the shards first with "
+            f"`fastdata shard SOURCE INPUT {text_root}`"
+        ) from exc
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, nesting
+        raise ManifestError(
+            f"{url} is not valid UTF-8 JSON ({type(exc).__name__}: {exc}); re-run `fastdata shard`"
+        ) from exc
+    manifest = manifest_from_dict(data, root=text_root)
+    check_files(manifest)
+    shards = [s for split in manifest.splits.values() for s in split.shards]
+    if any(s.index_sha256 is None for s in shards) and text_root not in _WARNED_NO_INDEX_SUMS:
+        _WARNED_NO_INDEX_SUMS.add(text_root)
+        log.warning(
+            "%s: the manifest (format_version %d) carries no index checksums, so a changed "
+            "index file goes unnoticed until it misplaces a sample; re-write it with this "
+            "fastdata's `fastdata shard ... --overwrite` to add them",
+            text_root,
+            manifest.format_version,
+        )
+    return manifest

@@ -36,7 +36,7 @@ from fastdata.format.fields import is_classification
 from fastdata.format.manifest import VAL_SPLITS, Manifest, resolve_splits
 from fastdata.format.manifest_io import load_manifest
 from fastdata.lightning.compat import DATAMODULE_BASES
-from fastdata.lightning.dataset_info import DatasetInfo
+from fastdata.lightning.dataset_info import DEFAULT_PHOTO_SIZE, SMALL_IMAGE_SIDE, DatasetInfo
 from fastdata.lightning.epoch_loader import (
     EpochLoader,
     EpochPosition,
@@ -71,9 +71,6 @@ from fastdata.read.resume import ResumeState, dataset_fingerprint, mix_descripti
 __all__ = ["ShardDataModule"]
 
 log = logging.getLogger("fastdata")
-
-DEFAULT_PHOTO_SIZE = 224
-SMALL_IMAGE_SIDE = 64  # raw data at most this size gets the "cifar" preset by default
 
 
 class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):

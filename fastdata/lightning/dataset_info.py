@@ -16,7 +16,12 @@ from fastdata.lightning.transforms import TransformSpec, resolve_transforms
 if TYPE_CHECKING:  # pragma: no cover
     from fastdata.augment import Preset
 
-__all__ = ["DatasetInfo"]
+__all__ = ["DEFAULT_PHOTO_SIZE", "SMALL_IMAGE_SIDE", "DatasetInfo"]
+
+# Here, not in datamodule.py (which imports them from here), so that the DataModule's mixin does
+# not import the DataModule: the defaults of `setup()` that the mixin predicts before it runs.
+DEFAULT_PHOTO_SIZE = 224
+SMALL_IMAGE_SIDE = 64  # raw data at most this size gets the "cifar" preset by default
 
 
 class DatasetInfo:
@@ -87,8 +92,6 @@ class DatasetInfo:
 
     def _expected_size(self) -> tuple[int | None, list[int] | None]:
         """(output side or None, raw (H, W, C) or None) as `setup()` will resolve them."""
-        from fastdata.lightning.datamodule import DEFAULT_PHOTO_SIZE, SMALL_IMAGE_SIDE
-
         raw = self._train_raw_shape(self._load_manifest())
         image_size = self.image_size
         if image_size is None and raw is None:

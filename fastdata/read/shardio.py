@@ -23,9 +23,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from fastdata.format.integrity import (
+from fastdata.format.integrity import (  # ShardReadError: re-exported, its old home
     IntegrityError,
     SampleSums,
+    ShardReadError,
     check_digest,
     check_header,
     label_problem,
@@ -50,41 +51,6 @@ __all__ = [
     "read_index_file",
     "read_sample",
 ]
-
-
-class ShardReadError(RuntimeError):
-    """A shard or one of its samples cannot be read. The message names the shard and the key.
-
-    Attributes:
-        shard_failed: the whole shard is unreadable this epoch (a remote shard that could not be
-            downloaded): every one of its samples raises this, without another download.
-    """
-
-    def __init__(
-        self,
-        shard: str,
-        key: str | None = None,
-        reason: str | None = None,
-        shard_failed: bool = False,
-    ) -> None:
-        self.shard_failed = shard_failed
-        if reason is None:
-            # Re-raised in the main process by a DataLoader worker, which passes one message
-            # (that already names the shard and the key): keep the type, so callers can catch it.
-            super().__init__(shard)
-            self.shard, self.key, self.reason = None, None, shard
-            return
-        where = f"{shard}, sample {key!r}" if key else shard
-        super().__init__(
-            f"{where}: {reason}. Run `fastdata verify` on the shard folder to list every bad "
-            "sample; re-shard, or pass on_error='skip' to skip bad samples"
-        )
-        self.shard = shard
-        self.key = key
-        self.reason = reason
-
-    def __reduce__(self):  # pickling (e.g. multiprocessing) keeps every field
-        return (ShardReadError, (self.shard, self.key, self.reason, self.shard_failed))
 
 
 @dataclass(frozen=True)

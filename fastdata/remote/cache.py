@@ -48,11 +48,9 @@ import queue
 import re
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastdata.format.manifest import Manifest, ShardInfo
 from fastdata.remote.config import (
     CACHE_LIMIT_ENV,
     DEFAULT_LIMIT,
@@ -64,7 +62,10 @@ from fastdata.remote.config import (
 from fastdata.remote.fs import download
 from fastdata.remote.locks import LockFile
 from fastdata.remote.retry import DEFAULT_RETRY, RemoteError, RetryPolicy
-from fastdata.remote.room import CacheFolder
+from fastdata.remote.room import CacheFolder, CacheStats  # CacheStats: re-exported
+
+if TYPE_CHECKING:  # types only: remote/ sits below format/ (docs/DESIGN.md, "Layers")
+    from fastdata.format.manifest import Manifest, ShardInfo
 
 __all__ = ["CacheStats", "CachedShard", "ShardCache"]
 
@@ -72,16 +73,6 @@ log = logging.getLogger(__name__)
 
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 _IDLE = 30.0  # seconds the prefetch thread waits for a job before it ends
-
-
-@dataclass
-class CacheStats:
-    """What this process's cache did (not shared between processes)."""
-
-    downloads: int = 0
-    bytes_fetched: int = 0
-    hits: int = 0
-    evictions: int = 0
 
 
 class CachedShard:
@@ -394,7 +385,7 @@ class ShardCache(CacheFolder):
 
     @staticmethod
     def _info(manifest: Manifest, shard: ShardInfo | str) -> ShardInfo:
-        if isinstance(shard, ShardInfo):
+        if not isinstance(shard, str):  # a ShardInfo (only its type is imported here)
             return shard
         for split in manifest.splits.values():
             for info in split.shards:

@@ -7,22 +7,32 @@ import fcntl
 import logging
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fastdata.format.manifest import Manifest, ShardInfo
 from fastdata.remote.locks import LockFile
 
-if TYPE_CHECKING:
-    from fastdata.remote.cache import CacheStats
+if TYPE_CHECKING:  # types only: remote/ sits below format/ (docs/DESIGN.md, "Layers")
+    from fastdata.format.manifest import Manifest, ShardInfo
     from fastdata.remote.config import Timeouts
 
-__all__ = ["CacheFolder"]
+__all__ = ["CacheFolder", "CacheStats"]
 
 log = logging.getLogger(__name__)
 
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 _PART = re.compile(r"^([0-9a-f]{64})\.(?:tar\.(\d+)|idx)\.part$")
+
+
+@dataclass
+class CacheStats:
+    """What this process's cache did (not shared between processes)."""
+
+    downloads: int = 0
+    bytes_fetched: int = 0
+    hits: int = 0
+    evictions: int = 0
 
 
 class CacheFolder:

@@ -16,7 +16,7 @@ from fastdata.format.fields import (
     infer_fields,
     is_classification,
 )
-from fastdata.format.manifest import Manifest
+from fastdata.format.manifest_io import manifest_from_dict
 
 VALUES = {
     "label": 7,
@@ -102,7 +102,7 @@ def test_manifest_fields_round_trip_and_are_checked(tmp_path):
 
 
 def test_old_manifest_loads_as_image_and_label(tiny_shards):
-    manifest = Manifest.from_dict(
+    manifest = manifest_from_dict(
         json.loads((tiny_shards / "manifest.json").read_text()), str(tiny_shards)
     )
     split = next(iter(manifest.splits.values()))

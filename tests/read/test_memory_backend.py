@@ -326,7 +326,7 @@ def test_two_process_ddp_ranks_see_the_same_number_of_batches(raw_shards, tmp_pa
     decode_split(manifest, "train")  # decode once here; both ranks then hit the cache
     script = tmp_path / "ddp_probe.py"
     script.write_text(textwrap.dedent(_DDP_SCRIPT))
-    env = {**os.environ, "PYTHONPATH": str(Path(memory.__file__).parents[2])}
+    env = {**os.environ, "PYTHONPATH": str(Path(memory.__file__).parents[3])}
     cmd = ["timeout", "200", sys.executable, str(script), manifest.root, str(tmp_path)]
     result = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fastdata.format.manifest import Manifest, ManifestError
-from fastdata.format.manifest_io import load_manifest
+from fastdata.format.manifest import ManifestError
+from fastdata.format.manifest_io import load_manifest, manifest_from_dict
 from fastdata.format.schema import label_and_id
 from fastdata.read.shardio import ShardReader
 from fastdata.write.foreign import ForeignTarError
@@ -158,7 +158,7 @@ def test_hostile_data_root_is_refused(tmp_path: Path, data_root) -> None:
 def test_a_served_manifest_cannot_point_at_local_files(tmp_path: Path) -> None:
     wds, _, data = _indexed(tmp_path)
     with pytest.raises(ManifestError, match="may not point at local files"):
-        Manifest.from_dict(data, root="http://127.0.0.1:9/ds")
+        manifest_from_dict(data, root="http://127.0.0.1:9/ds")
 
 
 @pytest.mark.parametrize("how", ["dotdot", "symlink"])
