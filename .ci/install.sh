@@ -24,7 +24,7 @@ import sys
 
 names = {d.metadata["Name"].lower() for d in md.distributions()}
 needed = {"torch", "lightning", "webdataset", "pillow-simd", "psutil", "fastdata", "pytest",
-          "pytest-timeout", "nvidia-dali-cuda120", "fsspec", "s3fs", "gcsfs", "aiohttp", "moto"}
+          "pytest-timeout", "import-linter", "nvidia-dali-cuda120", "fsspec", "s3fs", "gcsfs", "aiohttp", "moto"}
 if missing := needed - names:
     sys.exit(f"install failed: missing {sorted(missing)}")
 if "pillow" in names:

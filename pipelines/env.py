@@ -1,4 +1,5 @@
-"""Where the real data for tests and benchmarks lives (FASTDATA_DATA_DIR, default ../shared/data)."""
+"""Where the real data for the pipelines, tests and benchmarks lives (FASTDATA_DATA_DIR, default
+../shared/data): the applications' helper, outside the library (`fastdata` never imports it)."""
 
 from __future__ import annotations
 
