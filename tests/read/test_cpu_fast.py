@@ -2,7 +2,7 @@
 
 - raw batches gathered in array operations (`raw_shard.gather_raw_batch`) against the per-sample
   reader (`ShardReader.sample` + `decode_raw` + `_collate`);
-- batches handed from persistent workers through shared-memory slots (`read/slots.py`) against
+- batches handed from persistent workers through shared-memory slots (`read/transport/slots.py`) against
   batches made in the main process.
 
 Odd cases each: the last short batch, a mid-epoch resume, evaluation padding, a mix of two
