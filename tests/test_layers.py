@@ -187,3 +187,26 @@ def test_no_library_module_imports_a_pipeline_or_a_test_helper() -> None:
             )
             bad += [f"{path.relative_to(ROOT)}: {n}" for n in names if n.split(".")[0] in outside]
     assert not bad, bad
+
+
+def test_the_manifest_classes_meet_what_the_shard_cache_reads_of_them() -> None:
+    # remote/ declares the manifest it reads (remote/shards.py) instead of importing format/;
+    # a member renamed or dropped on either side must fail here, not in a remote run.
+    import inspect
+
+    from fastdata.format.manifest import Manifest, ShardInfo, SplitInfo
+    from fastdata.remote.shards import ShardEntry, ShardSource, SplitEntries
+
+    def members(protocol: type) -> set[str]:
+        return {n for n, _ in inspect.getmembers(protocol) if not n.startswith("_")}
+
+    def has(cls: type) -> set[str]:
+        return set(getattr(cls, "__dataclass_fields__", {})) | set(dir(cls))
+
+    for protocol, cls in (
+        (ShardEntry, ShardInfo),
+        (SplitEntries, SplitInfo),
+        (ShardSource, Manifest),
+    ):
+        assert members(protocol), protocol
+        assert members(protocol) <= has(cls), (cls, members(protocol) - has(cls))

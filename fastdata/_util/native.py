@@ -12,7 +12,7 @@ __all__ = ["pixels"]
 
 def _load_pixels() -> ModuleType | None:
     try:
-        from fastdata import _pixels
+        import fastdata._pixels as _pixels  # the module itself, not the package root's API
     except ImportError:
         return None
     return _pixels

@@ -64,8 +64,9 @@ from fastdata.remote.locks import LockFile
 from fastdata.remote.retry import DEFAULT_RETRY, RemoteError, RetryPolicy
 from fastdata.remote.room import CacheFolder, CacheStats  # CacheStats: re-exported
 
-if TYPE_CHECKING:  # types only: remote/ sits below format/ (docs/DESIGN.md, "Layers")
-    from fastdata.format.manifest import Manifest, ShardInfo
+if TYPE_CHECKING:  # the manifest as remote/ sees it (remote/shards.py), named as its classes
+    from fastdata.remote.shards import ShardEntry as ShardInfo
+    from fastdata.remote.shards import ShardSource as Manifest
 
 __all__ = ["CacheStats", "CachedShard", "ShardCache"]
 

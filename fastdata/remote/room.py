@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any
 
 from fastdata.remote.locks import LockFile
 
-if TYPE_CHECKING:  # types only: remote/ sits below format/ (docs/DESIGN.md, "Layers")
-    from fastdata.format.manifest import Manifest, ShardInfo
+if TYPE_CHECKING:  # the manifest as remote/ sees it (remote/shards.py), named as its classes
     from fastdata.remote.config import Timeouts
+    from fastdata.remote.shards import ShardEntry as ShardInfo
+    from fastdata.remote.shards import ShardSource as Manifest
 
 __all__ = ["CacheFolder", "CacheStats"]
 
