@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastdata.format import manifest as manifest_module
+from fastdata.format import manifest_io
 from fastdata.format.manifest import ManifestError
 from fastdata.format.manifest_io import load_manifest
 from fastdata.read.backends import memory
@@ -229,7 +229,7 @@ def _as_version_1(data: dict) -> None:
 
 
 def test_an_old_manifest_loads_with_one_warning(tiny_shards, caplog, monkeypatch):
-    monkeypatch.setattr(manifest_module, "_WARNED_NO_INDEX_SUMS", set())
+    monkeypatch.setattr(manifest_io, "_WARNED_NO_INDEX_SUMS", set())
     _edit_manifest(tiny_shards, _as_version_1)
     with caplog.at_level(logging.WARNING, logger="fastdata"):
         first = load_manifest(tiny_shards)
