@@ -272,6 +272,8 @@ def _estimated_sizes(source: Source, split: str, order: list[int]) -> list[int]:
         item = source.item(split, sample_id)
         if item.pixels is not None:
             sizes.append(int(item.pixels.nbytes))
+        elif item.data is not None:
+            sizes.append(len(item.data))
         else:
             sizes.append(item.path.stat().st_size if item.path and item.path.exists() else 0)
     return sizes
