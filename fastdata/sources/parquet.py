@@ -22,7 +22,6 @@ random order, so a dataset larger than the cache reads a row group once per samp
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections import OrderedDict
@@ -37,14 +36,20 @@ import numpy as np
 from fastdata.fields import FieldSpec
 from fastdata.sources.base import BadSourceError, SourceItem, describe_path, split_name_problem
 from fastdata.sources.listcolumns import list_fields
+from fastdata.sources.parquet_columns import (
+    class_names,
+    extra_kinds,
+    hf_features,
+    image_column,
+    label_column,
+    same_columns,
+)
 
 __all__ = ["DEFAULT_CACHE_BYTES", "ParquetSource"]
 
 #: Image bytes a process keeps of the row groups it read (the writer's processes each have one).
 DEFAULT_CACHE_BYTES = 256 << 20
 _HUB_NAME = re.compile(r"(?P<split>[A-Za-z0-9][A-Za-z0-9_]*)-\d+-of-\d+")
-_IMAGE_NAMES = ("image", "img")
-_PATH_NAMES = ("image_path", "path", "file_name", "filename")
 _INSTALL = "install pyarrow: pip install 'fastdata[parquet]'"
 
 
@@ -107,12 +112,12 @@ class ParquetSource:
         self._cache_bytes = cache_bytes
         metas = [_open(pq, f) for f in self.files]
         schema = metas[0].schema.to_arrow_schema()
-        features = _hf_features(schema)
-        self.image_column, self._image_kind = _image_column(schema, features, image, self.files[0])
-        self.label_column = _label_column(schema, features, label, self.image_column)
-        kinds = _extra_kinds(schema, self.image_column, self.label_column, columns, self.files[0])
+        features = hf_features(schema)
+        self.image_column, self._image_kind = image_column(schema, features, image, self.files[0])
+        self.label_column = label_column(schema, features, label, self.image_column, self.files[0])
+        kinds = extra_kinds(schema, self.image_column, self.label_column, columns, self.files[0])
         for file, meta in zip(self.files[1:], metas[1:], strict=True):
-            _same_columns(meta.schema.to_arrow_schema(), schema, file, self.files[0])
+            same_columns(meta.schema.to_arrow_schema(), schema, file, self.files[0])
         self._kinds = kinds
         self._fields = list_fields(self.label_column is not None, False, kinds)
         if self.label_column is None and self._fields is None:
@@ -120,34 +125,8 @@ class ParquetSource:
                 f"{describe_path(self.files[0])}: no label column and no other column besides "
                 f"the image {self.image_column!r}; pass label=... naming the label column"
             )
-        names = _class_names(classes, features, self.label_column)
-        self._groups, counts = _plan(self.files, metas, self.root, split)
-        self._splits = counts
-        read_cols = [c for c in (self.label_column, *kinds) if c is not None]
-        if self._image_kind == "path":
-            read_cols.append(self.image_column)
-        tasks = [(s, g) for s, groups in self._groups.items() for g in groups]
-        with ThreadPoolExecutor(threads or min(8, os.cpu_count() or 1)) as pool:
-            read = list(pool.map(lambda t: self._read_columns(pq, t[1], read_cols), tasks))
-        self.classes, labels = _resolve(read, tasks, names, self)
-        self._labels = {s: np.zeros(n, dtype=np.int64) - 1 for s, n in counts.items()}
-        self._extras: dict[str, list[dict[str, Any]]] = {s: [] for s in counts}
-        self._paths: dict[str, list[str | None]] = {s: [] for s in counts}
-        for (split_name, group), columns_read, group_labels in zip(
-            tasks, read, labels, strict=True
-        ):
-            if group_labels is not None:
-                self._labels[split_name][group.start : group.start + group.rows] = group_labels
-            rows = [
-                dict(zip(kinds, v, strict=True))
-                for v in zip(*(columns_read[k] for k in kinds), strict=True)
-            ]
-            self._extras[split_name].extend(rows or [{}] * group.rows)
-            if self._image_kind == "path":
-                self._paths[split_name].extend(columns_read[self.image_column])
-        self._starts = {
-            s: np.asarray([g.start for g in gs], np.int64) for s, gs in self._groups.items()
-        }
+        self._groups, self._splits = _plan(self.files, metas, self.root, split)
+        self._load_columns(pq, class_names(classes, features, self.label_column), threads)
         self._cache: OrderedDict[tuple[int, int], tuple[Any, int]] = OrderedDict()
 
     # ------------------------------------------------------------------------------ Source API
@@ -200,6 +179,34 @@ class ParquetSource:
         }
 
     # ------------------------------------------------------------------------------ reading
+
+    def _load_columns(self, pq: Any, names: list[str] | None, threads: int | None) -> None:
+        """Read every column but the image, a row group per task on a thread pool (pyarrow
+        releases the GIL), check the labels, and keep each row's label and field values."""
+        kinds = self._kinds
+        read_cols = [c for c in (self.label_column, *kinds) if c is not None]
+        if self._image_kind == "path":
+            read_cols.append(self.image_column)
+        tasks = [(s, g) for s, groups in self._groups.items() for g in groups]
+        with ThreadPoolExecutor(threads or min(8, os.cpu_count() or 1)) as pool:
+            read = list(pool.map(lambda t: self._read_columns(pq, t[1], read_cols), tasks))
+        self.classes, labels = _resolve(read, tasks, names, self)
+        counts = self._splits
+        # Arrays, not lists of ints: forked writer workers share them without refcount writes.
+        self._labels = {s: np.full(n, -1, dtype=np.int64) for s, n in counts.items()}
+        self._extras: dict[str, list[dict[str, Any]]] = {s: [] for s in counts}
+        self._paths: dict[str, list[str | None]] = {s: [] for s in counts}
+        for (split, group), columns_read, group_labels in zip(tasks, read, labels, strict=True):
+            if group_labels is not None:
+                self._labels[split][group.start : group.start + group.rows] = group_labels
+            values = zip(*(columns_read[k] for k in kinds), strict=True)
+            rows = [dict(zip(kinds, v, strict=True)) for v in values]
+            self._extras[split].extend(rows or [{}] * group.rows)
+            if self._image_kind == "path":
+                self._paths[split].extend(columns_read[self.image_column])
+        self._starts = {
+            s: np.asarray([g.start for g in gs], np.int64) for s, gs in self._groups.items()
+        }
 
     def _read_columns(self, pq: Any, group: _Group, names: list[str]) -> dict[str, list[Any]]:
         """The named columns of one row group as Python values (run on the open thread pool)."""
@@ -280,161 +287,6 @@ def _open(pq: Any, file: Path) -> Any:
             f"{file}: not a readable Parquet file ({exc}); remove it from the folder or write "
             "it again"
         ) from exc
-
-
-def _hf_features(schema: Any) -> dict[str, Any]:
-    """The `features` that `datasets` stores in the schema metadata ({} when absent or bad)."""
-    raw = (schema.metadata or {}).get(b"huggingface")
-    try:
-        features = json.loads(raw)["info"]["features"] if raw else {}
-    except (ValueError, KeyError, TypeError):
-        return {}
-    return features if isinstance(features, dict) else {}
-
-
-def _image_column(
-    schema: Any, features: dict[str, Any], wanted: str | None, file: Path
-) -> tuple[str, str]:
-    """(name, "struct" | "bytes" | "path") of the image column."""
-    names = schema.names
-    if wanted is None:
-        typed = [n for n in names if _image_kind(schema.field(n).type) in ("struct", "bytes")]
-        hub = [n for n in names if _feature_type(features, n) == "Image"]
-        found = [n for n in _IMAGE_NAMES if n in names]
-        found = found or (hub if len(hub) == 1 else []) or (typed if len(typed) == 1 else [])
-        found = found or [n for n in _PATH_NAMES if n in names]
-        if not found:
-            raise BadSourceError(
-                f"{describe_path(file)}: no image column among {names}; name it with "
-                "image=... (a struct of bytes + path, a binary or a path column)"
-            )
-        wanted = found[0]
-    if wanted not in names:
-        raise BadSourceError(
-            f"{describe_path(file)}: no column {wanted!r} for the images; it has {names}"
-        )
-    kind = _image_kind(schema.field(wanted).type)
-    if kind is None:
-        raise BadSourceError(
-            f"{describe_path(file)}: column {wanted!r} is {schema.field(wanted).type}: an image "
-            "column must be a struct of bytes + path (Hugging Face Image), binary or a path"
-        )
-    return wanted, kind
-
-
-def _image_kind(arrow_type: Any) -> str | None:
-    import pyarrow as pa
-
-    if pa.types.is_struct(arrow_type):
-        children = {arrow_type.field(i).name for i in range(arrow_type.num_fields)}
-        return "struct" if "bytes" in children else None
-    if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
-        return "bytes"
-    if pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
-        return "path"
-    return None
-
-
-def _feature_type(features: dict[str, Any], name: str) -> str | None:
-    feature = features.get(name)
-    return feature.get("_type") if isinstance(feature, dict) else None
-
-
-def _label_column(
-    schema: Any, features: dict[str, Any], wanted: str | None, image: str
-) -> str | None:
-    import pyarrow as pa
-
-    names = [n for n in schema.names if n != image]
-    if wanted is None:
-        hub = [n for n in names if _feature_type(features, n) == "ClassLabel"]
-        wanted = "label" if "label" in names else (hub[0] if len(hub) == 1 else None)
-        if wanted is None:
-            return None
-    if wanted not in names:
-        raise BadSourceError(f"no label column {wanted!r}; the columns are {schema.names}")
-    arrow_type = schema.field(wanted).type
-    if not (pa.types.is_integer(arrow_type) or pa.types.is_string(arrow_type)):
-        raise BadSourceError(
-            f"label column {wanted!r} is {arrow_type}: a label is a class index (an integer) "
-            "or a class name (a string); pass label=... to name another column"
-        )
-    return wanted
-
-
-def _extra_kinds(
-    schema: Any, image: str, label: str | None, wanted: Sequence[str] | None, file: Path
-) -> dict[str, str]:
-    """Field kind ("text" / "json") of every kept column besides the image and the label."""
-    import pyarrow as pa
-
-    rest = [n for n in schema.names if n not in (image, label)]
-    chosen = list(wanted) if wanted is not None else rest
-    kinds: dict[str, str] = {}
-    for name in chosen:
-        if name not in rest:
-            raise BadSourceError(
-                f"{describe_path(file)}: columns=[...] names {name!r}, which is not one of the "
-                f"columns besides the image and the label: {rest}"
-            )
-        arrow_type = schema.field(name).type
-        if pa.types.is_binary(arrow_type) or pa.types.is_large_binary(arrow_type):
-            problem = f"is binary ({arrow_type}), which no field kind stores"
-        elif not name.isidentifier() or name in ("image", "label", "labels"):
-            problem = "is not a usable field name (an identifier other than image/label/labels)"
-        elif pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type):
-            kinds[name] = "text"
-            continue
-        elif _jsonable(arrow_type):
-            kinds[name] = "json"
-            continue
-        else:
-            problem = f"is {arrow_type}, which has no JSON form (dates, decimals, binary)"
-        raise BadSourceError(
-            f"{describe_path(file)}: column {name!r} {problem}; leave it out with columns=[...] "
-            "listing the columns to keep"
-        )
-    return kinds
-
-
-def _jsonable(arrow_type: Any) -> bool:
-    """Whether a column's values are JSON values: numbers, booleans, strings, lists, structs."""
-    import pyarrow as pa
-
-    t = pa.types
-    if t.is_null(arrow_type) or t.is_boolean(arrow_type) or t.is_integer(arrow_type):
-        return True
-    if t.is_floating(arrow_type) or t.is_string(arrow_type) or t.is_large_string(arrow_type):
-        return True
-    if t.is_list(arrow_type) or t.is_large_list(arrow_type) or t.is_fixed_size_list(arrow_type):
-        return _jsonable(arrow_type.value_type)
-    if t.is_struct(arrow_type):
-        return all(_jsonable(arrow_type.field(i).type) for i in range(arrow_type.num_fields))
-    return False
-
-
-def _same_columns(schema: Any, first: Any, file: Path, first_file: Path) -> None:
-    if schema.names != first.names or schema.types != first.types:
-        raise BadSourceError(
-            f"{file}: its columns {_describe(schema)} differ from those of {first_file} "
-            f"{_describe(first)}; shard files of one schema together (or leave this one out)"
-        )
-
-
-def _describe(schema: Any) -> str:
-    return ", ".join(
-        f"{name}: {kind}" for name, kind in zip(schema.names, schema.types, strict=True)
-    )
-
-
-def _class_names(
-    classes: Sequence[str] | None, features: dict[str, Any], label: str | None
-) -> list[str] | None:
-    if classes is not None:
-        return list(classes)
-    feature = features.get(label) if label is not None else None
-    names = feature.get("names") if isinstance(feature, dict) else None
-    return [str(n) for n in names] if isinstance(names, list) and names else None
 
 
 def _plan(
