@@ -14,9 +14,10 @@ from PIL import Image
 from fastdata import ShardDataModule
 from fastdata.cli import main
 from fastdata.manifest import load_manifest
-from fastdata.sources import BadSourceError, ParquetSource, open_source
+from fastdata.sources import BadSourceError, FolderSource, ParquetSource, open_source
 from fastdata.write import ShardingError, ShardOptions, write_shards
 from fastdata.write.writer import WORK_DIR
+from tests.conftest import write_jpeg_folder
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -245,3 +246,42 @@ def test_path_column_relative_to_the_parquet_file(tmp_path: Path) -> None:
     assert source.splits() == {"val": 3} and source.sample_fields("val") is None
     item = source.item("val", 1)
     assert (item.path, item.label, item.data) == (tmp_path / "1.png", 0, None)
+
+
+def test_same_shards_as_the_image_folder_the_rows_came_from(tmp_path: Path) -> None:
+    """A folder's files as Hub-style rows (same order, same bytes, names in the metadata) shard
+    byte-identically to the folder: JPEGs kept as they are, PNGs stored as PNG, same plan."""
+    folder = FolderSource(write_jpeg_folder(tmp_path / "images", classes=3, per_class=4))
+    items = [folder.item("train", i) for i in range(folder.splits()["train"])]
+    table = pa.table(
+        {
+            "image": [{"bytes": it.path.read_bytes(), "path": it.path.name} for it in items],
+            "label": [it.label for it in items],
+        }
+    )
+    names = {"label": {"names": folder.classes, "_type": "ClassLabel"}, "image": {"_type": "Image"}}
+    table = table.replace_schema_metadata(
+        {"huggingface": json.dumps({"info": {"features": names}})}
+    )
+    (tmp_path / "hub").mkdir()
+    pq.write_table(table, tmp_path / "hub" / "train-00000-of-00001.parquet", row_group_size=5)
+    options = ShardOptions(max_count=5, workers=1, progress=False)
+    write_shards(folder, tmp_path / "from_folder", options)
+    write_shards(ParquetSource(tmp_path / "hub"), tmp_path / "from_parquet", options)
+    shards = {n: d for n, d in _tree(tmp_path / "from_folder").items() if n != "manifest.json"}
+    assert len([n for n in shards if n.endswith(".tar")]) == 3
+    parquet = _tree(tmp_path / "from_parquet")
+    assert {n: parquet.get(n) for n in shards} == shards
+
+
+def test_a_cache_smaller_than_a_row_group_gives_the_same_items(tmp_path: Path) -> None:
+    file = tmp_path / "ds.parquet"
+    images = [_png(_pixels(i)) for i in range(7)]
+    pq.write_table(pa.table({"image": images, "label": list(range(7))}), file, row_group_size=2)
+    small = ParquetSource(file, cache_bytes=1)  # keeps only the row group read last
+    order = [6, 0, 3, 6, 1, 5, 2, 4, 0]
+    assert [small.item("train", i).data for i in order] == [images[i] for i in order]
+    assert len(small._cache) == 1
+    roomy = ParquetSource(file)
+    assert [roomy.item("train", i).data for i in order] == [images[i] for i in order]
+    assert len(roomy._cache) == 4  # every row group, read once
