@@ -212,7 +212,8 @@ class ParquetSource:
         """The named columns of one row group as Python values (run on the open thread pool)."""
         file = self.files[group.file]
         try:
-            table = pq.ParquetFile(file).read_row_group(group.group, columns=names)
+            with pq.ParquetFile(file) as parquet:  # closed at once: no descriptor per row group
+                table = parquet.read_row_group(group.group, columns=names)
         except Exception as exc:  # pyarrow raises ArrowInvalid, OSError...
             raise BadSourceError(
                 f"{file}: cannot read row group {group.group} ({exc}); the file is damaged: "
@@ -239,7 +240,8 @@ class ParquetSource:
         return None, self._image_path(group, value.get("path"))
 
     def _image_path(self, group: _Group, value: str | None) -> Path | None:
-        # Relative paths are relative to the Parquet file's folder (where `datasets` resolves them).
+        # Relative to the Parquet file's folder, not the working directory: the dataset folder can
+        # move as a whole, and the shards do not depend on where the command ran.
         return None if not value else self.files[group.file].parent / value
 
     def _image_group(self, group: _Group) -> Any:
@@ -252,7 +254,8 @@ class ParquetSource:
 
         file = self.files[group.file]
         try:
-            table = pq.ParquetFile(file).read_row_group(group.group, columns=[self.image_column])
+            with pq.ParquetFile(file) as parquet:
+                table = parquet.read_row_group(group.group, columns=[self.image_column])
         except Exception as exc:
             raise BadSourceError(
                 f"{file}: cannot read the images of row group {group.group} ({exc}); the file "
@@ -281,7 +284,8 @@ def _parquet_files(root: Path) -> list[Path]:
 
 def _open(pq: Any, file: Path) -> Any:
     try:
-        return pq.ParquetFile(file).metadata
+        with pq.ParquetFile(file) as parquet:
+            return parquet.metadata
     except Exception as exc:  # ArrowInvalid: not Parquet; OSError: unreadable
         raise BadSourceError(
             f"{file}: not a readable Parquet file ({exc}); remove it from the folder or write "
