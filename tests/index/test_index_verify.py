@@ -4,6 +4,7 @@ is good, and a flipped byte or a missing component is still a finding."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from fastdata.cli import main
@@ -51,11 +52,11 @@ def test_verify_reports_a_missing_component_in_an_indexed_folder(
     manifest = index_shards(cls_shards, out, IndexOptions(splits={"test": "test-*"}))
     shard = manifest.split("test").shards[0]
     (out / shard.sums).unlink()  # no per-sample digests: only reading the sample can tell
-    data = __import__("json").loads((out / "manifest.json").read_text())
+    data = json.loads((out / "manifest.json").read_text())
     for entry in data["splits"]["test"]["shards"]:
         if entry["name"] == shard.name:
             entry["sums"] = entry["sums_sha256"] = None
-    (out / "manifest.json").write_text(__import__("json").dumps(data))
+    (out / "manifest.json").write_text(json.dumps(data))
     index = out / shard.index
     lines = index.read_text().splitlines()
     lines[2] = " ".join(lines[2].split()[:4])  # sample 000001 keeps its cls, loses its jpg
