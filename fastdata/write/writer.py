@@ -85,7 +85,9 @@ class ShardOptions:
         encoding: "auto", "raw", "png", "jpeg" or "keep" (see `fastdata.write.encode`).
         resize: shrink images so the shorter side is at most this many pixels (re-encodes).
         quality: JPEG quality for re-encoding.
-        strict: stop at the first bad sample instead of skipping and reporting it.
+        strict: stop at the first bad sample instead of skipping and reporting it (also at an
+            input the source itself found unusable: an unpaired segmentation file, a broken
+            symlink, before anything is written).
         overwrite: replace shards of a different dataset found in the output folder.
         progress: show a progress bar.
         val_fraction: carve this share of the training split into a "val" split
@@ -218,6 +220,12 @@ def run_plan(
             (False for one part of a `--part` run: every part sees all of them, so `fastdata
             merge` counts them once, against the whole run).
     """
+    if options.strict:  # what the source found unusable is a bad input like a bad image
+        for origin, reason in (s for found in source_skipped(source).values() for s in found):
+            raise ShardingError(
+                f"bad input (strict mode): {origin}: {reason}; fix or remove it, or shard "
+                "without --strict to skip it and list it in the manifest"
+            )
     work = out_dir / WORK_DIR
     todo = [job for job in jobs if not is_done(out_dir, work, job.stem)]
     if len(todo) < len(jobs):
