@@ -23,8 +23,9 @@ from PIL import Image
 from fastdata import schema
 from fastdata.fields import FieldError, FieldSpec
 from fastdata.sources.base import MaskFile, SourceItem
+from fastdata.write.diagnose import not_an_image, sniff_format
 from fastdata.write.encode import BadSampleError, EncodedSample
-from fastdata.write.images import UnreadableImage, open_image, to_rgb
+from fastdata.write.images import UnreadableImage, clean_message, open_image, to_rgb
 
 __all__ = [
     "MASK_MODES",
@@ -104,7 +105,7 @@ def read_mask(mask: MaskFile, max_pixels: int | None, origin: str) -> np.ndarray
     except (OSError, SyntaxError, ValueError) as exc:
         if isinstance(exc, BadSampleError):
             raise
-        raise BadSampleError(where, f"unreadable PNG ({exc})") from exc
+        raise BadSampleError(where, f"unreadable PNG ({_mask_problem(exc, data)})") from exc
     if values.size and (values.min() < 0 or values.max() > 65535):
         raise BadSampleError(where, "mask values must be 0..65535")
     values = values.astype(np.uint16 if values.size and values.max() > 255 else np.uint8)
@@ -169,6 +170,15 @@ def sample_components(
         except FieldError as exc:
             raise BadSampleError(item.origin, f"field {name!r}: {exc}") from exc
     return parts, stored
+
+
+def _mask_problem(exc: Exception, data: bytes) -> str:
+    """Why Pillow could not read a mask, without the `<_io.BytesIO object at 0x...>` that its
+    "cannot identify image file" names instead of the file (`where` names the file)."""
+    if isinstance(exc, Image.UnidentifiedImageError):
+        fmt = sniff_format(data)
+        return f"a {fmt} file Pillow cannot identify" if fmt else not_an_image(data)
+    return clean_message(exc)
 
 
 def _mask_value(
