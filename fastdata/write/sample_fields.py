@@ -208,12 +208,20 @@ def _mask_value(
 def _scaled_boxes(
     value: Any, original: tuple[int, int], new: tuple[int, int]
 ) -> tuple[np.ndarray, np.ndarray]:
+    """The boxes as stored: float32 xyxy in the stored image's pixels, only those with a positive
+    width and height in float32 (what the loaders keep; a box 1e-6 px wide at x=100 has none)."""
     boxes, labels = value
     boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+    labels = np.asarray(labels, dtype=np.int64).reshape(-1)
+    if not np.isfinite(boxes).all():
+        raise FieldError("boxes: every coordinate must be a finite number")
     if new != original:
         sy, sx = new[0] / original[0], new[1] / original[1]
         boxes = (boxes * np.array([sx, sy, sx, sy], dtype=np.float64)).astype(np.float32)
-    return boxes, np.asarray(labels, dtype=np.int64).reshape(-1)
+    if labels.shape[0] != boxes.shape[0]:
+        return boxes, labels  # the field's encoder names the mismatch
+    keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    return boxes[keep], labels[keep]
 
 
 def sample_classes(
