@@ -182,7 +182,7 @@ def _categories(cats: list[Any], where: str) -> tuple[dict[int, int], list[str]]
     for n, cat in enumerate(cats):
         if (
             not isinstance(cat, dict)
-            or not _int(cat.get("id"))
+            or not _int64(cat.get("id"))
             or not isinstance(cat.get("name"), str)
         ):
             raise BadSourceError(f"{where}: categories[{n}] needs an int 'id' and a str 'name'")
