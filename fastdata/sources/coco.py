@@ -95,6 +95,8 @@ class CocoSource:
                 f"{len(cats):,} categories is more than max_entries={max_entries:,}"
             )
         category_index, self.classes = _categories(cats, where)
+        #: The COCO category id behind each class index (recorded in the manifest's class_ids).
+        self.class_ids = sorted(category_index, key=category_index.__getitem__)
         self._records = _images(images_list, where)
         by_id = {record[0]: n for n, record in enumerate(self._records)}
         boxes: list[list[list[float]]] = [[] for _ in self._records]
@@ -148,6 +150,7 @@ class CocoSource:
             path=path,
             fields={"boxes": self._boxes[index], "crowd": self._crowd[index]},
             size=(height, width),
+            source_id=image_id,
         )
 
     def fingerprint(self) -> dict[str, Any]:
