@@ -201,3 +201,52 @@ def test_a_field_named_key_is_refused_with_keys(tmp_path):
     dm.setup("validate")
     with pytest.raises(ValueError, match=r"field\(s\) \['key'\].*keys=False"):
         next(iter(dm.val_dataloader()))
+
+
+def test_list_and_coco_sources_give_their_own_ids(tmp_path):
+    from fastdata.sources import open_source
+
+    lst = tmp_path / "lists" / "labels.csv"
+    lst.parent.mkdir()
+    lst.write_text("path,label,split\nimg/1.jpg,dog,\n/abs/3.png,cat,val\n")
+    src = open_source("list", lst)
+    assert src.item("train", 0).source_id == "img/1.jpg"  # as listed, relative to the root
+    assert src.item("val", 0).source_id == "/abs/3.png"
+    images, ann = write_coco(tmp_path / "coco")
+    coco = CocoSource(images, ann, split="val")
+    assert [coco.item("val", i).source_id for i in range(4)] == [3, 5, 7, 9]  # image-id order
+    assert coco.class_ids == [4, 20]  # category ids behind classes ["cat", "dog"]
+
+
+def test_indexed_foreign_shards_carry_their_keys_only(tmp_path):
+    import webdataset as wds
+
+    from fastdata.write.index import index_shards
+    from tests.index.conftest import solid_jpeg
+
+    out = tmp_path / "wds"
+    out.mkdir()
+    with wds.ShardWriter(str(out / "val-%06d.tar"), maxcount=4, verbose=0) as sink:
+        for i in range(5):
+            sink.write({"__key__": f"part.v1/s{i:05d}", "jpg": solid_jpeg(i), "cls": str(i % 2)})
+    manifest = index_shards(out)
+    assert manifest.split("val").source_ids is None
+    dm = ShardDataModule(
+        out, batch_size=4, num_workers=0, image_size=16, keys=True, backend="cpu", val="val"
+    )
+    dm.setup("validate")
+    ids = [batch[2] for batch in dm.val_dataloader()]
+    assert sorted(k for b in ids for k in b["key"]) == [f"part.v1/s{i:05d}" for i in range(5)]
+    assert all(s is None for b in ids for s in b["source_id"])
+
+
+def test_source_ids_of_a_remote_dataset_come_over_http(folder_shards):
+    from tests.remote.servers import FileServer
+
+    server = FileServer(folder_shards)
+    try:
+        local = _val_rows(folder_shards, "cpu", world=1)
+        remote = _val_rows(server.url, "cpu", world=1, cache_dir=str(folder_shards.parent / "c"))
+    finally:
+        server.stop()
+    assert remote == local and all(sid is not None for _, sid, _ in remote)
