@@ -250,3 +250,64 @@ def test_source_ids_of_a_remote_dataset_come_over_http(folder_shards):
     finally:
         server.stop()
     assert remote == local and all(sid is not None for _, sid, _ in remote)
+
+
+def _loader_keys(loader) -> list[list[str | None]]:
+    return [list(batch[2]) for batch in loader]
+
+
+@pytest.mark.parametrize("backend", ["memory", "dali"])
+def test_backends_hand_over_the_cpu_backends_keys_at_every_rank_and_resume(tiny_shards, backend):
+    if backend == "dali":
+        pytest.importorskip("nvidia.dali")
+        from fastdata.read.dali import make_dali_loader as make
+    else:
+        from fastdata.read.memory import make_memory_loader as make
+    manifest = load_manifest(tiny_shards)
+    for train, split in ((False, "test"), (True, "train")):
+        for rank in range(3):  # 50 test samples on 3 ranks of 8: padding repeats
+            spec = LoaderSpec(
+                manifest=manifest, split=split, train=train, batch_size=8, seed=5, keys=True,
+                rank=rank, world_size=3, preset="none",
+            )  # fmt: skip
+            cpu = _loader_keys(make_cpu_loader(spec))
+            assert _loader_keys(make(spec)) == cpu, (backend, split, rank)
+            if not train:
+                continue
+            resumed = make(spec)
+            resumed.set_epoch(0, consumed=2 * 8 * 3, steps_before=2)
+            assert _loader_keys(resumed) == cpu[2:]
+    pads = []
+    for rank in range(3):
+        spec = LoaderSpec(
+            manifest=manifest, split="test", train=False, batch_size=8, keys=True, rank=rank,
+            world_size=3, preset="none",
+        )  # fmt: skip
+        pads += [k for batch in _loader_keys(make_cpu_loader(spec)) for k in batch]
+    assert sorted(k for k in pads if k) == [f"test_{i:08d}" for i in range(50)]
+    assert pads.count(None) == 1  # 50 on 3 ranks: 17 each, one repeat
+
+
+def test_a_trainer_hands_the_keys_to_validation_step(folder_shards):
+    import lightning.pytorch as pl
+
+    class Record(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros(1))
+            self.seen: list[tuple[str, str]] = []
+
+        def validation_step(self, batch, batch_idx) -> None:
+            images, labels, ids = batch  # transferred and normalized, the ids as they were
+            assert images.dtype == torch.float32 and len(ids["key"]) == len(labels)
+            self.seen += zip(ids["key"], ids["source_id"], strict=True)
+
+    dm = ShardDataModule(folder_shards, batch_size=4, num_workers=0, image_size=32, keys=True)
+    model = Record()
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+        enable_model_summary=False,
+    )  # fmt: skip
+    trainer.validate(model, datamodule=dm, verbose=False)
+    assert sorted(k for k, _ in model.seen) == [f"val_{i:08d}" for i in range(9)]
+    assert all(sid.startswith("val/class") for _, sid in model.seen)
