@@ -311,3 +311,30 @@ def test_a_trainer_hands_the_keys_to_validation_step(folder_shards):
     trainer.validate(model, datamodule=dm, verbose=False)
     assert sorted(k for k, _ in model.seen) == [f"val_{i:08d}" for i in range(9)]
     assert all(sid.startswith("val/class") for _, sid in model.seen)
+
+
+def test_a_skipped_sample_takes_its_key_with_it(folder_shards):
+    """on_error='skip': the keys stay aligned with the images that remain (decode failures are
+    found after the batch is read, so the keys follow the decoder's survivors)."""
+    manifest = load_manifest(folder_shards)
+    shard = manifest.split("val").shards[0]
+    path = Path(manifest.shard_url(shard))
+    data = bytearray(path.read_bytes())
+    first_jpg = data.find(b"\xff\xd8\xff")
+    data[first_jpg : first_jpg + 64] = b"\x00" * 64  # wreck the first JPEG's header
+    path.write_bytes(bytes(data))
+    spec = LoaderSpec(
+        manifest=manifest, split="val", train=False, batch_size=4, preset="photo", image_size=32,
+        on_error="skip", keys=True,
+    )  # fmt: skip
+    loader = make_cpu_loader(spec)
+    batches = list(loader)
+    with tarfile.open(path) as tar:
+        broken = next(m.name for m in tar.getmembers() if m.name.endswith(".jpg"))
+    broken_key = broken.split(".", 1)[0]
+    keys = [k for _, _, ks in batches for k in ks]
+    assert loader.skipped == 1 and broken_key not in keys and len(keys) == 8
+    for images, labels, ks in batches:
+        assert len(images) == len(labels) == len(ks)
+        for label, key in zip(labels.tolist(), ks, strict=True):
+            assert f"/class{label}/" in "/" + load_source_ids(manifest, "val").ids[key]
