@@ -432,16 +432,16 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
 
     # ------------------------------------------------------------------ device augmentation
 
-    def on_after_batch_transfer(
-        self, batch: Any, dataloader_idx: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Run the transforms the loader left (training: seeded from the plan) on the device.
 
         A dict dataset's batch (`TrainSample` / `EvalSample`, `fastdata.read.samples`) gets the
         regions its loader left (the memory backend: image, masks and boxes moved together,
         `fastdata.read.resident.finish_sample`) and its image normalized; its other fields pass
-        as they are. Anything else but an (images, labels) pair passes unchanged: Lightning also
-        sends the model's `example_input_array` through this hook (for the model summary).
+        as they are (`keys=True`'s ``key`` and ``source_id`` too). An (images, labels, ids)
+        batch (`keys=True`) keeps its ids. Anything else but such a batch passes unchanged:
+        Lightning also sends the model's `example_input_array` through this hook (for the model
+        summary).
         """
         if isinstance(batch, Mapping):
             return self._finish_sample(batch)
