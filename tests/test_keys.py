@@ -338,3 +338,19 @@ def test_a_skipped_sample_takes_its_key_with_it(folder_shards):
         assert len(images) == len(labels) == len(ks)
         for label, key in zip(labels.tolist(), ks, strict=True):
             assert f"/class{label}/" in "/" + load_source_ids(manifest, "val").ids[key]
+
+
+def test_parts_merged_write_the_single_runs_source_ids_and_class_ids(tmp_path):
+    from fastdata.write.parts import Part, merge_parts, write_part
+
+    images, ann = write_coco(tmp_path / "coco")
+    source = CocoSource(images, ann, split="val")
+    options = ShardOptions(max_count=1, workers=1, progress=False)  # 4 shards: 2 per part
+    write_shards(source, tmp_path / "single", options)
+    for index in (1, 0):
+        write_part(source, tmp_path / "parts", options, Part(index, 2))
+    merge_parts(tmp_path / "parts")
+    for name in ("manifest.json", "val-source-ids.json"):
+        single = (tmp_path / "single" / name).read_text()
+        assert (tmp_path / "parts" / name).read_text() == single, name
+    assert load_manifest(tmp_path / "parts").class_ids == [4, 20]
