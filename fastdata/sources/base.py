@@ -72,6 +72,9 @@ class SourceItem:
             the `Path` of its PNG, read by the writer). None for a classification sample.
         size: the (height, width) the source expects the image to have (a COCO record's size),
             checked by the writer; None: not known.
+        source_id: the sample's id in the source's own terms, recorded at shard time so that
+            predictions map back (`fastdata.read.source_ids`): a COCO image id, or a folder's or
+            list's image path relative to its root; None: the source has none (CIFAR).
     """
 
     sample_id: int
@@ -81,6 +84,7 @@ class SourceItem:
     path: Path | None = None
     fields: Mapping[str, Any] | None = None
     size: tuple[int, int] | None = None
+    source_id: int | str | None = None
 
 
 @dataclass(frozen=True)

@@ -97,6 +97,8 @@ class CocoSource:
         where = str(self.annotations)
         images_list, cats, anns = _read(self.annotations, max_json_bytes, max_entries)
         category_index, self.classes = _categories(cats, where)
+        #: The COCO category id behind each class index (recorded in the manifest's class_ids).
+        self.class_ids = sorted(category_index, key=category_index.__getitem__)
         self._records = _images(images_list, where)
         anns.check_unique_ids(where)
         # Boxes packed per image (one array for all, offsets per image): forked writer workers
@@ -128,6 +130,7 @@ class CocoSource:
             path=path,
             fields={"boxes": self._boxes.get(index), "crowd": self._crowd.get(index)},
             size=(height, width),
+            source_id=image_id,
         )
 
     def fingerprint(self) -> dict[str, Any]:

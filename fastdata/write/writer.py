@@ -180,7 +180,8 @@ def write_shards(
         )
         check_bad(results, _total_inputs(source, jobs), options.max_bad)
         report_skipped(results)
-        manifest = build_manifest(out_dir, list(source.classes), identity, results)
+        class_ids = getattr(source, "class_ids", None)  # COCO: the category ids
+        manifest = build_manifest(out_dir, list(source.classes), identity, results, class_ids)
         manifest.save(out_dir)
         shutil.rmtree(work, ignore_errors=True)
     return manifest
@@ -357,6 +358,7 @@ def _write_job(job: ShardJob) -> int:
     pixels = PixelStats()  # streamed per-channel statistics (the default normalization)
     keys: list[str] = []
     digests: list[str] = []  # per sample, for verify_samples=True
+    source_ids: dict[str, int | str] = {}  # key -> the source's own id (the split's id file)
     sums_path = out_dir / f"{job.stem}{SUMS_SUFFIX}"
     specs = source_fields(source, job.split)  # None: classification (image + label)
     result.fields = fields_to_json(specs) if specs is not None else None
@@ -396,6 +398,8 @@ def _write_job(job: ShardJob) -> int:
             writer.write(key, components)
             keys.append(key)
             digests.append(schema.sample_digest(components))
+            if item.source_id is not None:
+                source_ids[key] = item.source_id
             heights.append(encoded.height)
             widths.append(encoded.width)
             exts.add(encoded.ext)
@@ -424,6 +428,7 @@ def _write_job(job: ShardJob) -> int:
     result.widths = [min(widths), max(widths), sum(widths)] if widths else []
     result.exts = sorted(exts)
     result.pixel_sums = pixels.to_list() if pixels.count else []
+    result.source_ids = source_ids or None
     atomic_write(done_path(out_dir / WORK_DIR, job.stem), json.dumps(asdict(result)))
     return len(job.sample_ids)
 
