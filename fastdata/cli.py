@@ -138,6 +138,14 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:
         "(default train)",
     )
     p.add_argument(
+        "--max-json-bytes",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="coco: largest annotations json read, e.g. 4G (default 2G; raise it for a trusted "
+        "file)",
+    )
+    p.add_argument(
         "--ignore-index",
         type=int,
         default=255,
@@ -283,6 +291,10 @@ def _source_options(args: argparse.Namespace) -> dict[str, Any]:
         if args.source not in ("coco", "parquet"):
             raise ValueError("--split is for the coco and parquet sources")
         kwargs["split"] = args.split
+    if args.max_json_bytes is not None:
+        if args.source != "coco":
+            raise ValueError("--max-json-bytes is for the coco source")
+        kwargs["max_json_bytes"] = args.max_json_bytes
     if args.source == "segmentation":
         kwargs["ignore_index"] = None if args.ignore_index < 0 else args.ignore_index
     return kwargs
@@ -331,6 +343,7 @@ def _part_command(args: argparse.Namespace) -> str:
     defaults = {"seed": 0, "max_count": 10_000, "max_size": None, "encoding": "auto"}
     defaults |= {"resize": None, "quality": 90, "workers": None, "val_fraction": None}
     defaults |= {"max_side": None, "classes": None, "split": None, "ignore_index": 255}
+    defaults |= {"max_json_bytes": None}
     defaults |= {
         "max_bad": 0.1,
         "max_pixels": DEFAULT_MAX_PIXELS,

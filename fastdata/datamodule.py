@@ -134,6 +134,9 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         verify_samples: hash every sample read and compare it with its digest written at shard
             time (cpu and memory backends; shards without digests are read with a warning).
             Off by default: index checksums, tar headers and labels are checked on every read.
+        keys: every batch says which samples it holds (`fastdata.read.source_ids`): dict
+            batches gain ``key`` and ``source_id`` lists, classification batches become
+            (images, labels, {"key": [...], "source_id": [...]}); None marks padding rows.
         workers: a `fastdata.read.WorkerSettings` in place of num_workers, prefetch_factor,
             decode_threads, loader_timeout and mp_context, used as given (None: the flat ones).
         cache: a `fastdata.shardset.CacheSettings(dir, limit)` in place of cache_dir/_limit.
@@ -174,6 +177,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         val: str | float | None = None,
         decoded_cache_dir: str | os.PathLike[str] | None = None,
         verify_samples: bool = False,
+        keys: bool = False,
         workers: WorkerSettings | None = None,
         cache: CacheSettings | None = None,
     ) -> None:
@@ -184,6 +188,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         self.decode_threads, self.loader_timeout = given["decode_threads"], given["loader_timeout"]
         self.cache_dir, self.cache_limit = given["cache_dir"], given["cache_limit"]
         self.workers, self.verify_samples = workers, verify_samples  # workers: + pin_memory etc.
+        self.keys = keys
         self.batch_size, self.seed, self.on_error = batch_size, seed, on_error
         self.backend, self.image_size, self.drop_last = backend, image_size, drop_last
         self.rank, self.world_size, self.mp_context = rank, world_size, given["mp_context"]
@@ -351,6 +356,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             decoded_cache_dir=self.decoded_cache_dir,
             verify_samples=self.verify_samples,
             ignore_index=self.ignore_index,
+            keys=self.keys,
         )
         return self._size_workers(spec)
 
@@ -426,31 +432,34 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
 
     # ------------------------------------------------------------------ device augmentation
 
-    def on_after_batch_transfer(
-        self, batch: Any, dataloader_idx: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Run the transforms the loader left (training: seeded from the plan) on the device.
 
         A dict dataset's batch (`TrainSample` / `EvalSample`, `fastdata.read.samples`) gets the
         regions its loader left (the memory backend: image, masks and boxes moved together,
         `fastdata.read.resident.finish_sample`) and its image normalized; its other fields pass
-        as they are. Anything else but an (images, labels) pair passes unchanged: Lightning also
-        sends the model's `example_input_array` through this hook (for the model summary).
+        as they are (`keys=True`'s ``key`` and ``source_id`` too). An (images, labels, ids)
+        batch (`keys=True`) keeps its ids. Anything else but such a batch passes unchanged:
+        Lightning also sends the model's `example_input_array` through this hook (for the model
+        summary).
         """
         if isinstance(batch, Mapping):
             return self._finish_sample(batch)
-        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        if not (isinstance(batch, (tuple, list)) and len(batch) in (2, 3)):
             return batch
-        x, y = batch
+        x, y, *ids = batch  # ids: keys=True's {"key": ..., "source_id": ...}
+        if ids and not isinstance(ids[0], Mapping):
+            return batch
         train = self._is_training(batch)
         seed = self._position.next_batch_seed() if train else self.seed
         normalized, applied = self._flags.get(train, (x.is_floating_point(), 0))
         if normalized or x.is_floating_point():
-            return x, y
+            return (x, y, *ids)
         self.setup()
         with one_thread_on_cpu(x.device):
             generator = self._generator(x.device).manual_seed(seed)
-            return self.transforms.apply(x, train, generator, self._pool, skip=applied), y
+            x = self.transforms.apply(x, train, generator, self._pool, skip=applied)
+        return (x, y, *ids)
 
     def _finish_sample(self, batch: Mapping[str, Any]) -> Mapping[str, Any]:
         """A dict batch's device work: the regions the loader left (memory backend: drawn from

@@ -215,7 +215,12 @@ def _mask_decode(parts: Parts) -> np.ndarray:
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         if isinstance(exc, FieldError):
             raise
-        raise FieldError(f"mask: unreadable PNG ({exc})") from exc
+        reason = (  # Pillow's message names a BytesIO object, not the file: say what the bytes are
+            f"not an image Pillow can identify, starts {bytes(_one(parts))[:8]!r}"
+            if isinstance(exc, Image.UnidentifiedImageError)
+            else str(exc)
+        )
+        raise FieldError(f"mask: unreadable PNG ({reason})") from exc
     if mask.dtype.kind not in "iu" or mask.ndim != 2:
         raise FieldError(f"mask: expected an (H, W) integer map, got {mask.dtype} {mask.shape}")
     return mask.astype(np.uint16 if mask.max(initial=0) > 255 else np.uint8, copy=False)

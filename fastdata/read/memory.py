@@ -49,6 +49,7 @@ from fastdata.read.mix import map_row_labels
 from fastdata.read.padded import PaddedImages, padded_nbytes
 from fastdata.read.plan import PAD_LABEL, EpochPlan
 from fastdata.read.resident import make_resident_loader
+from fastdata.read.source_ids import batch_keys, row_keys
 
 __all__ = [
     "FusedPadCrop",
@@ -170,6 +171,7 @@ class MemoryLoader:
         self.applied_ops = 1 if fused is not None else len(self._crop_ops)
         self._pool = TensorPool()  # CPU batches: reuse released memory instead of page-faulting
         self.device = labels.device
+        self._keys: list[str] | None = None  # keys=True: every row's key, read once
         self.set_epoch(spec.epoch, spec.consumed, spec.steps_before)
 
     @property
@@ -212,7 +214,16 @@ class MemoryLoader:
                 labels = self.labels.index_select(0, idx)
                 if pad is not None:
                     labels = labels.masked_fill(pad, PAD_LABEL)
+            if self.spec.keys:  # `fastdata.read.source_ids`
+                padded = pad.tolist() if pad is not None else None
+                yield images, labels, batch_keys(self._row_keys(), idx.tolist(), padded)
+                continue
             yield images, labels
+
+    def _row_keys(self) -> list[str]:
+        if self._keys is None:
+            self._keys = row_keys(self.spec)
+        return self._keys
 
     def batch_generator(self, seed: int) -> torch.Generator:
         """A generator on the store's device, freshly seeded with a plan batch seed."""

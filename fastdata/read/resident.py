@@ -46,6 +46,7 @@ from fastdata.read.samples import (
     sample_spec,
 )
 from fastdata.read.shardio import ShardReader, ShardReadError
+from fastdata.read.source_ids import batch_keys, row_keys
 
 __all__ = ["ResidentSamples", "finish_sample", "make_resident_loader"]
 
@@ -72,6 +73,7 @@ class ResidentSamples:
             raise ValueError(f"split {spec.split!r} is a classification split: use MemoryLoader")
         self.sample_spec: SampleSpec = sspec
         self.values, self.ok = self._decode_split()
+        self._keys: list[str] | None = None  # keys=True: every row's key, read once
         self.set_epoch(spec.epoch, spec.consumed, spec.steps_before)
 
     def _decode_split(self) -> tuple[list[dict[str, Any] | None], torch.Tensor]:
@@ -165,8 +167,16 @@ class ResidentSamples:
             kept = [(int(r), bool(p) and not train) for r, p in zip(rows, pad, strict=True)]
             kept = [(r, p) for r, p in kept if self.values[r] is not None]
             samples = [self.values[r] for r, _ in kept]
-            batch = collate_samples(samples, [p for _, p in kept], self.sample_spec)  # type: ignore[arg-type]
+            keys = None
+            if self.spec.keys:  # `fastdata.read.source_ids`
+                keys = batch_keys(self._row_keys(), [r for r, _ in kept], [p for _, p in kept])
+            batch = collate_samples(samples, [p for _, p in kept], self.sample_spec, keys)  # type: ignore[arg-type]
             yield _on(batch, self.device)
+
+    def _row_keys(self) -> list[str]:
+        if self._keys is None:
+            self._keys = row_keys(self.spec)
+        return self._keys
 
 
 def _on(batch: Sample, device: torch.device) -> Sample:

@@ -15,7 +15,10 @@ yields dict batches (`TrainSample` / `EvalSample`):
 | `json`     | list                                                                     |
 | `array`    | a stacked tensor when every shape agrees, else a list of tensors         |
 
-and always ``padded`` bool (N,): True for evaluation padding (repeats that make every rank's
+With ``keys=True`` (`LoaderSpec.keys`) a batch also holds ``key``: list[str | None], each
+row's sample key (None for padding); the loader adds ``source_id`` (`fastdata.read.source_ids`).
+
+A batch always holds ``padded`` bool (N,): True for evaluation padding (repeats that make every rank's
 batches equal): their mask is all `ignore_index`, their boxes empty, their label -100
 (`plan.PAD_LABEL`), their multi-hot all zeros, so every metric can skip them.
 
@@ -117,6 +120,7 @@ class SampleSpec:
         raw_shape: (H, W, C) of raw (`rgb`) images.
         ignore_index: the mask value of pixels outside the image and of padding samples.
         num_classes: width of a `labels` field's multi-hot vector.
+        keys: add each row's sample key (``key``; None for padding) to the batch.
     """
 
     fields: Mapping[str, FieldSpec]
@@ -126,6 +130,7 @@ class SampleSpec:
     raw_shape: tuple[int, int, int] | None = None
     ignore_index: int = 255
     num_classes: int = 0
+    keys: bool = False
 
     @property
     def image(self) -> str | None:
@@ -148,6 +153,12 @@ def sample_spec(spec: LoaderSpec, out_hw: tuple[int, int] | None = None) -> Samp
     fields = info.field_specs
     if is_classification(fields):
         return None
+    taken = sorted({"key", "source_id"} & set(fields)) if spec.keys else []
+    if taken:
+        raise ValueError(
+            f"split {spec.split!r} of {spec.manifest.root} has field(s) {taken}, the names "
+            "keys=True gives the batch keys; pass keys=False (the samples' own fields stay)"
+        )
     ops = spec.preset.ops(spec.train)
     if any(isinstance(op, BatchTransform) for op in ops):
         raise ValueError(
@@ -175,6 +186,7 @@ def sample_spec(spec: LoaderSpec, out_hw: tuple[int, int] | None = None) -> Samp
         raw_shape=raw if info.encoding == "raw" else None,
         ignore_index=spec.ignore_index,
         num_classes=spec.manifest.num_classes,
+        keys=spec.keys,
     )
 
 
@@ -293,7 +305,7 @@ def decode_samples(
 
     Samples that fail are added to `skips` (on_error='skip') or raise (names shard, key, field).
     """
-    decoded, padded = [], []
+    decoded, padded, keys = [], [], []
     for sample in batch.samples:
         values = decode_fields(rows, sample, spec)
         if isinstance(values, Skip):
@@ -301,17 +313,25 @@ def decode_samples(
             continue
         decoded.append(values)
         padded.append(sample.padded)
+        if spec.keys:
+            keys.append(None if sample.padded else rows.reader.key(sample.shard, sample.index))
     if spec.out_hw is not None and spec.image is not None and decoded:
         from fastdata.augment.targets import draw_regions
 
         sizes = [tuple(v[spec.image].shape[:2]) for v in decoded]
         regions = draw_regions(spec.preset, spec.train, sizes, spec.out_hw, batch_seed)
         decoded = [warp_fields(v, spec, r) for v, r in zip(decoded, regions, strict=True)]
-    return collate_samples(decoded, padded, spec)
+    return collate_samples(decoded, padded, spec, keys if spec.keys else None)
 
 
-def collate_samples(samples: list[dict[str, Any]], padded: list[bool], spec: SampleSpec) -> Sample:
-    """One dict batch from decoded samples (see the module docstring), padding marked."""
+def collate_samples(
+    samples: list[dict[str, Any]],
+    padded: list[bool],
+    spec: SampleSpec,
+    keys: list[str | None] | None = None,
+) -> Sample:
+    """One dict batch from decoded samples (see the module docstring), padding marked;
+    `keys` (one per sample, None for padding) become its ``key`` entry when given."""
     n = len(samples)
     pad = torch.tensor(padded, dtype=torch.bool) if n else torch.zeros(0, dtype=torch.bool)
     out = Sample()
@@ -345,6 +365,8 @@ def collate_samples(samples: list[dict[str, Any]], padded: list[bool], spec: Sam
         else:  # text, json
             out[name] = values
     out["padded"] = pad
+    if keys is not None:
+        out["key"] = list(keys)
     return out
 
 

@@ -12,7 +12,8 @@ Class names come from `classes=`, else from the schema metadata `datasets` write
 `huggingface` key: `info.features.<label>` is a ClassLabel with `names`), else from the labels
 (indices: "0".."max"; names: sorted). Splits: a file named `<split>-00000-of-00004.parquet`
 (the Hub's layout) is in `<split>`; else a file in a sub-folder of INPUT is in the folder's split
-(`train/0000.parquet`); else in `split`.
+(`train/0000.parquet`); else in `split`. A sample's source id (`SourceItem.source_id`) is its
+file, relative to INPUT, and its row in the file: `data/train-00000-of-00002.parquet:17`.
 
 Opening reads every column but the image, one row group per task on a thread pool, and checks
 every label. The images are read when the writer asks for them: a row group's image column at a
@@ -159,7 +160,12 @@ class ParquetSource:
         if self._fields is not None:
             fields = dict(self._extras[split][index])
             fields["label"] = label
-        return SourceItem(index, label, origin, path=path, fields=fields, data=data)
+        # The source id names the row where the dataset puts it, whatever folder it was opened in.
+        name = file.name if file == self.root else file.relative_to(self.root).as_posix()
+        source_id = f"{name}:{group.first_row + row}"
+        return SourceItem(
+            index, label, origin, path=path, fields=fields, source_id=source_id, data=data
+        )
 
     def fingerprint(self) -> dict[str, Any]:
         """Kind, root, each file's path, size and mtime, the columns used and the classes."""

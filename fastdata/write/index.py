@@ -11,7 +11,8 @@ Splits come from the file names (`train-000000.tar` -> `train`, as `fastdata sha
 them; a single prefix that names no split is `train`) or from `--split NAME=PATTERN`; fields
 from the components the samples hold (`fastdata.fields.infer_fields`); classes from the `cls`
 values (0..max) or from a file of names. Everything is written under temporary names and renamed
-into place at the end, the manifest last: a failure leaves nothing half-written.
+into place at the end, the manifest last: a failure leaves nothing half-written, and the
+temporaries of a run killed outright (SIGKILL) are removed by the next run into OUT.
 """
 
 from __future__ import annotations
@@ -320,6 +321,8 @@ def _write(out_dir: Path, tars: list[ScannedTar], manifest: Manifest) -> None:
     suffix = f".tmp-{os.getpid()}"
     pending: list[tuple[Path, Path]] = []
     out_dir.mkdir(parents=True, exist_ok=True)
+    stems = [tar.name.removesuffix(".tar") for tar in tars]
+    _remove_stale_temporaries({out_dir} | {(out_dir / stem).parent for stem in stems})
     try:
         for tar in tars:
             stem = tar.name.removesuffix(".tar")
@@ -335,6 +338,49 @@ def _write(out_dir: Path, tars: list[ScannedTar], manifest: Manifest) -> None:
     finally:
         for tmp, _ in pending:
             tmp.unlink(missing_ok=True)
+
+
+# What `_write` and `Manifest.save` name their temporaries: `<file>.tmp-<pid>`.
+_TEMPORARY = re.compile(r"(?:.+\.idx|.+\.sum|manifest\.json)\.tmp-([0-9]{1,10})")
+
+
+def _remove_stale_temporaries(folders: Iterable[Path]) -> None:
+    """Remove the temporaries of an earlier run killed while writing (a SIGKILL runs no `finally`).
+
+    Only fastdata's own names (`<tar>.idx.tmp-PID`, `<tar>.sum.tmp-PID`, `manifest.json.tmp-PID`)
+    whose PID is no running process: another run writing into OUT now keeps its files, and a
+    user's file of any other name is never touched.
+    """
+    removed = []
+    for folder in folders:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:  # not there yet, or unreadable: nothing of ours to find
+            continue
+        for entry in entries:
+            match = _TEMPORARY.fullmatch(entry.name)
+            if match is None or _running(int(match.group(1))):
+                continue
+            if entry.is_file(follow_symlinks=False):
+                Path(entry.path).unlink(missing_ok=True)
+                removed.append(entry.name)
+    if removed:
+        log.info("removed %d temporary files of an interrupted run: %s", len(removed), removed[:3])
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` may be a running process (an unknown answer counts as running)."""
+    if pid == os.getpid():  # an earlier run's PID, now ours: this run has written nothing yet
+        return False
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)  # POSIX: a probe, no signal sent
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):  # another user's process, or a PID the OS cannot hold
+        return True
+    return True
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -268,10 +268,17 @@ def test_same_shards_as_the_image_folder_the_rows_came_from(tmp_path: Path) -> N
     options = ShardOptions(max_count=5, workers=1, progress=False)
     write_shards(folder, tmp_path / "from_folder", options)
     write_shards(ParquetSource(tmp_path / "hub"), tmp_path / "from_parquet", options)
-    shards = {n: d for n, d in _tree(tmp_path / "from_folder").items() if n != "manifest.json"}
+    # The shards alike; the manifest and the source ids (paths / file:row) name each source.
+    shards = {n: d for n, d in _tree(tmp_path / "from_folder").items() if n.endswith(_SHARD)}
     assert len([n for n in shards if n.endswith(".tar")]) == 3
     parquet = _tree(tmp_path / "from_parquet")
     assert {n: parquet.get(n) for n in shards} == shards
+    ids = json.loads(parquet["train-source-ids.json"])["ids"]
+    assert sorted(ids.values()) == sorted(f"train-00000-of-00001.parquet:{i}" for i in range(12))
+    assert ids["train_00000007"] == "train-00000-of-00001.parquet:7"
+
+
+_SHARD = (".tar", ".idx", ".sum")
 
 
 def test_a_cache_smaller_than_a_row_group_gives_the_same_items(tmp_path: Path) -> None:
