@@ -14,6 +14,7 @@ hold an image and a label (`default_fields`).
 | `boxes`  | `boxes.npy`, `box_labels.npy` | (float32 (k, 4) xyxy pixels, int64 (k,) classes)         | lists of tensors                |
 | `text`   | `txt`                       | str (UTF-8)                                                | list of str                     |
 | `array`  | `npy`                       | numpy array (no pickles)                                   | stacked when shapes agree, else list |
+| `tensors` | `ten` (webdataset tenbin)  | list of numpy arrays (`fastdata.tenbin`)                   | list of stacked tensors, one per position, when every sample's agree; else a list of lists |
 | `json`   | `json`                      | the parsed JSON value                                      | list                            |
 
 Field *names* are free (a split may hold a `caption` text and a `meta` json); each names its kind
@@ -340,6 +341,24 @@ def _array_encode(value: Any) -> dict[str, bytes]:
     return {"npy": _npy_bytes(np.asarray(value))}
 
 
+def _tensors_decode(parts: Parts) -> list[np.ndarray]:
+    from fastdata.tenbin import TenbinError, decode_tenbin
+
+    try:
+        return decode_tenbin(_one(parts))
+    except TenbinError as exc:
+        raise FieldError(f"tensors: not a readable .ten member ({exc})") from exc
+
+
+def _tensors_encode(value: Any) -> dict[str, bytes]:
+    from fastdata.tenbin import TenbinError, encode_tenbin
+
+    try:
+        return {"ten": encode_tenbin([np.asarray(a) for a in value])}
+    except TenbinError as exc:
+        raise FieldError(f"tensors: {exc}") from exc
+
+
 def _json_decode(parts: Parts) -> Any:
     text = _text_decode(parts)
     try:
@@ -383,6 +402,13 @@ FIELD_KINDS: dict[str, FieldKind] = {
         FieldKind("text", ("txt",), _text_encode, _text_decode, "UTF-8 text"),
         FieldKind("array", ("npy",), _array_encode, _array_decode, "a numpy array"),
         FieldKind("json", ("json",), _json_encode, _json_decode, "any JSON value"),
+        FieldKind(
+            "tensors",
+            ("ten",),
+            _tensors_encode,
+            _tensors_decode,
+            "numpy arrays in webdataset's tenbin format",
+        ),
     )
 }
 
@@ -401,6 +427,7 @@ _INFER: tuple[tuple[str, str, str], ...] = (
     ("txt", "text", "text"),
     ("json", "json", "json"),
     ("npy", "array", "array"),
+    ("ten", "tensors", "tensors"),
 )
 
 

@@ -14,6 +14,8 @@ yields dict batches (`TrainSample` / `EvalSample`):
 | `text`     | list[str]                                                                |
 | `json`     | list                                                                     |
 | `array`    | a stacked tensor when every shape agrees, else a list of tensors         |
+| `tensors`  | `.ten` arrays: a list of stacked tensors (one per array of a sample)     |
+|            | when every sample's shapes agree, else a list of lists of tensors        |
 
 and always ``padded`` bool (N,): True for evaluation padding (repeats that make every rank's
 batches equal): their mask is all `ignore_index`, their boxes empty, their label -100
@@ -342,10 +344,25 @@ def collate_samples(samples: list[dict[str, Any]], padded: list[bool], spec: Sam
                 a.shape == arrays[0].shape and a.dtype == arrays[0].dtype for a in arrays
             )
             out[name] = torch.stack(arrays) if same else arrays
+        elif field.kind == "tensors":
+            out[name] = _collate_tensors(values)
         else:  # text, json
             out[name] = values
     out["padded"] = pad
     return out
+
+
+def _collate_tensors(values: list[list[np.ndarray]]) -> list[Any]:
+    """A `tensors` field: one stacked tensor per position when every sample holds arrays of
+    the same shapes and dtypes, else each sample's list of tensors."""
+    rows = [[torch.as_tensor(np.array(a)) for a in v] for v in values]
+    first = rows[0] if rows else []
+    same = all(
+        len(r) == len(first)
+        and all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(r, first, strict=True))
+        for r in rows
+    )
+    return [torch.stack(col) for col in zip(*rows, strict=True)] if rows and same else rows
 
 
 def _stack_images(values: list[Any], spec: SampleSpec) -> torch.Tensor:

@@ -332,3 +332,66 @@ def test_source_tars_are_not_changed(tmp_path):
     before = sha256s(src)
     index_shards(src, tmp_path / "out")
     assert sha256s(src) == before
+
+
+def test_tgz_shards_over_http_are_inflated_into_out(tmp_path):
+    pytest.importorskip("aiohttp")
+    from tests.remote.servers import FileServer
+
+    src = tmp_path / "src"
+    src.mkdir()
+    with wds.ShardWriter(str(src / "train-%06d.tgz"), maxcount=4, verbose=0) as sink:
+        for i in range(7):
+            sink.write({"__key__": f"s{i:04d}", "txt.gz": f"t{i}", "cls": str(i % 2)})
+    server = FileServer(src)
+    try:
+        pattern_url = f"{server.url}/train-{{000000..000001}}.tgz"
+        manifest = index_shards(pattern_url, tmp_path / "out")
+    finally:
+        server.stop()
+    assert manifest.data_root is None  # read from OUT's copies: the server can go away
+    texts = sorted(t for batch in _epoch(tmp_path / "out") for t in batch["text"])
+    assert texts == sorted(f"t{i}" for i in range(7))
+
+
+def test_ten_members_round_trip_as_webdataset_writes_them(tmp_path):
+    """`.ten` (webdataset's tenbin: several arrays a member) through index and both backends."""
+    from webdataset import tenbin
+
+    def arrays(i: int) -> list[np.ndarray]:
+        return [np.full((2, 3), i, dtype=np.float32), np.arange(i, i + 4, dtype=np.int64)]
+
+    src = tmp_path / "src"
+    src.mkdir()
+    with wds.TarWriter(str(src / "train-000000.tar")) as sink:
+        for i in range(5):
+            ten = bytes(tenbin.encode_buffer(arrays(i)))
+            sink.write({"__key__": f"{i:03d}", "ten": ten, "cls": str(i % 2)})
+    manifest = index_shards(src, tmp_path / "out")
+    assert manifest.split("train").field_specs["tensors"].kind == "tensors"
+    for backend in ("cpu", "memory"):
+        seen = []
+        for batch in _epoch(tmp_path / "out", backend):
+            first, second = batch["tensors"]  # one stacked tensor per array of a sample
+            for a, b, label in zip(first, second, batch["label"], strict=True):
+                i = int(b[0])
+                assert torch.equal(a.cpu(), torch.from_numpy(arrays(i)[0]))
+                assert torch.equal(b.cpu(), torch.from_numpy(arrays(i)[1]))
+                assert int(label) == i % 2
+                seen.append(i)
+        assert sorted(seen) == list(range(5)), backend
+
+
+def test_a_ten_header_claiming_more_than_its_bytes_is_refused():
+    from fastdata.fields import FieldError, FieldSpec
+    from fastdata.tenbin import encode_tenbin
+
+    good = encode_tenbin([np.zeros((4, 4), dtype=np.float32)])
+    forged = bytearray(good)
+    forged[16 + 24 : 16 + 32] = (1 << 40).to_bytes(8, "little")  # first dimension: 2**40
+    spec = FieldSpec("tensors", "tensors", ("ten",))
+    assert spec.decode({"ten": good})[0].shape == (4, 4)
+    with pytest.raises(FieldError, match="does not match 64 data bytes"):
+        spec.decode({"ten": bytes(forged)})
+    with pytest.raises(FieldError, match="magic"):
+        spec.decode({"ten": b"garbage!" * 4})
