@@ -123,7 +123,7 @@ class _Inflating(io.RawIOBase):
     def readinto(self, buffer) -> int:  # type: ignore[override]
         try:
             data = self.gzip.read(len(buffer))
-        except (OSError, EOFError, zlib.error) as exc:  # BadGzipFile is an OSError
+        except (gzip.BadGzipFile, EOFError, zlib.error) as exc:  # not network errors: retried
             raise IndexingError(
                 f"{self.where}: not a readable gzip-compressed tar ({type(exc).__name__}: {exc}); "
                 "download or write it again"

@@ -395,3 +395,39 @@ def test_a_ten_header_claiming_more_than_its_bytes_is_refused():
         spec.decode({"ten": bytes(forged)})
     with pytest.raises(FieldError, match="magic"):
         spec.decode({"ten": b"garbage!" * 4})
+
+
+def test_a_killed_runs_inflated_copies_are_removed_by_the_next_run(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.index.test_index_interrupted import _KILLED_RUN, _temporaries
+
+    src = tmp_path / "src"
+    src.mkdir()
+    with wds.ShardWriter(str(src / "train-%06d.tgz"), maxcount=4, verbose=0) as sink:
+        for i in range(8):
+            sink.write({"__key__": f"s{i:04d}", "txt": f"t{i}", "cls": str(i % 2)})
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.run(
+        [sys.executable, "-c", _KILLED_RUN, str(src), str(out)],
+        env=env,
+        capture_output=True,
+        timeout=120,
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+    left = _temporaries(out)
+    assert sorted(n.split(".tmp-")[0] for n in left) == [
+        "train-000000.idx",
+        "train-000000.sum",
+        "train-000000.tar",  # the inflated copies, killed before their rename
+        "train-000001.idx",
+        "train-000001.sum",
+        "train-000001.tar",
+    ]
+    manifest = index_shards(src, out)
+    assert manifest.split("train").num_samples == 8
+    assert _temporaries(out) == []
