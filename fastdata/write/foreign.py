@@ -3,12 +3,16 @@
 `scan_tar` reads a tar once, as a stream (a local file or an HTTP body), and returns what
 `fastdata index` records about it: its size and sha256, the DALI index text (the same `v1.2`
 format `fastdata.write.tarshard` writes), the per-sample digests (`fastdata.schema.sums_text`),
-each sample's components and its `cls` label. Members are grouped into samples as webdataset
-groups them (`fastdata.schema.split_member`, webdataset's `base_plus_ext`: the key is the member's
-path up to the first dot of its base name, `a.v1/b/c.d.jpg` -> key `a.v1/b/c`, component `d.jpg`;
-components differ by more than case, as webdataset lower-cases them; its `__meta__` members are
-skipped as webdataset's `tar_file_iterator` skips them); any header webdataset's writer or GNU tar emits is accepted (other modes, mtimes,
-user names, GNU long names, PAX headers, members in directories).
+each sample's components and its `cls` label.
+
+Members are grouped into samples as webdataset groups them (`fastdata.schema.split_member`,
+webdataset's `base_plus_ext`): the key is the member's path up to the first dot of its base name
+(`a.v1/b/c.d.jpg` -> key `a.v1/b/c`, component `d.jpg`); components differ by more than case,
+as webdataset lower-cases them; `__meta__` members are skipped, as webdataset's
+`tar_file_iterator` skips them. Where webdataset drops a member silently (no dot in its base
+name) or makes a key of a folder (`dir/.hidden` -> key `dir/`), the tar is refused naming the
+member: such a member is no sample's data. Any header webdataset's writer or GNU tar emits is
+accepted (other modes, mtimes, user names, GNU long names, PAX headers, members in directories).
 
 Each sample's image size is read from its image's header (JPEG SOF, PNG IHDR: no pixel is
 decoded), so the manifest records sizes as `fastdata shard` does. A gzip-compressed component

@@ -431,3 +431,11 @@ def test_a_killed_runs_inflated_copies_are_removed_by_the_next_run(tmp_path):
     manifest = index_shards(src, out)
     assert manifest.split("train").num_samples == 8
     assert _temporaries(out) == []
+
+
+def test_a_hidden_file_in_a_folder_is_refused_where_webdataset_makes_a_folder_key(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    _raw_tar(src / "train-000000.tar", [("d/a.txt", b"x"), ("d/a.cls", b"0"), ("d/.DS_Store", b"")])
+    with pytest.raises(ForeignTarError, match=r"member 'd/.DS_Store' belongs to no sample"):
+        index_shards(src, tmp_path / "out", _one_worker())
