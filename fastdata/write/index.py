@@ -419,7 +419,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "index",
         help="index other tools' WebDataset tars in place (manifest + DALI index, tars untouched)",
     )
-    p.add_argument("source", help="folder of tars, URL pattern (shards-{000..009}.tar) or URL list")
+    p.add_argument(
+        "source",
+        help="folder of tars (.tar; .tar.gz/.tgz are inflated into OUT), URL pattern "
+        "(shards-{000..009}.tar) or URL list",
+    )
     p.add_argument(
         "--out", default=None, help="folder for manifest and index files (default: SOURCE)"
     )
