@@ -123,8 +123,10 @@ class ResidentSamples:
     def _to_store(self, values: dict[str, Any]) -> dict[str, Any]:
         """One sample at the stored size (a covering region when its image has another)."""
         sspec = self.sample_spec
-        image = values[sspec.image]
-        if tuple(image.shape[:2]) != self.hw:  # the "cover" geometry of the decoded cache
+        image = values[sspec.image] if sspec.image else None  # None: an image-less split
+        if (
+            image is not None and tuple(image.shape[:2]) != self.hw
+        ):  # the "cover" geometry of the decoded cache
             from fastdata.augment.targets import cover_region
             from fastdata.read.samples import warp_fields
 
@@ -215,8 +217,8 @@ def finish_sample(
     """
     out = type(batch)(batch)
     ops = preset.ops(train)
-    if applied >= len(ops) and preset.image_size is None:
-        return out
+    if "image" not in out or (applied >= len(ops) and preset.image_size is None):
+        return out  # an image-less split's batch has nothing to warp
     image = out["image"]
     n, _, h, w = image.shape
     if n == 0:

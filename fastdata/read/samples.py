@@ -14,6 +14,8 @@ yields dict batches (`TrainSample` / `EvalSample`):
 | `text`     | list[str]                                                                |
 | `json`     | list                                                                     |
 | `array`    | a stacked tensor when every shape agrees, else a list of tensors         |
+| `tensors`  | `.ten` arrays: a list of stacked tensors (one per array of a sample)     |
+|            | when every sample's shapes agree, else a list of lists of tensors        |
 
 With ``keys=True`` (`LoaderSpec.keys`) a batch also holds ``key``: list[str | None], each
 row's sample key (None for padding); the loader adds ``source_id`` (`fastdata.read.source_ids`).
@@ -362,12 +364,27 @@ def collate_samples(
                 a.shape == arrays[0].shape and a.dtype == arrays[0].dtype for a in arrays
             )
             out[name] = torch.stack(arrays) if same else arrays
+        elif field.kind == "tensors":
+            out[name] = _collate_tensors(values)
         else:  # text, json
             out[name] = values
     out["padded"] = pad
     if keys is not None:
         out["key"] = list(keys)
     return out
+
+
+def _collate_tensors(values: list[list[np.ndarray]]) -> list[Any]:
+    """A `tensors` field: one stacked tensor per position when every sample holds arrays of
+    the same shapes and dtypes, else each sample's list of tensors."""
+    rows = [[torch.as_tensor(np.array(a)) for a in v] for v in values]
+    first = rows[0] if rows else []
+    same = all(
+        len(r) == len(first)
+        and all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(r, first, strict=True))
+        for r in rows
+    )
+    return [torch.stack(col) for col in zip(*rows, strict=True)] if rows and same else rows
 
 
 def _stack_images(values: list[Any], spec: SampleSpec) -> torch.Tensor:
