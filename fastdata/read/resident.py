@@ -3,8 +3,8 @@
 A split that is not classification (`fastdata.read.samples`) is decoded once per process
 (`RowReader` + `decode_fields`, in threads) and kept in each sample's own geometry:
 
-- images: uint8 (3, h, w) on the training device at the size they were stored (no resize, no
-  crop);
+- images: uint8 (3, h, w) views of HWC (channels-last) pixels on the training device, at the size
+  they were stored (no resize, no crop);
 - masks: (h, w) per mask field on the device (uint8 when the values fit, else int32);
 - boxes: float32 (k, 4) / int64 (k,) numpy arrays in source pixels (host: a few bytes each);
 - labels, label, text, json and array values per sample as decoded.
@@ -133,10 +133,11 @@ class ResidentSamples:
         for name, field in self.sample_spec.fields.items():
             v = values[name]
             if field.kind == "image":
-                t = torch.from_numpy(np.array(v))  # HWC from the decoder (`decode_fields`)
-                t = t[None] if t.dim() == 2 else t.permute(2, 0, 1)
-                # CHW, channels first: `as_chw` reads a tensor so whatever its size (no guess)
-                out[name] = t.contiguous().to(self.device)
+                t = torch.from_numpy(np.array(v)).to(self.device)  # HWC (`decode_fields`)
+                # A CHW view of the HWC pixels: `as_chw` reads a (C, h, w) tensor as CHW whatever
+                # its size (no guess), and the resize takes the channels-last layout without a
+                # copy of the frame (as it does from the cpu backend's decoded arrays).
+                out[name] = t[None] if t.dim() == 2 else t.permute(2, 0, 1)
             elif field.kind == "mask":
                 t = v if isinstance(v, torch.Tensor) else torch.from_numpy(np.array(v))
                 t = t.to(torch.int64)
