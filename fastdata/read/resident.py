@@ -14,8 +14,10 @@ Each batch of the epoch plan gathers its rows (rows skipped as corrupt under
 the sample's own size (`fastdata.augment.targets.draw_regions`) and moves image, masks and boxes
 with it (`samples.warp_fields`), then collates (`collate_samples`: evaluation padding marked):
 the same functions on the same inputs as the cpu backend's workers, so for the same plan
-position every field equals the cpu backend's (bit for bit on the CPU; on a GPU the resize
-kernels may differ by a grey level). The loader applies every op of the preset
+position every field equals the cpu backend's, bit for bit on the CPU. On an accelerator torch
+has no uint8 antialiased resize: the image is resized with float weights (`warp_on_device`),
+within a grey level of the cpu backend's; masks and boxes stay exact. The loader applies every
+op of the preset
 (``applied_ops``); `ShardDataModule.on_after_batch_transfer` only normalizes.
 
 Why whole frames, not one stored size: a store of one fixed size (a centre window) cuts the sides
@@ -57,7 +59,13 @@ from fastdata.read.samples import (
 )
 from fastdata.read.shardio import ShardReader, ShardReadError
 
-__all__ = ["ResidentSamples", "finish_sample", "frames_nbytes", "make_resident_loader"]
+__all__ = [
+    "ResidentSamples",
+    "finish_sample",
+    "frames_nbytes",
+    "make_resident_loader",
+    "warp_on_device",
+]
 
 log = logging.getLogger("fastdata")
 
@@ -181,8 +189,35 @@ class ResidentSamples:
 
         sizes = [tuple(v[sspec.image].shape[-2:]) for v in samples]
         regions = draw_regions(sspec.preset, sspec.train, sizes, sspec.out_hw, batch_seed)
+        warp = warp_fields if self.device.type == "cpu" else warp_on_device
         with one_thread_on_cpu(self.device):
-            return [warp_fields(v, sspec, r) for v, r in zip(samples, regions, strict=True)]
+            return [warp(v, sspec, r) for v, r in zip(samples, regions, strict=True)]
+
+
+def warp_on_device(values: dict[str, Any], spec: SampleSpec, region: Any) -> dict[str, Any]:
+    """`samples.warp_fields` of a sample whose image and masks live on an accelerator.
+
+    torch resizes uint8 with antialiasing on the CPU only (`warp_sample`'s fast path), so the
+    image takes `warp_images`' float weights on its device, rounded (within a grey level of
+    `warp_sample`, as `warp_batch`); masks (`warp_masks`) and boxes (`warp_boxes`, on the host)
+    move by the same functions as in `warp_sample`, exactly.
+    """
+    from fastdata.augment.targets import warp_boxes
+    from fastdata.augment.warp import gatherable, warp_images, warp_masks
+
+    out = dict(values)
+    image = values[spec.image]
+    hw = (int(image.shape[-2]), int(image.shape[-1]))
+    out[spec.image] = warp_images(image[None], [region], True, torch.uint8)[0]
+    for name, field in spec.fields.items():
+        if field.kind == "mask":
+            mask = gatherable(values[name].to(torch.int64))
+            out[name] = warp_masks(mask[None], [region], spec.ignore_index)[0]
+        elif field.kind == "boxes":
+            b, c = values[name]
+            kept, labels = warp_boxes(torch.from_numpy(b), torch.from_numpy(c), region, hw)
+            out[name] = (kept, labels)
+    return out
 
 
 def _on(batch: Sample, device: torch.device) -> Sample:

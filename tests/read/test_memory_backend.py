@@ -537,3 +537,40 @@ def test_real_photos_keep_every_box_and_the_store_is_their_frames(tmp_path):
             assert x.shape == y.shape and torch.allclose(x, y, atol=1.0, rtol=0)
             boxes += len(x)
     assert boxes == 3 * 24  # every box kept: the edge boxes scaled, not cut
+
+
+@pytest.mark.parametrize("preset", ["photo", "cifar", "none"])
+def test_the_accelerator_warp_equals_the_cpu_warp(preset):
+    """`warp_on_device` (the memory backend's warp on a GPU; run here on CPU tensors) against
+    `warp_fields` (the cpu backend's): images within a grey level, masks and boxes exactly."""
+    from fastdata.augment.targets import draw_regions
+    from fastdata.fields import FieldSpec
+    from fastdata.read.resident import warp_on_device
+    from fastdata.read.samples import SampleSpec, warp_fields
+
+    rng = np.random.default_rng(0)
+    fields = {
+        "image": FieldSpec("image", "image", ("png",)),
+        "mask": FieldSpec("mask", "mask", ("mask.png",)),
+        "boxes": FieldSpec("boxes", "boxes", ("boxes.npy", "box_labels.npy")),
+    }
+    spec = SampleSpec(fields, get_preset(preset, 24), True, (24, 24))
+    sizes = [(37, 53), (60, 20), (24, 24), (31, 90)]
+    regions = draw_regions(spec.preset, True, sizes, (24, 24), batch_seed=5)
+    for (h, w), region in zip(sizes, regions, strict=True):
+        pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        mask = rng.integers(0, 6, (h, w), dtype=np.uint8)
+        boxes = np.array([[0, 0, w / 3, h / 2], [w / 2, h / 3, w, h]], np.float32)
+        labels = np.array([1, 2], np.int64)
+        cpu = warp_fields({"image": pixels, "mask": mask, "boxes": (boxes, labels)}, spec, region)
+        stored = {  # as `ResidentSamples._to_store` keeps a sample
+            "image": torch.from_numpy(pixels).permute(2, 0, 1),
+            "mask": torch.from_numpy(mask),
+            "boxes": (boxes, labels),
+        }
+        dev = warp_on_device(stored, spec, region)
+        diff = (dev["image"].int() - cpu["image"].int()).abs().max().item()
+        assert dev["image"].dtype == torch.uint8 and diff <= 1, (region, diff)
+        assert torch.equal(dev["mask"], cpu["mask"]), region
+        assert torch.equal(dev["boxes"][0], cpu["boxes"][0]), region
+        assert torch.equal(dev["boxes"][1], cpu["boxes"][1]), region
