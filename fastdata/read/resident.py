@@ -17,16 +17,18 @@ the same functions on the same inputs as the cpu backend's workers, so for the s
 position every field equals the cpu backend's, bit for bit on the CPU. On an accelerator torch
 has no uint8 antialiased resize: the image is resized with float weights (`warp_on_device`),
 within a grey level of the cpu backend's; masks and boxes stay exact. The loader applies every
-op of the preset
-(``applied_ops``); `ShardDataModule.on_after_batch_transfer` only normalizes.
+op of the preset (``applied_ops``); `ShardDataModule.on_after_batch_transfer` only normalizes.
 
 Why whole frames, not one stored size: a store of one fixed size (a centre window) cuts the sides
 of images whose aspect differs and loses their boxes, and a store resized to any other size
 cannot give the cpu backend's masks exactly (nearest sampling of a resampled mask). The cost is
 the source resolution: N x mean(h x w) x (3 + 1 per mask field) bytes (`frames_nbytes`; e.g.
 640 x 480 photos with one mask: 1.2 MiB a sample, against 192 KiB for the former 256 x 256
-window), which `backend="auto"` counts before it picks this backend. Nothing is cached on disk:
-dict splits are decoded when the loader is made.
+window; measured on 200 clothing photos of mean 514 x 428 at image_size 224: 124.5 MiB, against
+28.7 MiB for the former 224 x 224 store, which lost 27 of 600 boxes), which `backend="auto"`
+counts before it picks this backend. Nothing is cached on disk: dict splits are decoded when the
+loader is made. Epochs cost the warps only (per sample, in the training process); on the CPU an
+eval epoch of those 200 photos took 1.6-8 s against the former store's 8-9 s (a busy machine).
 """
 
 from __future__ import annotations
