@@ -294,10 +294,12 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         return load_manifest(self.root)
 
     def _choose_backend(self) -> str:
-        split = self.split_names.get("train", "train")
+        # Every split this module may read (setup resolves the backend once, for every stage):
+        # a val-only dataset decides on its val split.
+        splits = list(dict.fromkeys(self.split_names.values())) or ["train"]
         trainer = self._trainer_or_none()
         return pick_backend(
-            self.backend, self.manifest, split, self.image_size, self.transforms, trainer
+            self.backend, self.manifest, splits, self.image_size, self.transforms, trainer
         )
 
     # ------------------------------------------------------------------ loaders

@@ -48,7 +48,7 @@ from fastdata.read.decoded_cache import ImageSize, cache_key, decode_split, deco
 from fastdata.read.mix import map_row_labels
 from fastdata.read.padded import PaddedImages, padded_nbytes
 from fastdata.read.plan import PAD_LABEL, EpochPlan
-from fastdata.read.resident import make_resident_loader
+from fastdata.read.resident import frames_nbytes, make_resident_loader
 from fastdata.read.source_ids import batch_keys, row_keys
 
 __all__ = [
@@ -106,7 +106,21 @@ def _store_layout(spec: LoaderSpec) -> tuple[tuple[int, int], FusedPadCrop | Non
 def resident_nbytes(
     info: SplitInfo, image_size: ImageSize, preset: Preset, train: bool = True
 ) -> int:
-    """Device bytes of the memory backend's store of a split (padded when the preset fuses)."""
+    """Device bytes of the memory backend's store of a split (padded when the preset fuses; a
+    dict split's frames at their own size: `fastdata.read.resident.frames_nbytes`).
+
+    Raises:
+        ValueError: the split's images vary in size and the manifest does not say how large
+            they are, or (classification) no `image_size` was given for them.
+    """
+    if not is_classification(info.field_specs):
+        nbytes = frames_nbytes(info)
+        if nbytes is None:
+            raise ValueError(
+                "the manifest records no image sizes (image_stats) for this split; re-run "
+                "`fastdata shard` to record them"
+            )
+        return nbytes
     margin = preset.resizes(train)
     hw = stored_hw(info, image_size, margin)
     fused = fused_pad_crop(preset, train, hw)

@@ -26,9 +26,8 @@ batches equal): their mask is all `ignore_index`, their boxes empty, their label
 
 The cpu backend's workers decode every field (`FieldSpec.decode`), draw each sample's `Region`
 from the plan's batch seed (`fastdata.augment.targets.draw_regions`) and warp the image, mask and
-boxes together at decode time (`warp_sample`); the memory backend keeps the split resident at its
-stored size (`fastdata.read.resident`) and the DataModule warps the batch on the device
-(`warp_batch`) in `on_after_batch_transfer`.
+boxes together at decode time (`warp_sample`); the memory backend keeps the split's samples
+resident at their own size (`fastdata.read.resident`) and warps them with the same functions.
 """
 
 from __future__ import annotations
