@@ -299,15 +299,19 @@ def check_cache_room(
     Raises:
         ValueError: the limit is below the readers' need; names the size to set.
     """
-    shards = [info for name in splits for info in manifest.split(name).shards]
-    # A pinned shard's index is cached beside it; the manifest has no index sizes: allow a line
-    # of a few components per sample.
-    remote = [
-        info.bytes + _INDEX_LINE * info.num_samples
-        for info in shards
-        if "://" in manifest.shard_url(info)
+    # Per split (a split's readers are done before the next split's start, but for a mid-epoch
+    # validation); a pinned shard's index is cached beside it, and the manifest has no index
+    # sizes: allow a line of a few components per sample.
+    sizes = [
+        [
+            info.bytes + _INDEX_LINE * info.num_samples
+            for info in manifest.split(name).shards
+            if "://" in manifest.shard_url(info)
+        ]
+        for name in dict.fromkeys(splits)
     ]
-    if not remote:
+    sizes = [split for split in sizes if split]
+    if not sizes:
         return
     if ranks_per_node is None:
         ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
@@ -323,4 +327,6 @@ def check_cache_room(
     who = f"{ranks_per_node} rank(s) on the node x {max(1, count)} loader reader(s)"
     if per_worker == 2:
         who += " x 2 (each persistent worker reads the next epoch's first batch ahead)"
-    cache.check_limit(max(remote), readers, pins_needed(manifest), who)
+    pins = pins_needed(manifest)
+    split = max(sizes, key=lambda split: min(readers * pins * max(split), sum(split)))
+    cache.check_limit(max(split), readers, pins, who, whole=sum(split))

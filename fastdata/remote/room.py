@@ -97,7 +97,9 @@ class CacheFolder:
         with self._room_lock():
             return self._evict_until(0, frozenset())[0]
 
-    def check_limit(self, shard_bytes: int, readers: int, pins: int, who: str) -> None:
+    def check_limit(
+        self, shard_bytes: int, readers: int, pins: int, who: str, whole: int | None = None
+    ) -> None:
         """Refuse a limit below what the node's readers pin at once (MosaicML Streaming refuses
         such a limit too): each reader keeps up to `pins` shards of up to `shard_bytes` open.
 
@@ -106,18 +108,23 @@ class CacheFolder:
             readers: shard readers on the node that share this cache.
             pins: shards each keeps open at once (`fastdata.read.shardio.pins_needed`).
             who: what the readers are, for the message (e.g. "1 rank x 2 loader workers").
+            whole: the bytes of every shard they read, if known: they cannot pin more.
 
         Raises:
-            ValueError: the limit is below readers x pins x shard_bytes; names the size needed.
+            ValueError: the limit is below readers x pins x shard_bytes (or `whole`); the
+                message names the size to set.
         """
         need = readers * pins * shard_bytes
+        if whole is not None and whole < need:
+            need, why = whole, f"every shard they read, {whole:,} bytes"
+        else:
+            why = f"{pins} shards of up to {shard_bytes:,} bytes each, {need:,} bytes"
         if self.limit_bytes >= need:
             return
         raise ValueError(
             f"cache_limit of {self.limit_bytes:,} bytes for the shard cache {self.cache_dir} "
-            f"cannot hold what its readers pin: {readers} readers ({who}) each keep up to "
-            f"{pins} shards of up to {shard_bytes:,} bytes open, {need:,} bytes. Set "
-            f'cache_limit to at least {need:,} (e.g. cache_limit="{-(-need // 10**6)}MB"), '
+            f"cannot hold what its readers pin: {readers} readers ({who}) keep {why} open. "
+            f'Set cache_limit to at least {need:,} (e.g. cache_limit="{-(-need // 10**6)}MB"), '
             "or use fewer loader workers (each reads through its own reader)"
         )
 
