@@ -8,10 +8,13 @@ Run with `-s` to see the peaks against the limits."""
 
 from __future__ import annotations
 
+import fcntl
+import logging
 import multiprocessing
 import os
 import queue
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +24,7 @@ from fastdata import ShardDataModule
 from fastdata.manifest import Manifest, load_manifest
 from fastdata.read.shardio import ShardReader, pins_needed
 from fastdata.remote import ShardCache
+from fastdata.remote.locks import LockFile
 from fastdata.write import ShardOptions, write_shards
 from tests.conftest import unique_label_source
 from tests.remote.conftest import FAST_RETRY
@@ -85,7 +89,7 @@ class Sampler:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(0.002):
+        while not self._stop.wait(0.005):  # a shard's download takes longer than this
             for folder in self.peaks:
                 try:
                     self.peaks[folder] = max(self.peaks[folder], folder_bytes(folder))
@@ -124,10 +128,12 @@ def test_two_ranks_with_workers_stay_within_the_limit(served: str, tmp_path: Pat
     results = context.Queue()
     ranks = [context.Process(target=rank_main, args=(results, served, runs, r)) for r in range(2)]
     sampler = Sampler(list(limits))
+    started = time.monotonic()
     for process in ranks:
         process.start()
     try:
         got = [results.get(timeout=240) for _ in range(RANKS * len(runs))]
+        print(f"\nranks done in {time.monotonic() - started:.1f} s")
     except queue.Empty:
         pytest.fail("a rank did not end within 240 s")
     finally:
@@ -174,3 +180,39 @@ def test_a_split_smaller_than_the_readers_need_needs_only_its_size(
     module(http_server.url, tmp_path / "cache", whole).setup("fit")
     with pytest.raises(ValueError, match=f"every shard they read, {whole:,} bytes"):
         module(http_server.url, tmp_path / "cache", whole - 1).setup("fit")
+
+
+def test_a_read_waits_for_a_prefetch_under_way_instead_of_going_over(
+    dataset: Path, http_server: FileServer, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Shard a pinned and b being prefetched fill the limit: the read of c waits for b to
+    finish (then evicts it) rather than downloading c over the limit."""
+    manifest = load_manifest(http_server.url)
+    a, b, c = manifest.split("train").shards[:3]
+    on_disk = {s.name: s.bytes + (dataset / s.index).stat().st_size for s in (a, b, c)}
+    limit = on_disk[a.name] + on_disk[c.name] + 1000  # no room for b beside them
+    cache = ShardCache(tmp_path / "cache", limit, retry=FAST_RETRY)
+    pin_a = cache.acquire(manifest, a)
+    # A prefetch of b under way, as another process's prefetch thread makes it.
+    lock = LockFile(cache.cache_dir / f"{b.sha256}.lock")
+    assert lock.try_lock(fcntl.LOCK_EX)
+    part = cache.cache_dir / f"{b.sha256}.tar.{b.bytes}.ahead.part"
+    part.write_bytes((dataset / b.name).read_bytes())
+
+    def finish() -> None:
+        time.sleep(0.5)
+        os.replace(part, cache.cache_dir / f"{b.sha256}.tar")
+        lock.close()
+
+    prefetch = threading.Thread(target=finish)
+    prefetch.start()
+    try:
+        with caplog.at_level(logging.WARNING, logger="fastdata"):
+            pin_c = cache.acquire(manifest, c)
+    finally:
+        prefetch.join()
+    assert not (cache.cache_dir / f"{b.sha256}.tar").exists(), "b was not evicted for c"
+    assert cache.size_bytes() <= limit, f"{cache.size_bytes()} bytes over the limit {limit}"
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    pin_a.release()
+    pin_c.release()
