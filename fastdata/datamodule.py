@@ -59,7 +59,14 @@ from fastdata.runtime import (
     training_device,
     warn_unit_scale,
 )
-from fastdata.shardset import CacheSettings, RootSpec, apply_groups, resolve_roots, shard_cache
+from fastdata.shardset import (
+    CacheSettings,
+    RootSpec,
+    apply_groups,
+    check_cache_room,
+    resolve_roots,
+    shard_cache,
+)
 
 __all__ = ["ShardDataModule"]
 
@@ -267,6 +274,15 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         self._check_fields(roles)
         self.backend_name = self._choose_backend()
         self._refuse_backend(roles)
+        trainer = self._trainer_or_none()
+        check_cache_room(
+            self._shard_cache(),
+            self.manifest,
+            list(self.split_names.values()),
+            trainer.num_devices if trainer is not None else None,
+            self.num_workers,
+            self.workers.persistent_workers if self.workers is not None else None,
+        )
         if self._position.resume is not None:
             self._check_resume(self._position.resume)
 
@@ -397,6 +413,8 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         close_loaders(self._loaders)
         for loader in list(self._retired):
             loader.close()
+        if self._cache is not None:
+            self._cache.trim()  # workers stopped mid-epoch release their pins without trimming
 
     def _shard_cache(self) -> Any:
         if self._cache is None:
