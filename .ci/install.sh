@@ -2,7 +2,8 @@
 # Install fastdata from scratch into ./.venv: the pinned CPU torch, one PIL distribution, then the
 # package with the extras the tests need (DALI runs its CPU operators where there is no GPU).
 #
-# PIL: FASTDATA_PIL=pillow-simd (the default) or pillow. fastdata names neither as a dependency
+# PIL: FASTDATA_PIL=pillow-simd (the default; docs/PIL.md: what it buys, why it stays) or pillow
+# (a wheel: seconds instead of a source build). fastdata names neither as a dependency
 # (pyproject.toml), so the one installed here stays the only one; switching an existing .venv
 # uninstalls the other first (two distributions writing one PIL folder break each other).
 #
