@@ -119,3 +119,4 @@ def test_fastdata_installs_beside_pillow_and_matplotlib_with_one_pil(tmp_path):
     _pip(python, "check")
     png.unlink()
     _run([str(python), "-c", MATPLOTLIB_WORKS, str(png)], env=env, cwd=tmp_path)
+    shutil.rmtree(venv)  # ~1.5 GB with torch; a failed run keeps it to look into
