@@ -11,7 +11,13 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from fastdata._pil import require as _require_pil
+
 __version__ = "0.1.0"
+
+# PIL is needed but not a named dependency (Pillow and Pillow-SIMD both provide it: see
+# fastdata/_pil.py); without it, say what to install rather than fail deep inside a decode.
+_require_pil()
 
 _EXPORTS = {
     "ShardDataModule": "fastdata.datamodule",
@@ -27,11 +33,13 @@ _EXPORTS = {
     "open_source": "fastdata.sources",
     "LoaderMonitor": "fastdata.tune.monitor",
     "make_trainer": "fastdata.train",
+    "pil_info": "fastdata._pil",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from fastdata._pil import pil_info  # noqa: F401
     from fastdata.datamodule import ShardDataModule  # noqa: F401
     from fastdata.datamodules import DetectionDataModule, SegmentationDataModule  # noqa: F401
     from fastdata.manifest import Manifest, load_manifest  # noqa: F401
