@@ -1,6 +1,11 @@
 #!/usr/bin/env bash
-# Install fastdata from scratch into ./.venv: the pinned CPU torch, Pillow-SIMD, then the package
-# with the extras the tests need (DALI runs its CPU operators where there is no GPU).
+# Install fastdata from scratch into ./.venv: the pinned CPU torch, one PIL distribution, then the
+# package with the extras the tests need (DALI runs its CPU operators where there is no GPU).
+#
+# PIL: FASTDATA_PIL=pillow-simd (the default; docs/PIL.md: what it buys, why it stays) or pillow
+# (a wheel: seconds instead of a source build). fastdata names neither as a dependency
+# (pyproject.toml), so the one installed here stays the only one; switching an existing .venv
+# uninstalls the other first (two distributions writing one PIL folder break each other).
 #
 # Needs: Python 3.10+, a C compiler and the libjpeg/zlib headers (Pillow-SIMD builds from source,
 # and so does fastdata's JPEG region extension, fastdata/read/_jpeg.c: optional, see pyproject).
@@ -14,25 +19,41 @@ PYTHON="${PYTHON:-python3}"
 PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install --upgrade pip
 "${PIP[@]}" install "torch==2.13.0"
-# Pillow-SIMD first, so that nothing installs plain pillow beside it.
-"${PIP[@]}" install "pillow-simd>=9.0"
+PIL_DIST="${FASTDATA_PIL:-pillow-simd}"
+case "$PIL_DIST" in
+    pillow) OTHER=pillow-simd ;;
+    pillow-simd) OTHER=pillow ;;
+    *) echo "FASTDATA_PIL must be pillow or pillow-simd, got '$PIL_DIST'" >&2; exit 2 ;;
+esac
+if .venv/bin/python -m pip show -q "$OTHER" >/dev/null 2>&1; then
+    # Uninstalling the other removes files both wrote: reinstall the chosen one whole.
+    "${PIP[@]}" uninstall -y "$OTHER"
+    "${PIP[@]}" install --force-reinstall --no-deps "$PIL_DIST>=9.0"
+else
+    "${PIP[@]}" install "$PIL_DIST>=9.0"
+fi
 # moto[server]: the S3-compatible server the remote tests start on loopback (no Docker).
 "${PIP[@]}" install -e ".[test,dali,remote]" "moto[server]>=5.0"
-.venv/bin/python - <<'PY'
+.venv/bin/python -m pip --disable-pip-version-check check
+FASTDATA_PIL="$PIL_DIST" .venv/bin/python - <<'PY'
 import importlib.metadata as md
+import os
 import sys
 
 names = {d.metadata["Name"].lower() for d in md.distributions()}
-needed = {"torch", "lightning", "webdataset", "pillow-simd", "psutil", "fastdata", "pytest",
-          "pytest-timeout", "import-linter", "nvidia-dali-cuda120", "fsspec", "s3fs", "gcsfs", "aiohttp", "moto"}
+needed = {"torch", "lightning", "webdataset", os.environ["FASTDATA_PIL"], "psutil", "fastdata",
+          "pytest", "pytest-timeout", "import-linter", "nvidia-dali-cuda120", "fsspec", "s3fs", "gcsfs", "aiohttp",
+          "moto"}
 if missing := needed - names:
     sys.exit(f"install failed: missing {sorted(missing)}")
-if "pillow" in names:
-    sys.exit("plain pillow was installed beside pillow-simd; find what pulled it in (pip show pillow)")
-import PIL
 import torch
 
 import fastdata
+
+pil = fastdata.pil_info()
+if pil.problem or pil.distribution != os.environ["FASTDATA_PIL"]:
+    sys.exit(f"PIL is not {os.environ['FASTDATA_PIL']} alone: {pil.describe()} "
+             "(find what pulled the other in: pip show pillow pillow-simd)")
 # The first import of a fresh venv (bytecode compiled, libraries read from disk) took ~90 s more
 # than later ones; done here, it is not counted in the trainer's time budget.
 import fastdata.lightning.datamodule
@@ -40,6 +61,6 @@ import fastdata_pipelines.cifar100.train  # noqa: F401
 
 from fastdata.read.decoders.image import jpeg_region_decoder
 
-print(f"installed fastdata {fastdata.__version__}, torch {torch.__version__}, PIL (SIMD) {PIL.__version__}")
-print(f"JPEG region decoder: {jpeg_region_decoder() or 'none (Pillow-SIMD decodes whole images)'}")
+print(f"installed fastdata {fastdata.__version__}, torch {torch.__version__}, {pil.describe()}")
+print(f"JPEG region decoder: {jpeg_region_decoder() or 'none (PIL decodes whole images)'}")
 PY

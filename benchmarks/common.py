@@ -41,6 +41,7 @@ VERSIONED = (
     "numpy",
     "psutil",
     "webdataset",
+    "pillow",
     "pillow-simd",
     "nvidia-dali-cuda120",
     "nvidia-dali-cuda130",
@@ -71,6 +72,9 @@ def environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
         "load_avg_at_start": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "gpu": _gpu_name(),
         "jpeg_region_decoder": _region_decoder(),
+        # Which PIL ran (Pillow or Pillow-SIMD, its libjpeg-turbo, any clash of the two): the
+        # per-sample baselines, PNG decoding and sharding run on it.
+        "pil": _pil_record(),
         "versions": {name: _version(name) for name in VERSIONED},
         "time_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **(extra or {}),
@@ -86,6 +90,13 @@ def _region_decoder() -> str | None:
         return jpeg_region_decoder()
     except DecoderChoiceError as exc:  # a bad $FASTDATA_REGION_DECODER: recorded, the results kept
         return f"error: {exc}"
+
+
+def _pil_record() -> dict[str, Any]:
+    """`fastdata.pil_info()` as JSON: distribution, version, libjpeg-turbo, location, problem."""
+    from fastdata import pil_info
+
+    return pil_info().as_dict()
 
 
 def _version(name: str) -> str:

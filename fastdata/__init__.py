@@ -11,7 +11,12 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from fastdata._util.pil import require as _require_pil
 from fastdata._util.version import __version__
+
+# PIL is needed but not a named dependency (Pillow and Pillow-SIMD both provide it: see
+# fastdata/_util/pil.py); without it, say what to install rather than fail deep inside a decode.
+_require_pil()
 
 _EXPORTS = {
     "ShardDataModule": "fastdata.lightning.datamodule",
@@ -27,11 +32,13 @@ _EXPORTS = {
     "open_source": "fastdata.write.sources",
     "LoaderMonitor": "fastdata.tune.monitor",
     "make_trainer": "fastdata.train",
+    "pil_info": "fastdata._util.pil",
 }
 
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 if TYPE_CHECKING:  # pragma: no cover
+    from fastdata._util.pil import pil_info  # noqa: F401
     from fastdata.format.manifest import Manifest  # noqa: F401
     from fastdata.format.manifest_io import load_manifest  # noqa: F401
     from fastdata.lightning.datamodule import ShardDataModule  # noqa: F401

@@ -129,9 +129,22 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:
         "--classes",
         default=None,
         metavar="FILE",
-        help="list, segmentation: class names, one a line (index i = line i)",
+        help="list, segmentation, parquet: class names, one a line (index i = line i)",
     )
-    p.add_argument("--split", default=None, help="coco: the split's name (default train)")
+    p.add_argument(
+        "--split",
+        default=None,
+        help="coco: the split's name; parquet: that of files their path names no split for "
+        "(default train)",
+    )
+    p.add_argument(
+        "--max-json-bytes",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="coco: largest annotations json read, e.g. 4G (default 2G; raise it for a trusted "
+        "file)",
+    )
     p.add_argument(
         "--ignore-index",
         type=int,
@@ -271,13 +284,17 @@ def _source_options(args: argparse.Namespace) -> dict[str, Any]:
     if args.source == "list":
         kwargs["max_classes"] = args.max_classes
     if args.classes is not None:
-        if args.source not in ("list", "segmentation"):
-            raise ValueError("--classes is for list and segmentation sources")
+        if args.source not in ("list", "segmentation", "parquet"):
+            raise ValueError("--classes is for list, segmentation and parquet sources")
         kwargs["classes"] = _read_classes(args.classes)
     if args.split is not None:
-        if args.source != "coco":
-            raise ValueError("--split is for the coco source")
+        if args.source not in ("coco", "parquet"):
+            raise ValueError("--split is for the coco and parquet sources")
         kwargs["split"] = args.split
+    if args.max_json_bytes is not None:
+        if args.source != "coco":
+            raise ValueError("--max-json-bytes is for the coco source")
+        kwargs["max_json_bytes"] = args.max_json_bytes
     if args.source == "segmentation":
         kwargs["ignore_index"] = None if args.ignore_index < 0 else args.ignore_index
     return kwargs
@@ -326,6 +343,7 @@ def _part_command(args: argparse.Namespace) -> str:
     defaults = {"seed": 0, "max_count": 10_000, "max_size": None, "encoding": "auto"}
     defaults |= {"resize": None, "quality": 90, "workers": None, "val_fraction": None}
     defaults |= {"max_side": None, "classes": None, "split": None, "ignore_index": 255}
+    defaults |= {"max_json_bytes": None}
     defaults |= {
         "max_bad": 0.1,
         "max_pixels": DEFAULT_MAX_PIXELS,

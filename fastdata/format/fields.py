@@ -14,11 +14,17 @@ hold an image and a label (`default_fields`).
 | `boxes`  | `boxes.npy`, `box_labels.npy` | (float32 (k, 4) xyxy pixels, int64 (k,) classes)         | lists of tensors                |
 | `text`   | `txt`                       | str (UTF-8)                                                | list of str                     |
 | `array`  | `npy`                       | numpy array (no pickles)                                   | stacked when shapes agree, else list |
+| `tensors` | `ten` (webdataset tenbin)  | list of numpy arrays (`fastdata.format.tenbin`)                   | list of stacked tensors, one per position, when every sample's agree; else a list of lists |
 | `json`   | `json`                      | the parsed JSON value                                      | list                            |
 
 Field *names* are free (a split may hold a `caption` text and a `meta` json); each names its kind
 and its components. A component is a tar member's extension: everything after the first dot of
 the member's base name, as in webdataset (`000012.mask.png` -> `mask.png`).
+
+A component compressed by webdataset's convention (`txt.gz`, `json.gz`, `cls.gz`, `npy.gz`: its
+`gzfilter` decompresses any `*.gz` and decodes by the inner extension) is typed by its inner
+extension and decompressed by `FieldSpec.decode`, bounded by `MAX_INFLATED_BYTES`
+(`gunzip_bounded`): a decompression bomb is an error, not an allocation.
 """
 
 from __future__ import annotations
@@ -36,9 +42,11 @@ __all__ = [
     "FieldError",
     "FieldKind",
     "FieldSpec",
+    "MAX_INFLATED_BYTES",
     "MAX_JSON_BYTES",
     "MAX_MASK_PIXELS",
     "default_fields",
+    "gunzip_bounded",
     "fields_from_json",
     "fields_to_json",
     "infer_fields",
@@ -48,6 +56,9 @@ __all__ = [
 MAX_JSON_BYTES = 16 << 20  # a json/text component larger than this is refused, not parsed
 MAX_MASK_PIXELS = 1 << 28  # a mask PNG whose header claims more is refused before decoding
 _MAX_BOXES = 1 << 20
+#: The most bytes one gzip-compressed component (`txt.gz`, `npy.gz`, ...) may decompress to.
+MAX_INFLATED_BYTES = 256 << 20
+GZ_SUFFIX = ".gz"
 
 Parts = Mapping[str, bytes | memoryview]
 
@@ -92,8 +103,13 @@ class FieldSpec:
             raise FieldError(f"field {self.name!r}: components must be non-empty names")
 
     def decode(self, parts: Parts) -> Any:
-        """The field's value from a sample's components (only this field's are looked at)."""
-        own = {c: parts[c] for c in self.components if c in parts}
+        """The field's value from a sample's components (only this field's are looked at); a
+        `*.gz` component is decompressed first (`gunzip_bounded`)."""
+        own = {
+            c: gunzip_bounded(parts[c], c) if c.lower().endswith(GZ_SUFFIX) else parts[c]
+            for c in self.components
+            if c in parts
+        }
         if self.kind in ("image", "label"):
             if not own:
                 raise FieldError(
@@ -114,6 +130,35 @@ class FieldSpec:
         if len(stored) != len(self.components) or self.kind == "image":
             return stored
         return dict(zip(self.components, stored.values(), strict=True))
+
+
+def gunzip_bounded(data: bytes | memoryview, component: str, limit: int | None = None) -> bytes:
+    """A gzip-compressed component's bytes, decompressed to at most `limit` bytes (None:
+    `MAX_INFLATED_BYTES`).
+
+    Raises:
+        FieldError: not gzip data, or more than `limit` bytes once decompressed (a decompression
+            bomb: refused before the bytes are allocated); the caller adds shard and key.
+    """
+    import zlib
+
+    limit = MAX_INFLATED_BYTES if limit is None else limit
+    inflater = zlib.decompressobj(wbits=31)  # gzip header and trailer
+    try:
+        out = inflater.decompress(bytes(data), limit + 1)
+        more = bool(inflater.unconsumed_tail)
+        if not more:
+            out += inflater.flush(limit + 1 - len(out))
+    except zlib.error as exc:
+        raise FieldError(f"component {component!r} is not readable gzip data ({exc})") from exc
+    if more or len(out) > limit:
+        raise FieldError(
+            f"component {component!r} decompresses to more than {limit} bytes (a decompression "
+            "bomb, or a component too large for one sample); store it uncompressed or smaller"
+        )
+    if not inflater.eof:
+        raise FieldError(f"component {component!r}: its gzip stream is cut short")
+    return out
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:
@@ -215,7 +260,12 @@ def _mask_decode(parts: Parts) -> np.ndarray:
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         if isinstance(exc, FieldError):
             raise
-        raise FieldError(f"mask: unreadable PNG ({exc})") from exc
+        reason = (  # Pillow's message names a BytesIO object, not the file: say what the bytes are
+            f"not an image Pillow can identify, starts {bytes(_one(parts))[:8]!r}"
+            if isinstance(exc, Image.UnidentifiedImageError)
+            else str(exc)
+        )
+        raise FieldError(f"mask: unreadable PNG ({reason})") from exc
     if mask.dtype.kind not in "iu" or mask.ndim != 2:
         raise FieldError(f"mask: expected an (H, W) integer map, got {mask.dtype} {mask.shape}")
     return mask.astype(np.uint16 if mask.max(initial=0) > 255 else np.uint8, copy=False)
@@ -291,6 +341,24 @@ def _array_encode(value: Any) -> dict[str, bytes]:
     return {"npy": _npy_bytes(np.asarray(value))}
 
 
+def _tensors_decode(parts: Parts) -> list[np.ndarray]:
+    from fastdata.format.tenbin import TenbinError, decode_tenbin
+
+    try:
+        return decode_tenbin(_one(parts))
+    except TenbinError as exc:
+        raise FieldError(f"tensors: not a readable .ten member ({exc})") from exc
+
+
+def _tensors_encode(value: Any) -> dict[str, bytes]:
+    from fastdata.format.tenbin import TenbinError, encode_tenbin
+
+    try:
+        return {"ten": encode_tenbin([np.asarray(a) for a in value])}
+    except TenbinError as exc:
+        raise FieldError(f"tensors: {exc}") from exc
+
+
 def _json_decode(parts: Parts) -> Any:
     text = _text_decode(parts)
     try:
@@ -334,6 +402,13 @@ FIELD_KINDS: dict[str, FieldKind] = {
         FieldKind("text", ("txt",), _text_encode, _text_decode, "UTF-8 text"),
         FieldKind("array", ("npy",), _array_encode, _array_decode, "a numpy array"),
         FieldKind("json", ("json",), _json_encode, _json_decode, "any JSON value"),
+        FieldKind(
+            "tensors",
+            ("ten",),
+            _tensors_encode,
+            _tensors_decode,
+            "numpy arrays in webdataset's tenbin format",
+        ),
     )
 }
 
@@ -352,6 +427,7 @@ _INFER: tuple[tuple[str, str, str], ...] = (
     ("txt", "text", "text"),
     ("json", "json", "json"),
     ("npy", "array", "array"),
+    ("ten", "tensors", "tensors"),
 )
 
 
@@ -371,19 +447,29 @@ def is_classification(fields: Mapping[str, FieldSpec]) -> bool:
 def infer_fields(components: Iterable[str]) -> dict[str, FieldSpec]:
     """The fields a foreign shard's samples hold, from the components seen in them.
 
-    Images in several encodings (`jpg` in some samples, `png` in others) are one field; `boxes.npy`
-    with `box_labels.npy` is a boxes field; every other component becomes an `array`, `text` or
-    `json` field when its extension says so, and is otherwise left out (returned nowhere).
+    Components are matched case-insensitively (webdataset lower-cases them: `x.JPG` is a `jpg`)
+    and a `*.gz` component by its inner extension (`txt.gz` is a text field, decompressed when
+    read); images are never read compressed (`jpg.gz` is left out). Images in several encodings
+    (`jpg` in some samples, `png` in others) are one field; `boxes.npy` with `box_labels.npy` is a
+    boxes field; every other component becomes an `array`, `text` or `json` field when its
+    extension says so, and is otherwise left out (returned nowhere).
     """
-    seen = set(components)
+    seen: dict[str, list[str]] = {}  # inner lower-case component -> the components spelled so
+    for comp in sorted(set(components)):
+        inner = comp.lower()
+        if inner.endswith(GZ_SUFFIX):
+            inner = inner[: -len(GZ_SUFFIX)]
+            if inner in ("jpg", "jpeg", "png", "webp", "rgb", "mask.png"):
+                continue
+        seen.setdefault(inner, []).append(comp)
     found: dict[str, list[str]] = {}
     kinds: dict[str, str] = {}
     for comp, name, kind in _INFER:
         if comp in seen:
-            found.setdefault(name, []).append(comp)
+            found.setdefault(name, []).extend(seen[comp])
             kinds[name] = kind
     if "boxes.npy" in seen and "box_labels.npy" in seen:
-        found["boxes"] = ["boxes.npy", "box_labels.npy"]
+        found["boxes"] = [seen["boxes.npy"][0], seen["box_labels.npy"][0]]
         kinds["boxes"] = "boxes"
     return {name: FieldSpec(name, kinds[name], tuple(comps)) for name, comps in found.items()}
 
@@ -421,9 +507,15 @@ def fields_from_json(data: Any, where: str) -> dict[str, FieldSpec]:
                     f"{where}: component {comp!r} belongs to fields {owner[comp]!r} and {name!r}"
                 )
             owner[comp] = name
-    if sum(f.kind == "image" for f in out.values()) != 1:
-        raise FieldError(f"{where}: a split needs exactly one image field, got {sorted(out)}")
-    if out.get("image") is None or out["image"].kind != "image":
+    images = sum(f.kind == "image" for f in out.values())
+    if images > 1:
+        raise FieldError(f"{where}: a split holds at most one image field, got {sorted(out)}")
+    if not images and any(f.kind in ("mask", "boxes") for f in out.values()):
+        raise FieldError(
+            f"{where}: mask and boxes fields are placed on an image, but the split has none "
+            f"({sorted(out)})"
+        )
+    if images and (out.get("image") is None or out["image"].kind != "image"):
         raise FieldError(f"{where}: the image field must be named 'image' (batches use that key)")
     if "padded" in out:
         raise FieldError(f"{where}: 'padded' is a batch key of its own, not a field name")

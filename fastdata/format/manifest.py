@@ -113,6 +113,11 @@ class SplitInfo:
         fields: what each sample holds beyond the classification pair (`fastdata.format.fields`: name
             -> kind and tar components); None: an image and a label (every manifest written
             before fields existed, and every classification split). Read it as `field_specs`.
+        source_ids: file name (beside the manifest) of the split's per-sample source ids
+            (`fastdata.read.source_ids`: sample key -> COCO image id, or image path relative to
+            the source folder); None: the source has none (CIFAR, `fastdata index`'d shards),
+            and in manifests written before it existed.
+        source_ids_sha256: hex digest of the `source_ids` file.
     """
 
     shards: list[ShardInfo]
@@ -124,6 +129,8 @@ class SplitInfo:
     pixel_mean: list[float] | None = None
     pixel_std: list[float] | None = None
     fields: dict[str, FieldSpec] | None = None
+    source_ids: str | None = None
+    source_ids_sha256: str | None = None
 
     @property
     def field_specs(self) -> dict[str, FieldSpec]:
@@ -162,6 +169,8 @@ class Manifest:
             tool's read-only or remote shards): an absolute folder or a URL prefix that every
             shard's `name` is relative to; the index and digest files stay beside the manifest.
             None (every dataset `fastdata shard` writes): the tars are in `root`.
+        class_ids: the source's own id behind each class index (COCO: the category id of
+            `classes[i]`), so predictions map back; None: the class index is the only id.
     """
 
     root: str
@@ -173,6 +182,7 @@ class Manifest:
     format: str = FORMAT
     format_version: int = FORMAT_VERSION
     data_root: str | None = None
+    class_ids: list[int | str] | None = None
 
     @property
     def num_classes(self) -> int:
@@ -198,6 +208,11 @@ class Manifest:
         """Path or URL of a shard's per-sample digest file (None: the shard has none)."""
         return _join(self.root, shard.sums) if shard.sums else None
 
+    def source_ids_url(self, split: str) -> str | None:
+        """Path or URL of a split's source-id file (None: the split has none)."""
+        name = self.split(split).source_ids
+        return _join(self.root, name) if name else None
+
     def to_json(self) -> str:
         """Serialize (without `root`), with sorted keys so the file is deterministic.
 
@@ -213,12 +228,16 @@ class Manifest:
         data.pop("root")
         if data["data_root"] is None:
             del data["data_root"]  # the tars beside the manifest: the file is as it always was
+        if data["class_ids"] is None:
+            del data["class_ids"]  # optional fields: absent, an older manifest stays as it was
         for name, split in data["splits"].items():
             fields = self.splits[name].fields
             if fields is None:
                 del split["fields"]  # classification splits stay as they were written before
             else:
                 split["fields"] = fields_to_json(fields)
+            if split["source_ids"] is None:
+                del split["source_ids"], split["source_ids_sha256"]
             for shard in split["shards"]:
                 del shard["label_map"]  # only a mix has one, and a mix is never saved
         return json.dumps(data, indent=1, sort_keys=True) + "\n"

@@ -105,7 +105,44 @@ def split_from_dict(root: str, name: str, sp: Any, num_classes: int) -> SplitInf
         pixel_mean=sp.get("pixel_mean"),  # absent from older manifests: None
         pixel_std=sp.get("pixel_std"),
         fields=fields,
+        source_ids=_source_ids_name(root, name, sp),
+        source_ids_sha256=sp.get("source_ids_sha256"),
     )
+
+
+def _source_ids_name(root: str, split: str, sp: dict[str, Any]) -> str | None:
+    """A split's `source_ids` file name (None: absent), refused when it leaves the dataset or
+    comes without a hex sha256."""
+    name, digest = sp.get("source_ids"), sp.get("source_ids_sha256")
+    if name is None:
+        return None
+    check_name(root, name, f"{root}: split {split!r} source_ids")
+    if not isinstance(digest, str) or not _HEX64.match(digest):
+        raise ManifestError(
+            f"{root}: split {split!r} has a source_ids file but its source_ids_sha256 "
+            f"{digest!r} is not a hex sha256; a tampered or broken manifest: re-run `fastdata shard`"
+        )
+    return name
+
+
+def check_class_ids(root: str, ids: Any, num_classes: int) -> list[int | str] | None:
+    """The manifest's `class_ids` (None: absent): one int or str per class.
+
+    Raises:
+        ManifestError: not a list of ints or strings, one per class.
+    """
+    if ids is None:
+        return None
+    if (
+        not isinstance(ids, list)
+        or len(ids) != num_classes
+        or not all(_is_int(i) or isinstance(i, str) for i in ids)
+    ):
+        raise ManifestError(
+            f"{root}: class_ids must list one int or string id per class ({num_classes}); a "
+            "tampered or broken manifest: re-run `fastdata shard`"
+        )
+    return list(ids)
 
 
 def _fields(root: str, name: str, data: Any) -> dict[str, FieldSpec] | None:
@@ -350,6 +387,7 @@ def manifest_from_dict(data: Any, root: str) -> Manifest:
             format=data["format"],
             format_version=version,
             data_root=check_data_root(root, data.get("data_root")),
+            class_ids=check_class_ids(root, data.get("class_ids"), len(classes)),
         )
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, ManifestError):

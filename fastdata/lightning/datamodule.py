@@ -49,6 +49,7 @@ from fastdata.lightning.options import (
     CacheSettings,
     RootSpec,
     apply_groups,
+    check_cache_room,
     resolve_roots,
     shard_cache,
 )
@@ -138,6 +139,9 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         verify_samples: hash every sample read and compare it with its digest written at shard
             time (cpu and memory backends; shards without digests are read with a warning).
             Off by default: index checksums, tar headers and labels are checked on every read.
+        keys: every batch says which samples it holds (`fastdata.read.source_ids`): dict
+            batches gain ``key`` and ``source_id`` lists, classification batches become
+            (images, labels, {"key": [...], "source_id": [...]}); None marks padding rows.
         workers: a `fastdata.read.WorkerSettings` in place of num_workers, prefetch_factor,
             decode_threads, loader_timeout and mp_context, used as given (None: the flat ones).
         cache: a `fastdata.lightning.options.CacheSettings(dir, limit)` in place of cache_dir/_limit.
@@ -178,6 +182,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         val: str | float | None = None,
         decoded_cache_dir: str | os.PathLike[str] | None = None,
         verify_samples: bool = False,
+        keys: bool = False,
         workers: WorkerSettings | None = None,
         cache: CacheSettings | None = None,
     ) -> None:
@@ -188,6 +193,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         self.decode_threads, self.loader_timeout = given["decode_threads"], given["loader_timeout"]
         self.cache_dir, self.cache_limit = given["cache_dir"], given["cache_limit"]
         self.workers, self.verify_samples = workers, verify_samples  # workers: + pin_memory etc.
+        self.keys = keys
         self.batch_size, self.seed, self.on_error = batch_size, seed, on_error
         self.backend, self.image_size, self.drop_last = backend, image_size, drop_last
         self.rank, self.world_size, self.mp_context = rank, world_size, given["mp_context"]
@@ -266,6 +272,15 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         self._check_fields(roles)
         self.backend_name = self._choose_backend()
         self._refuse_backend(roles)
+        trainer = self._trainer_or_none()
+        check_cache_room(
+            self._shard_cache(),
+            self.manifest,
+            list(self.split_names.values()),
+            trainer.num_devices if trainer is not None else None,
+            self.num_workers,
+            self.workers.persistent_workers if self.workers is not None else None,
+        )
         if self._position.resume is not None:
             self._check_resume(self._position.resume)
 
@@ -293,10 +308,12 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         return load_manifest(self.root)
 
     def _choose_backend(self) -> str:
-        split = self.split_names.get("train", "train")
+        # Every split this module may read (setup resolves the backend once, for every stage):
+        # a val-only dataset decides on its val split.
+        splits = list(dict.fromkeys(self.split_names.values())) or ["train"]
         trainer = self._trainer_or_none()
         return pick_backend(
-            self.backend, self.manifest, split, self.image_size, self.transforms, trainer
+            self.backend, self.manifest, splits, self.image_size, self.transforms, trainer
         )
 
     # ------------------------------------------------------------------ loaders
@@ -355,6 +372,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             decoded_cache_dir=self.decoded_cache_dir,
             verify_samples=self.verify_samples,
             ignore_index=self.ignore_index,
+            keys=self.keys,
         )
         return self._size_workers(spec)
 
@@ -393,6 +411,8 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         close_loaders(self._loaders)
         for loader in list(self._retired):
             loader.close()
+        if self._cache is not None:
+            self._cache.trim()  # workers stopped mid-epoch release their pins without trimming
 
     def _shard_cache(self) -> Any:
         if self._cache is None:
@@ -430,31 +450,34 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
 
     # ------------------------------------------------------------------ device augmentation
 
-    def on_after_batch_transfer(
-        self, batch: Any, dataloader_idx: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
         """Run the transforms the loader left (training: seeded from the plan) on the device.
 
         A dict dataset's batch (`TrainSample` / `EvalSample`, `fastdata.read.decoders.dict_batch`) gets the
         regions its loader left (the memory backend: image, masks and boxes moved together,
         `fastdata.read.backends.memory_dict.finish_sample`) and its image normalized; its other fields pass
-        as they are. Anything else but an (images, labels) pair passes unchanged: Lightning also
-        sends the model's `example_input_array` through this hook (for the model summary).
+        as they are (`keys=True`'s ``key`` and ``source_id`` too). An (images, labels, ids)
+        batch (`keys=True`) keeps its ids. Anything else but such a batch passes unchanged:
+        Lightning also sends the model's `example_input_array` through this hook (for the model
+        summary).
         """
         if isinstance(batch, Mapping):
             return self._finish_sample(batch)
-        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        if not (isinstance(batch, (tuple, list)) and len(batch) in (2, 3)):
             return batch
-        x, y = batch
+        x, y, *ids = batch  # ids: keys=True's {"key": ..., "source_id": ...}
+        if ids and not isinstance(ids[0], Mapping):
+            return batch
         train = self._is_training(batch)
         seed = self._position.next_batch_seed() if train else self.seed
         normalized, applied = self._flags.get(train, (x.is_floating_point(), 0))
         if normalized or x.is_floating_point():
-            return x, y
+            return (x, y, *ids)
         self.setup()
         with one_thread_on_cpu(x.device):
             generator = self._generator(x.device).manual_seed(seed)
-            return self.transforms.apply(x, train, generator, self._pool, skip=applied), y
+            x = self.transforms.apply(x, train, generator, self._pool, skip=applied)
+        return (x, y, *ids)
 
     def _finish_sample(self, batch: Mapping[str, Any]) -> Mapping[str, Any]:
         """A dict batch's device work: the regions the loader left (memory backend: drawn from

@@ -29,6 +29,7 @@ from fastdata.read import BatchLoader, LoaderSpec
 from fastdata.read.decoders.dict_batch import EvalSample, TrainSample
 from fastdata.read.plan import EpochPlan, batch_seed
 from fastdata.read.resume import ResumeState
+from fastdata.read.source_ids import SourceIds, load_source_ids
 
 __all__ = [
     "EpochLoader",
@@ -45,13 +46,21 @@ log = logging.getLogger("fastdata")
 
 
 class TrainBatch(tuple):
-    """(images, labels) yielded by a training loader: augmented and counted as trained on."""
+    """(images, labels) yielded by a training loader: augmented and counted as trained on.
+
+    With ``keys=True``: (images, labels, ids), ids = ``{"key": [...], "source_id": [...]}``
+    (`fastdata.read.source_ids`).
+    """
 
     __slots__ = ()
 
 
 class EvalBatch(tuple):
-    """(images, labels) yielded by an evaluation loader (val, test, predict)."""
+    """(images, labels) yielded by an evaluation loader (val, test, predict).
+
+    With ``keys=True``: (images, labels, ids), ids = ``{"key": [...], "source_id": [...]}``
+    (`fastdata.read.source_ids`; key and source id None for a padding row).
+    """
 
     __slots__ = ()
 
@@ -185,6 +194,7 @@ class EpochLoader:
         self.loader: BatchLoader = factory(spec)
         self._stale = False
         self._retired = False  # replaced by a newer loader: close when the iteration ends
+        self._ids: SourceIds | None = None  # keys=True: the split's source ids, once read
         self._active: weakref.ref[Generator[Any, None, None]] | None = None
         # What the finalizer closes when this loader is collected (not `self`: that would keep
         # it alive); `_batches` updates it when the backend loader is rebuilt.
@@ -216,6 +226,7 @@ class EpochLoader:
             self.loader, self._stale = self.factory(self.spec), False
             self._backend["loader"] = self.loader
         owner = self.owner
+        ids = self._source_ids() if self.spec.keys else None
         epoch, consumed, steps = owner._start_epoch(self)
         self.loader.set_epoch(epoch, consumed, steps)
         kind, train = (TrainBatch, True) if self.spec.train else (EvalBatch, False)
@@ -223,11 +234,20 @@ class EpochLoader:
         try:
             for batch in self.loader:
                 owner._yielded(train)
+                if ids is not None:
+                    batch = ids.attach(batch)
                 yield sample_kind(batch) if isinstance(batch, dict) else kind(batch)
         finally:
             if self._retired:  # replaced while this iteration ran: its workers go now
                 self._retired = False
                 self._close_backend()
+
+    def _source_ids(self) -> SourceIds:
+        """The split's source ids (`keys=True`), read once per loader."""
+        if self._ids is None:
+            spec = self.spec
+            self._ids = load_source_ids(spec.manifest, spec.split, spec.cache)
+        return self._ids
 
     @property
     def iterating(self) -> bool:

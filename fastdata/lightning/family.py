@@ -14,7 +14,8 @@
   small-object dataset); pass ``train_transforms="photo"`` for crops.
 
 Everything underneath is `ShardDataModule`'s: one epoch plan for every backend (cpu and memory
-carry every field), mid-epoch resume, ranks, mixes of datasets, ``on_error``; every batch also
+carry every field, and give the same sample in every field: the memory backend keeps each image,
+mask and box list at its own size, `fastdata.read.backends.memory_dict`), mid-epoch resume, ranks, mixes of datasets, ``on_error``; every batch also
 holds ``padded`` (bool (N,)) for metrics to skip evaluation padding.
 """
 

@@ -47,6 +47,7 @@ __all__ = [
     "RootSpec",
     "ShardSet",
     "apply_groups",
+    "check_cache_room",
     "resolve_roots",
     "resolve_val",
     "shard_cache",
@@ -266,3 +267,66 @@ def shard_cache(
     from fastdata.remote import DEFAULT_LIMIT, ShardCache, default_cache_dir
 
     return ShardCache(cache_dir or default_cache_dir(), cache_limit or DEFAULT_LIMIT)
+
+
+_INDEX_LINE = 128  # bytes of a shard's index per sample, at most (a few components a line)
+
+
+def check_cache_room(
+    cache: Any,
+    manifest: Any,
+    splits: Sequence[str],
+    ranks_per_node: int | None,
+    workers: int | str,
+    persistent: bool | None,
+) -> None:
+    """Refuse (at `setup()`) a remote dataset's cache limit below what the node's readers pin.
+
+    Each shard reader keeps up to `fastdata.read.shardio.pins_needed` remote shards pinned; a
+    rank reads through one reader per loader worker (one without workers), and a persistent
+    training worker through a second one at each epoch's end (it reads the next epoch's first
+    batch ahead). `workers="auto"` counts one worker: the tuner decides the count later.
+
+    Args:
+        cache: the `ShardCache` the settings make (None: the default one, for a remote root).
+        manifest: the dataset (a mix's too: its remote shards are counted).
+        splits: the split names the module reads.
+        ranks_per_node: processes of the node that share the cache (the Trainer's devices);
+            None: $LOCAL_WORLD_SIZE (torchrun sets it), else 1.
+        workers: loader workers per rank (an int, or "auto").
+        persistent: the `WorkerSettings.persistent_workers` given (None: when there are workers).
+
+    Raises:
+        ValueError: the limit is below the readers' need; names the size to set.
+    """
+    # Per split (a split's readers are done before the next split's start, but for a mid-epoch
+    # validation); a pinned shard's index is cached beside it, and the manifest has no index
+    # sizes: allow a line of a few components per sample.
+    sizes = [
+        [
+            info.bytes + _INDEX_LINE * info.num_samples
+            for info in manifest.split(name).shards
+            if "://" in manifest.shard_url(info)
+        ]
+        for name in dict.fromkeys(splits)
+    ]
+    sizes = [split for split in sizes if split]
+    if not sizes:
+        return
+    if ranks_per_node is None:
+        ranks_per_node = int(os.environ.get("LOCAL_WORLD_SIZE") or 1)
+    if cache is None:
+        from fastdata.remote import ShardCache
+
+        cache = ShardCache.default()
+    from fastdata.read.shardio import pins_needed
+
+    count = workers if isinstance(workers, int) else 1
+    per_worker = 2 if count > 0 and persistent is not False else 1
+    readers = ranks_per_node * max(1, count) * per_worker
+    who = f"{ranks_per_node} rank(s) on the node x {max(1, count)} loader reader(s)"
+    if per_worker == 2:
+        who += " x 2 (each persistent worker reads the next epoch's first batch ahead)"
+    pins = pins_needed(manifest)
+    split = max(sizes, key=lambda split: min(readers * pins * max(split), sum(split)))
+    cache.check_limit(max(split), readers, pins, who, whole=sum(split))

@@ -95,13 +95,14 @@ def training_device(trainer: pl.Trainer | None) -> torch.device:
 def pick_backend(
     backend: str,
     manifest: Manifest,
-    train_split: str,
+    splits: str | Sequence[str],
     image_size: int | None,
     preset: Preset,
     trainer: pl.Trainer | None,
 ) -> str:
     """The backend's name: `backend` when it can run here (else ValueError with the reason), or
-    for "auto" `fastdata.read.backends.auto.choose_backend`'s choice (rank 0's on every rank)."""
+    for "auto" `fastdata.read.backends.auto.choose_backend`'s choice from `splits` (the splits the module
+    reads: the largest decides; rank 0's choice on every rank)."""
     if backend != "auto":
         ok, why = get_backend(backend).check()
         if not ok:
@@ -111,7 +112,7 @@ def pick_backend(
 
     name, _reason = choose_backend(  # logs its choice and the figures behind it
         manifest,
-        train_split,
+        splits,
         str(training_device(trainer)),
         image_size,
         preset=preset,

@@ -106,6 +106,8 @@ class LoaderSpec:
             time (`fastdata.format.integrity`); cpu and memory backends only.
         ignore_index: dict batches (`fastdata.read.decoders.dict_batch`): the mask value of pixels outside
             the image after a pad-crop and of evaluation padding samples.
+        keys: hand each batch's sample keys over with it (`fastdata.read.source_ids`): a dict
+            batch's ``key`` list, a classification batch's third element (None: padding).
     """
 
     manifest: Manifest
@@ -130,6 +132,7 @@ class LoaderSpec:
     decoded_cache_dir: str | None = None
     verify_samples: bool = False
     ignore_index: int = 255
+    keys: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.preset, str):

@@ -48,6 +48,7 @@ __all__ = [
     "ShardReader",
     "check_index_count",
     "parse_index",
+    "pins_needed",
     "read_index_file",
     "read_sample",
 ]
@@ -189,17 +190,32 @@ def index_from_tar(data: bytes | mmap.mmap, shard: str) -> ShardIndex:
     return ShardIndex(keys, components)
 
 
+#: Remote shards a reader keeps pinned per dataset it reads: a batch of the plan lies within two
+#: consecutive shards of each dataset (plan rules 0-1), and each stream reads its shards in turn.
+PINS_PER_DATASET = 2
+
+
+def pins_needed(manifest: Manifest) -> int:
+    """Remote shards one `ShardReader` of `manifest` keeps pinned in the cache at most: two per
+    dataset (a mix reads one stream per dataset at once)."""
+    source = manifest.source if isinstance(manifest.source, dict) else {}
+    datasets = source.get("datasets") if source.get("kind") == "mix" else None
+    return PINS_PER_DATASET * (len(datasets) if isinstance(datasets, list) and datasets else 1)
+
+
 class ShardReader:
     """Open shards of one manifest and return sample components by (shard number, index).
 
-    Keeps at most `max_open` shards open (least recently used are closed). One reader per
-    process: DataLoader workers each build their own after forking.
+    Keeps at most `max_open` shards open (least recently used are closed), of them at most
+    `pins_needed(manifest)` remote ones: each is pinned in the node's cache, whose limit holds
+    only when every reader pins few. One reader per process: DataLoader workers each build
+    their own after forking.
 
     Args:
         manifest: the dataset; its root may be a folder or a URL (s3://, gs://, https://).
         split: the split to read.
-        max_open: most shards kept open (memory-mapped; for a remote dataset, also pinned in
-            the cache, so the cache must hold at least max_open shards per reader).
+        max_open: most shards kept open (memory-mapped; remote ones also pinned in the cache,
+            at most `min(max_open, pins_needed(manifest))` of them).
         cache: the node-local cache for a remote dataset; None means `ShardCache.default()`
             (`$FASTDATA_CACHE_DIR` or ~/.cache/fastdata/shards, 50 GB). Unused for local shards.
         verify_samples: also hash every sample read and compare it with the digest written at
@@ -218,6 +234,7 @@ class ShardReader:
         self.manifest = manifest
         self.shards: list[ShardInfo] = manifest.split(split).shards
         self.max_open = max_open
+        self.max_pinned = max(1, min(max_open, pins_needed(manifest)))
         self.cache = cache
         self.verify_samples = verify_samples
         self._remote = "://" in manifest.root
@@ -328,12 +345,20 @@ class ShardReader:
         self.cache.prefetch(self.manifest, remote, ahead)
 
     def close(self) -> None:
+        """Close every shard; a remote dataset's cache is then trimmed back within its limit
+        (reads that found it full of pins went over it)."""
+        pinned = any(pin is not None for _, _, pin, _, _ in self._open.values())
         for _, data, pin, _, _ in self._open.values():
             _close(data, pin)
         self._open.clear()
         for data in self._given.values():
             _close(data)
         self._given.clear()
+        if pinned and self.cache is not None:
+            try:
+                self.cache.trim()
+            except RuntimeError:  # LockTimeout: the next maker of room evicts instead
+                pass
 
     def _get(self, shard: int) -> _OpenShard:
         if shard in self._open:
@@ -343,6 +368,8 @@ class ShardReader:
         given = self._given.pop(shard, None)
         # Per shard: a mix (`fastdata.read.mix`) may hold local and remote datasets.
         remote = given is None and "://" in self.manifest.shard_url(info)
+        if remote:
+            self._unpin_for(1)
         pin = self._acquire(shard, info) if remote else None
         data: bytes | mmap.mmap = b""
         try:
@@ -363,6 +390,14 @@ class ShardReader:
             _, (_, old, old_pin, _, _) = self._open.popitem(last=False)
             _close(old, old_pin)
         return self._open[shard]
+
+    def _unpin_for(self, more: int) -> None:
+        """Close least recently used remote shards until `more` pins stay within `max_pinned`:
+        before pinning the next, so this reader never holds more than the cache was sized for."""
+        pinned = [n for n, entry in self._open.items() if entry[2] is not None]
+        for number in pinned[: max(0, len(pinned) + more - self.max_pinned)]:
+            _, old, old_pin, _, _ = self._open.pop(number)
+            _close(old, old_pin)
 
     def _suspects(
         self, info: ShardInfo, data: bytes | mmap.mmap, index: ShardIndex

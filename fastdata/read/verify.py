@@ -1,4 +1,11 @@
-"""`fastdata inspect` and `fastdata verify`: look at a shard folder, and check every byte of it."""
+"""`fastdata inspect` and `fastdata verify`: look at a shard folder, and check every byte of it.
+
+`verify` reads each sample as the loaders do: through the split's fields (`SplitInfo.field_specs`,
+the image + label of a classification split included) and the loaders' row reader
+(`fastdata.read.rows.RowReader`, `fastdata.read.decoders.dict_batch.decode_fields`), so a folder any loader
+reads (own shards, or other tools' tars indexed by `fastdata index`) is checked by the same rules,
+not by a list of components of its own.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +16,15 @@ from dataclasses import dataclass, field
 import numpy as np
 from tqdm import tqdm
 
-from fastdata.format.fields import FieldError, FieldSpec
+from fastdata.augment.presets import get_preset
+from fastdata.format.fields import is_classification
 from fastdata.format.integrity import IntegrityError, open_regular
-from fastdata.format.manifest import Manifest, ManifestError, ShardInfo
+from fastdata.format.manifest import Manifest, ManifestError, ShardInfo, SplitInfo
 from fastdata.format.manifest_io import load_manifest
 from fastdata.format.summary import summarize
+from fastdata.read.decoders.dict_batch import SampleSpec, decode_fields
 from fastdata.read.decoders.image import Geometry, decode_image, decode_raw
+from fastdata.read.rows import RowReader
 from fastdata.read.shardio import (
     ShardReader,
     ShardReadError,
@@ -83,7 +93,8 @@ def inspect_findings(manifest: Manifest) -> list[str]:
 
 def verify(root: str | os.PathLike[str], progress: bool = True) -> VerifyReport:
     """Re-hash every shard and index against the manifest and read every sample (tar header,
-    label, per-sample digest when the shard has one) and decode it; list what is bad.
+    label, per-sample digest when the shard has one) and decode every field of it as the
+    loaders do; list what is bad.
 
     A manifest that cannot be loaded is reported (`VerifyReport.bad_manifest`), not raised.
     """
@@ -97,15 +108,17 @@ def verify(root: str | os.PathLike[str], progress: bool = True) -> VerifyReport:
     bar = tqdm(total=total, unit="img", desc=f"verifying {root}", disable=not progress)
     for split_name, split in manifest.splits.items():
         reader = ShardReader(manifest, split_name, max_open=1, verify_samples=True)
+        sizes = tuple(shard.num_samples for shard in split.shards)
+        rows = RowReader(
+            reader, sizes, train=False, classification=is_classification(split.field_specs)
+        )
+        spec = _sample_spec(manifest, split)
         shape = tuple(split.raw_shape) if split.encoding == "raw" and split.raw_shape else None
         for number, shard in enumerate(split.shards):
             report.shards_checked += 1
             try:
                 _check_shard(manifest, shard, report, reader, number)
-                if split.fields is None:
-                    _check_samples(reader, number, shard.num_samples, shape, report)
-                else:
-                    _check_fields(reader, number, shard.num_samples, split.fields, shape, report)
+                _check_samples(rows, number, shard.num_samples, spec, shape, report)
             except (ShardReadError, OSError, IntegrityError) as exc:
                 reason = exc.reason if isinstance(exc, ShardReadError) else str(exc)
                 report.bad_shards.append(f"{shard.name}: {reason}")
@@ -162,67 +175,53 @@ def _index_readable(reader: ShardReader, shard: int, report: VerifyReport) -> bo
     return True
 
 
+def _sample_spec(manifest: Manifest, split: SplitInfo) -> SampleSpec | None:
+    """What the loaders decode a dict split's samples with (`read.samples.sample_spec`), at the
+    stored size; None for a classification split (read as the loaders read its `(x, y)`)."""
+    fields = split.field_specs  # the manifest's fields, or the image + label of older ones
+    if is_classification(fields):
+        return None
+    return SampleSpec(
+        fields=dict(fields),
+        preset=get_preset("none"),
+        train=False,
+        out_hw=None,
+        raw_shape=tuple(split.raw_shape) if split.encoding == "raw" and split.raw_shape else None,
+        num_classes=manifest.num_classes,
+    )
+
+
 def _check_samples(
-    reader: ShardReader, shard: int, count: int, shape, report: VerifyReport
+    rows: RowReader,
+    shard: int,
+    count: int,
+    spec: SampleSpec | None,
+    shape: tuple[int, ...] | None,
+    report: VerifyReport,
 ) -> None:
+    """Read and decode every sample of one shard through the loaders' row reader (a finding per
+    bad sample, naming the shard, the key and, for a dict split, the field).
+
+    A classification sample is its label (from `lid`, or a foreign shard's `cls`) and its image
+    (`jpg`/`png`/`rgb`); a dict sample is every field of the split (`decode_fields`).
+    """
     rng = np.random.default_rng(0)
-    name = reader.shards[shard].name
-    if not _index_readable(reader, shard, report):
+    name = rows.reader.shards[shard].name
+    if not _index_readable(rows.reader, shard, report):
         return
     for index in range(count):
         report.samples_checked += 1
-        key = reader.key(shard, index)
+        key = rows.reader.key(shard, index)
         try:
-            components = reader.sample(shard, index)
-            image = next((components[e] for e in ("rgb", "jpg", "png") if e in components), None)
-            if image is None or "lid" not in components:
-                raise ValueError(f"missing components (has {sorted(components)})")
-            if shape is not None:
+            sample = rows.sample(shard, index)
+            if spec is not None:
+                decode_fields(rows, sample, spec)  # raises ShardReadError (on_error="raise")
+                continue
+            ext, image = sample.image
+            if ext == "rgb" and shape is not None:
                 decode_raw(image, shape)
             else:
                 decode_image(image, Geometry("none"), rng)
         except (ShardReadError, ValueError) as exc:
             reason = exc.reason if isinstance(exc, ShardReadError) else str(exc)
             report.bad_samples.append(f"{name} {key}: {reason}")
-
-
-def _check_fields(
-    reader: ShardReader,
-    shard: int,
-    count: int,
-    fields: dict[str, FieldSpec],
-    shape,
-    report: VerifyReport,
-) -> None:
-    """Decode every field of every sample of a split with fields (errors name shard, key, field):
-    the image's pixels, and a mask's size against the image's."""
-    rng = np.random.default_rng(0)
-    name = reader.shards[shard].name
-    if not _index_readable(reader, shard, report):
-        return
-    for index in range(count):
-        report.samples_checked += 1
-        key = reader.key(shard, index)
-        field = "-"
-        try:
-            components = reader.sample(shard, index)
-            size = None
-            for spec in fields.values():
-                field = spec.name
-                value = spec.decode(components)
-                if spec.kind == "image":
-                    pixels = (
-                        decode_raw(value, shape)
-                        if shape is not None and "rgb" in components
-                        else decode_image(value, Geometry("none"), rng)
-                    )
-                    size = tuple(np.asarray(pixels).shape[:2])
-                elif spec.kind == "mask" and size is not None and value.shape != size:
-                    raise FieldError(
-                        f"mask is {value.shape[1]} x {value.shape[0]} (W x H), its image "
-                        f"{size[1]} x {size[0]}"
-                    )
-        except ShardReadError as exc:
-            report.bad_samples.append(f"{name} {key}: {exc.reason}")
-        except (FieldError, ValueError) as exc:
-            report.bad_samples.append(f"{name} {key} field {field!r}: {exc}")

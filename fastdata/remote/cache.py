@@ -6,6 +6,7 @@ shard share its file, and a re-written dataset never reads a stale one):
     <sha256>.tar                 a complete shard, checked against the manifest's size and sha256
     <sha256>.idx                 its DALI index (absent when the store has none)
     <sha256>.tar.<bytes>.part    a download under way (renamed to .tar once checked)
+    <sha256>.tar.<bytes>.ahead.part  the same, of a prefetch
     <sha256>.lock                the shard's lock file (kept: deleting a lock file races)
     .cache.lock                  held while making room, so two makers of room never both count it
     .warned-<limit>-<pgid>       marks that one process of a job warned the limit is too small
@@ -21,9 +22,12 @@ Rules, each enforced with `flock` through `fastdata.remote.locks.LockFile`:
 4. Least recently used first: every use sets the `.tar`'s mtime; eviction goes by oldest mtime.
 5. The folder stays within `limit_bytes`: before a download, under `.cache.lock`, old shards are
    evicted until the shards present plus the downloads under way plus this one fit. A prefetch
-   that does not fit is not made. A read that does not fit (the shards pinned by open readers
-   fill the limit, or one shard is larger) is downloaded over the limit, with one warning per
-   job giving the numbers: size the limit above readers x (open + prefetched) shards.
+   that does not fit is not made; a read that does not fit waits (bounded) for the prefetches
+   under way, which become evictable shards. Readers pace themselves: each keeps at most the
+   shards a batch needs pinned (`fastdata.read.shardio.pins_needed`), and `check_limit` (called
+   by the DataModule's `setup()`) refuses a limit below readers x pins x shard size. Should the
+   pinned shards fill the limit anyway, the read goes over it (never a hang) with one warning per
+   job giving the numbers; `trim()` (called when a reader closes) brings the folder back.
 
 Locking rules (why nothing here hangs):
 - No wait is blocking: every lock is polled without blocking until a deadline
@@ -226,11 +230,13 @@ class ShardCache(CacheFolder):
     def _progress(self, shard: ShardInfo) -> tuple[int, ...]:
         """What another process's download of `shard` has written so far (a token that changes
         while it moves)."""
-        try:
-            stat = os.stat(self.cache_dir / f"{shard.sha256}.tar.{shard.bytes}.part")
-        except FileNotFoundError:
-            return ()
-        return stat.st_size, stat.st_mtime_ns
+        for optional in (False, True):
+            try:
+                stat = os.stat(self._part(shard, optional))
+            except FileNotFoundError:
+                continue
+            return stat.st_size, stat.st_mtime_ns
+        return ()
 
     def _prefetch_one(self, manifest: Manifest, shard: ShardInfo) -> None:
         """Download ahead unless present or locked by anyone (never waits for a lock); skipped
@@ -326,7 +332,7 @@ class ShardCache(CacheFolder):
 
     def _download(self, manifest: Manifest, shard: ShardInfo, optional: bool) -> None:
         """Fetch, check and rename into place; called holding the shard's exclusive lock."""
-        part = self.cache_dir / f"{shard.sha256}.tar.{shard.bytes}.part"
+        part = self._part(shard, optional)
         idx_part = self.cache_dir / f"{shard.sha256}.idx.part"
         if not self._make_room(manifest, shard, part, optional):
             log.debug("prefetch of %s skipped: the cache is full of shards read sooner", shard.name)
@@ -374,6 +380,11 @@ class ShardCache(CacheFolder):
 
     def _path(self, shard: ShardInfo, ext: str) -> Path:
         return self.cache_dir / f"{shard.sha256}.{ext}"
+
+    def _part(self, shard: ShardInfo, optional: bool) -> Path:
+        """The tar's name while it downloads; a prefetch's says so (`room._PART`)."""
+        ahead = ".ahead" if optional else ""
+        return self.cache_dir / f"{shard.sha256}.tar.{shard.bytes}{ahead}.part"
 
     @staticmethod
     def _check(manifest: Manifest, shard: ShardInfo) -> None:

@@ -1,5 +1,6 @@
 """Keeping the shard cache's folder within its limit: the `.cache.lock` section of
-`fastdata.remote.cache.ShardCache` (rule 5 of its module docstring), and eviction (rule 3)."""
+`fastdata.remote.cache.ShardCache` (rule 5 of its module docstring), eviction (rule 3), trimming
+back to the limit, and the check that a limit can hold what the node's readers pin."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import fcntl
 import logging
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,7 +25,10 @@ __all__ = ["CacheFolder", "CacheStats"]
 log = logging.getLogger(__name__)
 
 _SHA = re.compile(r"^[0-9a-f]{64}$")
-_PART = re.compile(r"^([0-9a-f]{64})\.(?:tar\.(\d+)|idx)\.part$")
+#: A download under way: `<sha>.tar.<bytes>.part` (a read), `<sha>.tar.<bytes>.ahead.part` (a
+#: prefetch: its room frees itself, as an unpinned shard, once done), `<sha>.idx.part`.
+_PART = re.compile(r"^([0-9a-f]{64})\.(?:tar\.(\d+)(\.ahead)?|idx)\.part$")
+_POLL = 0.02  # seconds between looks at the folder while a read waits for prefetches to finish
 
 
 @dataclass
@@ -65,32 +70,88 @@ class CacheFolder:
 
         An optional download (a prefetch) evicts no shard of the plan's next ones, and is not
         made (False) when it does not fit: prefetching never pushes the cache past its limit.
+        A read that does not fit while prefetches are under way waits for them (polled, at most
+        `timeouts.lock` s): each becomes an unpinned shard, evictable, when done. Only when the
+        pinned shards and the reads under way fill the limit (`check_limit` refuses such a
+        limit up front) is it downloaded over the limit, with one warning per job.
         """
         protect = self._window if optional else frozenset()
+        deadline = time.monotonic() + self.timeouts.lock
+        while True:
+            with self._room_lock():
+                used, ahead = self._evict_until(shard.bytes, protect)
+                fits = used + shard.bytes <= self.limit_bytes
+                if not fits and optional:
+                    return False
+                if fits or not ahead or time.monotonic() > deadline:
+                    if not fits and self._first_to_warn():
+                        self._warn_over(manifest, shard, used)
+                    part.touch()  # reserves the space: other makers of room count it from its name
+                    return True
+            time.sleep(_POLL)  # outside `.cache.lock`: the prefetches need it to finish
+
+    def _evict_until(self, room: int, protect: frozenset[str]) -> tuple[int, int]:
+        """Evict least recently used unpinned shards (not in `protect`) until `room` more bytes
+        fit; (bytes then in use or reserved, bytes of those reserved by prefetches under way).
+        Called holding `.cache.lock`."""
+        entries, used, ahead = self._scan()
+        for _, sha, size in sorted(entries):
+            if used + room <= self.limit_bytes:
+                break
+            if sha not in protect and self._evict(sha):
+                used -= size
+        return used, ahead
+
+    def trim(self) -> int:
+        """Evict least recently used unpinned shards until the folder is within its limit (after
+        reads that went over it); the bytes then in the folder's shards and downloads."""
         with self._room_lock():
-            entries, used = self._scan()
-            for _, sha, size in sorted(entries):
-                if used + shard.bytes <= self.limit_bytes:
-                    break
-                if sha not in protect and self._evict(sha):
-                    used -= size
-            if used + shard.bytes > self.limit_bytes and optional:
-                return False
-            if used + shard.bytes > self.limit_bytes and self._first_to_warn():
-                log.warning(
-                    "shard cache %s: its limit is %d bytes, the shards that open readers pin or "
-                    "download hold %d, and %s (%s) needs %d more: it is read over the limit and "
-                    "prefetching pauses while the cache is full. Raise cache_limit above "
-                    "(readers on this node) x (shards each keeps open + prefetches) x shard size.",
-                    self.cache_dir,
-                    self.limit_bytes,
-                    used,
-                    shard.name,
-                    manifest.shard_url(shard),
-                    shard.bytes,
-                )
-            part.touch()  # reserves the space: other makers of room count it from its name
-        return True
+            return self._evict_until(0, frozenset())[0]
+
+    def check_limit(
+        self, shard_bytes: int, readers: int, pins: int, who: str, whole: int | None = None
+    ) -> None:
+        """Refuse a limit below what the node's readers pin at once (MosaicML Streaming refuses
+        such a limit too): each reader keeps up to `pins` shards of up to `shard_bytes` open.
+
+        Args:
+            shard_bytes: the biggest remote shard the readers read.
+            readers: shard readers on the node that share this cache.
+            pins: shards each keeps open at once (`fastdata.read.shardio.pins_needed`).
+            who: what the readers are, for the message (e.g. "1 rank x 2 loader workers").
+            whole: the bytes of every shard they read, if known: they cannot pin more.
+
+        Raises:
+            ValueError: the limit is below readers x pins x shard_bytes (or `whole`); the
+                message names the size to set.
+        """
+        need = readers * pins * shard_bytes
+        if whole is not None and whole < need:
+            need, why = whole, f"every shard they read, {whole:,} bytes"
+        else:
+            why = f"{pins} shards of up to {shard_bytes:,} bytes each, {need:,} bytes"
+        if self.limit_bytes >= need:
+            return
+        raise ValueError(
+            f"cache_limit of {self.limit_bytes:,} bytes for the shard cache {self.cache_dir} "
+            f"cannot hold what its readers pin: {readers} readers ({who}) keep {why} open. "
+            f'Set cache_limit to at least {need:,} (e.g. cache_limit="{-(-need // 10**6)}MB"), '
+            "or use fewer loader workers (each reads through its own reader)"
+        )
+
+    def _warn_over(self, manifest: Manifest, shard: ShardInfo, used: int) -> None:
+        log.warning(
+            "shard cache %s: its limit is %d bytes, the shards that open readers pin or "
+            "download hold %d, and %s (%s) needs %d more: it is read over the limit and "
+            "prefetching pauses while the cache is full. Raise cache_limit above "
+            "(readers on this node) x (shards each keeps open) x shard size.",
+            self.cache_dir,
+            self.limit_bytes,
+            used,
+            shard.name,
+            manifest.shard_url(shard),
+            shard.bytes,
+        )
 
     def _first_to_warn(self) -> bool:
         """True once per job for this cache: the first of its processes (main process, loader
@@ -106,10 +167,11 @@ class CacheFolder:
             return False
         return True
 
-    def _scan(self) -> tuple[list[tuple[float, str, int]], int]:
-        """(mtime, sha, bytes) of each complete shard, and the bytes in use or reserved."""
+    def _scan(self) -> tuple[list[tuple[float, str, int]], int, int]:
+        """(mtime, sha, bytes) of each complete shard, the bytes in use or reserved, and the
+        bytes of those reserved by prefetches under way."""
         entries: list[tuple[float, str, int]] = []
-        used = 0
+        used = ahead = 0
         for entry in os.scandir(self.cache_dir):
             name = entry.name
             try:
@@ -122,11 +184,13 @@ class CacheFolder:
                 elif match := _PART.match(name):
                     if self._stale(match.group(1)):
                         Path(entry.path).unlink(missing_ok=True)
-                    else:
-                        used += int(match.group(2)) if match.group(2) else entry.stat().st_size
+                        continue
+                    size = int(match.group(2)) if match.group(2) else entry.stat().st_size
+                    used += size
+                    ahead += size if match.group(3) else 0
             except FileNotFoundError:  # renamed or removed by its owner meanwhile
                 continue
-        return entries, used
+        return entries, used, ahead
 
     def _stale(self, sha: str) -> bool:
         """A .part whose shard lock nobody holds was left by a process that died mid-download."""

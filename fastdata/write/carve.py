@@ -48,6 +48,7 @@ class CarvedSource:
             )
         self.source, self.fraction, self.seed = source, fraction, seed
         self.kind, self.classes = source.kind, source.classes
+        self.class_ids = getattr(source, "class_ids", None)  # COCO: the category ids
         kept, carved = carve_ids(splits["train"], fraction, seed)
         self._ids = {"train": kept, "val": carved}
 

@@ -112,7 +112,7 @@ def encode_item(
     """Encode one source item with a concrete encoding (see `resolve_encoding`).
 
     Args:
-        item: the source item (pixels or a file).
+        item: the source item (pixels, a file's bytes or a file).
         encoding: a concrete encoding.
         resize: shrink the shorter side to this many pixels.
         quality: JPEG quality when re-encoding.
@@ -125,9 +125,20 @@ def encode_item(
     """
     if item.pixels is not None:
         return _encode_pixels(item.pixels, encoding, resize, quality)
-    if item.path is None:
-        raise BadSampleError(item.origin, "source item has neither pixels nor a path")
-    data = _read_image_file(item, max_pixels)
+    if item.data is not None:
+        data = item.data
+        if max_pixels is not None and len(data) > _MAX_BYTES_PER_PIXEL * max_pixels:
+            raise BadSampleError(
+                item.origin,
+                f"image is {len(data):,} bytes, more than an image of max_pixels={max_pixels:,} "
+                "takes (raise --max-pixels if it is trusted)",
+            )
+    elif item.path is None:
+        raise BadSampleError(
+            item.origin, "the source gives no image here (no pixels, bytes or file)"
+        )
+    else:
+        data = _read_image_file(item, max_pixels)
     try:
         _check_size(data, max_pixels)
         opened = open_image(data)

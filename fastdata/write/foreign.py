@@ -3,10 +3,21 @@
 `scan_tar` reads a tar once, as a stream (a local file or an HTTP body), and returns what
 `fastdata index` records about it: its size and sha256, the DALI index text (the same `v1.2`
 format `fastdata.write.tarshard` writes), the per-sample digests (`fastdata.format.schema.sums_text`),
-each sample's components and its `cls` label. Members are grouped into samples as webdataset
-groups them (`fastdata.format.schema.split_member`: the key is the member's path up to the first dot of
-its base name); any header webdataset's writer or GNU tar emits is accepted (other modes, mtimes,
-user names, GNU long names, PAX headers, members in directories).
+each sample's components and its `cls` label.
+
+Members are grouped into samples as webdataset groups them (`fastdata.format.schema.split_member`,
+webdataset's `base_plus_ext`): the key is the member's path up to the first dot of its base name
+(`a.v1/b/c.d.jpg` -> key `a.v1/b/c`, component `d.jpg`); components differ by more than case,
+as webdataset lower-cases them; `__meta__` members are skipped, as webdataset's
+`tar_file_iterator` skips them. Where webdataset drops a member silently (no dot in its base
+name) or makes a key of a folder (`dir/.hidden` -> key `dir/`), the tar is refused naming the
+member: such a member is no sample's data. Any header webdataset's writer or GNU tar emits is
+accepted (other modes, mtimes, user names, GNU long names, PAX headers, members in directories).
+
+Each sample's image size is read from its image's header (JPEG SOF, PNG IHDR: no pixel is
+decoded), so the manifest records sizes as `fastdata shard` does. A gzip-compressed component
+(`txt.gz`, `cls.gz`, ...) is decompressed once, bounded (`fastdata.format.fields.gunzip_bounded`), so a
+bad or bomb one is named here rather than in a training run.
 
 The tar is untrusted input: a member that belongs to no sample (no extension), a path that
 leaves the archive (`..`, absolute), a link or device member, a duplicated component, a tar cut
@@ -18,10 +29,12 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import tarfile
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from fastdata.format.fields import GZ_SUFFIX, FieldError, gunzip_bounded
 from fastdata.format.integrity import check_header
 from fastdata.format.schema import sample_digest, split_member, sums_text
 from fastdata.write.tarshard import INDEX_VERSION
@@ -36,6 +49,10 @@ _TAIL = 1 << 20
 
 #: The largest tar member `fastdata index` reads (each member of a sample is held whole).
 MAX_MEMBER_BYTES = 1 << 30
+#: Members webdataset's `tar_file_iterator` skips as metadata (its `skip_meta` and `__x__` names).
+_META = re.compile(r"__[^/]*__($|/)")
+#: Image components whose header gives the sample's image size.
+_IMAGE_EXTS = ("jpg", "jpeg", "png", "webp")
 
 
 class ForeignTarError(ValueError):
@@ -53,6 +70,8 @@ class ScannedTar:
         keys: each sample's key, in tar order.
         components: each sample's components (tar member extensions), in tar order.
         labels: each sample's `cls` value (None where it has none).
+        sizes: each sample's image (height, width) from its header (None: no image, or a
+            header that cannot be read here).
         index_text: the DALI index (`v1.2 N` then one line per sample).
         sums_text: the per-sample digest file.
     """
@@ -63,6 +82,7 @@ class ScannedTar:
     keys: list[str] = field(default_factory=list)
     components: list[tuple[str, ...]] = field(default_factory=list)
     labels: list[int | None] = field(default_factory=list)
+    sizes: list[tuple[int, int] | None] = field(default_factory=list)
     index_text: str = ""
     sums_text: str = ""
 
@@ -135,9 +155,19 @@ def scan_tar(stream: BinaryIO, name: str, where: str | None = None) -> ScannedTa
             return
         digests.append(sample_digest(group))
         lines.append(" ".join(entries))
+        key = out.keys[-1]
         out.components.append(tuple(group))
-        out.labels.append(_label(group.get("cls"), where, out.keys[-1]))
-        _check_lid(group.get("lid"), out.labels[-1], where, out.keys[-1])
+        plain = {ext.lower(): data for ext, data in group.items()}
+        for ext, data in plain.items():
+            if ext.endswith(GZ_SUFFIX):
+                try:
+                    plain[ext] = gunzip_bounded(data, ext)
+                except FieldError as exc:
+                    raise ForeignTarError(f"{where}: sample {key!r}: {exc}") from exc
+        label = plain.get("cls", plain.get("cls" + GZ_SUFFIX))
+        out.labels.append(_label(label, where, key))
+        _check_lid(plain.get("lid"), out.labels[-1], where, key)
+        out.sizes.append(_image_size(plain))
         group.clear()
         entries.clear()
 
@@ -148,6 +178,9 @@ def scan_tar(stream: BinaryIO, name: str, where: str | None = None) -> ScannedTa
                 last_member = member.name
                 if member.isdir():
                     end = member.offset_data
+                    continue
+                if _is_meta(member.name):  # webdataset's metadata, no sample's: not indexed
+                    end = member.offset_data + member.size + (-member.size % _BLOCK)
                     continue
                 member_where = f"{where}: member {member.name!r}"
                 if not member.isreg() or member.issparse():
@@ -174,9 +207,10 @@ def scan_tar(stream: BinaryIO, name: str, where: str | None = None) -> ScannedTa
                 if not group or out.keys[-1] != key:
                     close_group()
                     out.keys.append(key)
-                elif ext in group:
+                elif ext.lower() in {e.lower() for e in group}:
                     raise ForeignTarError(
-                        f"{member_where}: sample {key!r} holds component {ext!r} twice"
+                        f"{member_where}: sample {key!r} holds component {ext!r} twice "
+                        "(components are compared ignoring case, as webdataset lower-cases them)"
                     )
                 if member.size > MAX_MEMBER_BYTES:  # read whole below: bound it first
                     raise ForeignTarError(
@@ -212,6 +246,27 @@ def scan_tar(stream: BinaryIO, name: str, where: str | None = None) -> ScannedTa
     out.index_text = f"{INDEX_VERSION} {len(lines)}\n" + "".join(line + "\n" for line in lines)
     out.sums_text = sums_text(out.keys, digests)
     return out
+
+
+def _is_meta(name: str) -> bool:
+    """Whether webdataset skips member `name` as metadata (`__meta__`, `__x__/...`)."""
+    return bool(_META.match(name)) or (
+        "/" not in name and name.startswith("__") and name.endswith("__")
+    )
+
+
+def _image_size(plain: dict[str, bytes]) -> tuple[int, int] | None:
+    """(height, width) of a sample's image from its header (JPEG SOF, PNG IHDR; no decode)."""
+    from fastdata.write.images import UnreadableImage, header_size
+
+    data = next((plain[e] for e in _IMAGE_EXTS if e in plain), None)
+    if data is None:
+        return None
+    try:
+        size = header_size(data)
+    except UnreadableImage:  # a bomb-sized header: the readers refuse it when they reach it
+        return None
+    return None if size is None else (size[1], size[0])
 
 
 def _check_member_name(member: str, where: str) -> None:

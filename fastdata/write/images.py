@@ -40,6 +40,7 @@ __all__ = [
     "FALLBACK_FORMATS",
     "OpenedImage",
     "UnreadableImage",
+    "clean_message",
     "header_size",
     "open_image",
     "to_rgb",
@@ -105,12 +106,12 @@ def open_image(data: bytes) -> OpenedImage:
         raise UnreadableImage(f"truncated {fmt}: {truncation}") from pillow_error
     if isinstance(pillow_error, Image.DecompressionBombError):
         raise UnreadableImage(
-            f"{fmt}: {_clean(pillow_error)} If the file is trusted, raise "
+            f"{fmt}: {clean_message(pillow_error)} If the file is trusted, raise "
             "PIL.Image.MAX_IMAGE_PIXELS before sharding, or shrink the image"
         ) from pillow_error
     if fmt in FALLBACK_FORMATS:
         return OpenedImage(_open_with_codecs(fmt, data), fmt, by_pillow=False)
-    raise UnreadableImage(f"{fmt}: cannot decode ({_clean(pillow_error)})") from pillow_error
+    raise UnreadableImage(f"{fmt}: cannot decode ({clean_message(pillow_error)})") from pillow_error
 
 
 def header_size(data: bytes) -> tuple[int, int] | None:
@@ -127,7 +128,7 @@ def header_size(data: bytes) -> tuple[int, int] | None:
                 return int(image.width), int(image.height)
     except Image.DecompressionBombError as exc:
         raise UnreadableImage(
-            f"{_clean(exc)}: refused before decoding; shrink the image, or raise "
+            f"{clean_message(exc)}: refused before decoding; shrink the image, or raise "
             "PIL.Image.MAX_IMAGE_PIXELS and max_pixels if it is trusted"
         ) from exc
     except Exception:  # not a format Pillow identifies (WebP in this build): read the header
@@ -172,7 +173,7 @@ def _open_with_codecs(fmt: str, data: bytes) -> Image.Image:
     try:
         pixels = decode(data) if fmt != "TIFF" else decode(data, index=0)
     except Exception as exc:  # imagecodecs raises its own *Error per codec, and ValueError
-        raise UnreadableImage(f"{fmt}: cannot decode ({_clean(exc)})") from exc
+        raise UnreadableImage(f"{fmt}: cannot decode ({clean_message(exc)})") from exc
     return array_to_image(np.asarray(pixels), fmt)
 
 
@@ -223,11 +224,11 @@ def to_rgb(image: Image.Image) -> Image.Image:
     except ValueError as exc:  # e.g. LAB: Pillow converts it only through ImageCms
         raise UnreadableImage(
             f"{image.format or 'image'} in {image.mode} colour: no conversion to RGB here "
-            f"({_clean(exc)}); convert the file to RGB first"
+            f"({clean_message(exc)}); convert the file to RGB first"
         ) from exc
 
 
-def _clean(exc: BaseException) -> str:
+def clean_message(exc: BaseException) -> str:
     """An exception's message without object reprs such as `<_io.BytesIO object at 0x7f...>`."""
     text = _OBJECT_REPR.sub("the file", str(exc)).strip()
     return text or type(exc).__name__

@@ -5,13 +5,26 @@ notation (`http://host/path/shards-{000000..000003}.tar`) or a list file of URLs
 stream (`fastdata.write.foreign.scan_tar`), and writes beside a new `manifest.json` each tar's
 DALI index (`.idx`) and per-sample digests (`.sum`). The tars are never written: when they are
 not in OUT, the manifest's `data_root` names where they are (an absolute folder or a URL prefix)
-and `Manifest.shard_url` reads them from there.
+and `Manifest.shard_url` reads them from there. A gzip-compressed tar (`.tar.gz`, `.tgz`) is the
+exception: random access needs an uncompressed copy, which is written into OUT (why, and how it
+is kept whole: `fastdata.write.locate`); OUT is then the data root, so a SOURCE mixing compressed
+and plain tars is indexed in place or not at all.
+
+Images are not decoded: each sample's size is read from its image's header, and the split's
+`image_stats` and `raw_shape` (one size for all) are recorded as `fastdata shard` records them,
+so the DataModule's defaults (small images keep their size) match own shards. A split without
+images (text, arrays, json, labels: precomputed features or captions) is indexed too; the cpu
+and memory backends read it as dict batches. `label_order` (in the manifest's `source`, printed
+in the summary) measures how ordered a split's labels are within its tars (0: as shuffled, 1:
+sorted); above `ORDERED_LABELS` a warning says so, since loaders that read a batch from few
+shards then see few classes per batch.
 
 Splits come from the file names (`train-000000.tar` -> `train`, as `fastdata shard` names
 them; a single prefix that names no split is `train`) or from `--split NAME=PATTERN`; fields
 from the components the samples hold (`fastdata.format.fields.infer_fields`); classes from the `cls`
 values (0..max) or from a file of names. Everything is written under temporary names and renamed
-into place at the end, the manifest last: a failure leaves nothing half-written.
+into place at the end, the manifest last: a failure leaves nothing half-written, and the
+temporaries of a run killed outright (SIGKILL) are removed by the next run into OUT.
 """
 
 from __future__ import annotations
@@ -29,11 +42,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fastdata._util.version import __version__
-from fastdata.format.fields import FieldSpec, infer_fields, is_classification
-from fastdata.format.manifest import MANIFEST_NAME, Manifest, ShardInfo, SplitInfo
+from fastdata.format.manifest import MANIFEST_NAME, Manifest
 from fastdata.format.manifest_io import check_name, load_manifest
 from fastdata.write.foreign import ForeignTarError, ScannedTar, scan_tar
-from fastdata.write.locate import IndexingError, Located, expand_braces, locate, open_tar
+from fastdata.write.index_splits import ORDERED_LABELS, label_order, split_info, warn_ordered
+from fastdata.write.locate import (
+    IndexingError,
+    Located,
+    expand_braces,
+    inflate_to,
+    is_compressed,
+    locate,
+    open_tar,
+    stored_name,
+)
 
 __all__ = ["IndexingError", "IndexOptions", "expand_braces", "index_shards", "register"]
 
@@ -82,12 +104,17 @@ def _split_of(name: str, patterns: dict[str, str], prefixes: set[str]) -> str | 
 def _prefix(name: str) -> str:
     """`train` of `train-000000.tar` (also `train_000000.tar`, `dir/train-0.tar`); "" of
     `000000.tar`."""
-    stem = name.rsplit("/", 1)[-1].removesuffix(".tar")
+    stem = stored_name(name.rsplit("/", 1)[-1]).removesuffix(".tar")
     return re.sub(r"[-_.]?\d+$", "", stem)
 
 
-def _scan(located: Located, name: str, options: IndexOptions) -> ScannedTar:
+def _scan(
+    located: Located, name: str, options: IndexOptions, copy: str | None = None
+) -> ScannedTar:
     """Scan one tar; a remote one is streamed again from the start after a transient failure.
+
+    A gzip-compressed tar is scanned decompressed and its uncompressed bytes written to `copy`
+    (`fastdata.write.locate.inflate_to`); the result is named by its stored `.tar` name.
 
     Raises:
         ForeignTarError: the tar cannot be indexed (names it and the member).
@@ -100,8 +127,13 @@ def _scan(located: Located, name: str, options: IndexOptions) -> ScannedTar:
     def once() -> ScannedTar | ForeignTarError:
         with ExitStack() as stack:
             try:
-                return scan_tar(open_tar(located, name, options, stack), name, where)
-            except ForeignTarError as exc:  # the tar itself is wrong: no retry
+                stream = open_tar(located, name, options, stack)
+                if copy is None:
+                    return scan_tar(stream, name, where)
+                return inflate_to(
+                    stream, copy, where, lambda raw: scan_tar(raw, stored_name(name), where)
+                )
+            except (ForeignTarError, IndexingError) as exc:  # the tar itself is wrong: no retry
                 return exc
 
     try:
@@ -119,18 +151,21 @@ def _scan(located: Located, name: str, options: IndexOptions) -> ScannedTar:
             f"{where}: no such {'object, or its server did not answer' if remote else 'file'}"
             f"{why}; check the path or URL"
         ) from exc
-    if isinstance(result, ForeignTarError):
+    if isinstance(result, (ForeignTarError, IndexingError)):
         raise result
     return result
 
 
-def _scan_all(located: Located, names: list[str], options: IndexOptions) -> list[ScannedTar]:
+def _scan_all(
+    located: Located, names: list[str], options: IndexOptions, copies: dict[str, str]
+) -> list[ScannedTar]:
     """`_scan` of every tar, in order: in forked processes for local tars (tarfile's header
-    parsing is the cost), in threads for remote ones (the network is)."""
+    parsing is the cost), in threads for remote ones (the network is). `copies`: compressed
+    tar -> the temporary path of its uncompressed copy."""
     workers = min(options.workers or len(os.sched_getaffinity(0)), len(names))
+    jobs = [(located, name, options, copies.get(name)) for name in names]
     if workers <= 1:
-        return [_scan(located, name, options) for name in names]
-    jobs = [(located, name, options) for name in names]
+        return [_scan(*job) for job in jobs]
     if located.local_dir is None:
         with ThreadPoolExecutor(workers, thread_name_prefix="fastdata-index") as pool:
             return list(pool.map(lambda job: _scan(*job), jobs))
@@ -174,6 +209,8 @@ def index_shards(
     out_dir = Path(out).resolve()
     in_place = located.local_dir is not None and Path(located.local_dir) == out_dir
     _check_out(out_dir)
+    if in_place:
+        located = _without_own_copies(located, out_dir)
     for name in located.names:  # what the manifest's loader would refuse, before any read
         check_name(located.data_root, name, f"{text}: tar")
     prefixes = {_prefix(n) for n in located.names}
@@ -191,21 +228,85 @@ def index_shards(
                 f"tars in {text}"
             )
     order = [name for names in by_split.values() for name in names]
-    found = dict(zip(order, _scan_all(located, order, options), strict=True))
-    scanned = {split: [found[name] for name in names] for split, names in by_split.items()}
-    classes = _classes(scanned, options.classes)
-    splits = {split: _split_info(split, tars, len(classes)) for split, tars in scanned.items()}
-    manifest = Manifest(
-        root=str(out_dir),
-        classes=classes,
-        splits=splits,
-        source={"kind": SOURCE_KIND, "path": text, "tars": sum(map(len, by_split.values()))},
-        seed=0,
-        fastdata_version=__version__,
-        data_root=None if in_place else located.data_root.rstrip("/"),
-    )
-    _write(out_dir, [t for tars in scanned.values() for t in tars], manifest)
+    copies = _copies(located, order, out_dir, in_place, text)
+    try:
+        found = dict(zip(order, _scan_all(located, order, options, copies), strict=True))
+        scanned = {split: [found[name] for name in names] for split, names in by_split.items()}
+        classes = _classes(scanned, options.classes)
+        splits = {split: split_info(split, tars, len(classes)) for split, tars in scanned.items()}
+        order_of = {split: label_order(tars) for split, tars in scanned.items()}
+        warn_ordered(order_of, scanned)
+        manifest = Manifest(
+            root=str(out_dir),
+            classes=classes,
+            splits=splits,
+            source={
+                "kind": SOURCE_KIND,
+                "path": text,
+                "tars": len(order),
+                "inflated": len(copies),
+                "label_order": {k: v for k, v in order_of.items() if v is not None},
+            },
+            seed=0,
+            fastdata_version=__version__,
+            data_root=None if in_place or copies else located.data_root.rstrip("/"),
+        )
+        tars = [t for tars in scanned.values() for t in tars]
+        _write(out_dir, tars, manifest, {stored_name(n): Path(c) for n, c in copies.items()})
+    finally:  # copies not renamed into place (a failed scan or write) are removed
+        for copy in copies.values():
+            Path(copy).unlink(missing_ok=True)
     return load_manifest(out_dir)
+
+
+def _copies(
+    located: Located, names: list[str], out_dir: Path, in_place: bool, text: str
+) -> dict[str, str]:
+    """Compressed tar -> the temporary path of its uncompressed copy in OUT.
+
+    Raises:
+        IndexingError: compressed and plain tars mixed outside OUT (one data root cannot hold
+            both), or two shards that would share one stored name (`x.tar` and `x.tgz`).
+    """
+    compressed = [n for n in names if is_compressed(n)]
+    if compressed and not in_place and len(compressed) != len(names):
+        raise IndexingError(
+            f"{text} mixes gzip-compressed tars ({compressed[0]}, ...) with plain ones: the "
+            "compressed ones are inflated into OUT and the plain ones read where they are, "
+            "which one manifest cannot name; index them into their own folder (no --out) or "
+            "index each kind on its own"
+        )
+    stored = [stored_name(n) for n in names]
+    twice = sorted({n for n in stored if stored.count(n) > 1})
+    if twice:
+        raise IndexingError(
+            f"{text}: {twice[0]} would be written from two shards (a .tar and its .tar.gz or "
+            ".tgz); keep one of them"
+        )
+    # Before this run writes a temporary of its own: an earlier run's may carry this PID.
+    _remove_stale_temporaries({out_dir} | {(out_dir / name).parent for name in stored})
+    suffix = f".tmp-{os.getpid()}"
+    for name in compressed:
+        (out_dir / stored_name(name)).parent.mkdir(parents=True, exist_ok=True)
+    return {n: str(out_dir / (stored_name(n) + suffix)) for n in compressed}
+
+
+def _without_own_copies(located: Located, out_dir: Path) -> Located:
+    """`located` less the uncompressed copies an earlier in-place run wrote beside their
+    `.tgz` (`x.tar` beside `x.tgz`, named by OUT's manifest): they are indexed again from the
+    compressed tar, not read as shards of their own."""
+    siblings = {stored_name(n) for n in located.names if is_compressed(n)}
+    if not siblings or not (out_dir / MANIFEST_NAME).exists():
+        return located
+    try:
+        earlier = load_manifest(out_dir)
+    except (ValueError, OSError):
+        return located
+    if earlier.source.get("kind") != SOURCE_KIND:
+        return located
+    ours = {s.name for split in earlier.splits.values() for s in split.shards} & siblings
+    names = [n for n in located.names if n not in ours]
+    return Located(located.data_root, names, located.local_dir)
 
 
 def _check_out(out_dir: Path) -> None:
@@ -243,82 +344,13 @@ def _classes(scanned: dict[str, list[ScannedTar]], given: list[str] | None) -> l
     return list(given)
 
 
-def _split_info(split: str, tars: list[ScannedTar], num_classes: int) -> SplitInfo:
-    components = {c for tar in tars for comps in tar.components for c in comps}
-    fields = infer_fields(components)
-    image = fields.get("image")
-    if image is None:
-        raise IndexingError(
-            f"split {split!r} ({tars[0].name}, ...) holds no image component (jpg, png, "
-            f"webp); found {sorted(components)}"
-        )
-    if "rgb" in image.components:
-        raise IndexingError(
-            f"split {split!r}: 'rgb' members (raw pixels) carry no shape a reader could use; "
-            "store the images encoded (jpg, png)"
-        )
-    if "webp" in image.components:  # the readers' Pillow-SIMD has no WebP decoder
-        raise IndexingError(
-            f"split {split!r} ({tars[0].name}, ...): 'webp' images cannot be decoded by the "
-            "readers (Pillow-SIMD has no WebP); re-shard them with `fastdata shard list`, which "
-            "converts WebP to PNG"
-        )
-    _check_samples(tars, fields)
-    counts = [0] * num_classes
-    for tar in tars:
-        for label in tar.labels:
-            if label is not None:
-                counts[label] += 1
-    exts = set(image.components)
-    encoding = "jpeg" if exts == {"jpg"} else "png" if exts == {"png"} else "mixed"
-    plain = is_classification(fields) and exts <= {"jpg", "png"}
-    shards = [
-        ShardInfo(
-            name=tar.name,
-            index=tar.name.removesuffix(".tar") + ".idx",
-            num_samples=tar.num_samples,
-            bytes=tar.bytes,
-            sha256=tar.sha256,
-            index_sha256=_sha(tar.index_text),
-            sums=tar.name.removesuffix(".tar") + ".sum",
-            sums_sha256=_sha(tar.sums_text),
-        )
-        for tar in tars
-    ]
-    return SplitInfo(
-        shards=shards,
-        class_counts=counts if "label" in fields else [],
-        encoding=encoding,
-        fields=None if plain else fields,
-    )
-
-
-def _check_samples(tars: Iterable[ScannedTar], fields: dict[str, FieldSpec]) -> None:
-    """Every sample holds every field (an image or label in any of its components)."""
-    for tar in tars:
-        for key, comps in zip(tar.keys, tar.components, strict=True):
-            have = set(comps)
-            for spec in fields.values():
-                some = spec.kind in ("image", "label")
-                ok = bool(have & set(spec.components)) if some else set(spec.components) <= have
-                if not ok:
-                    raise IndexingError(
-                        f"{tar.name}: sample {key!r} has no {spec.name} ({'/'.join(spec.components)}) "
-                        f"while other samples of its split do (it has {sorted(have)}); a reader "
-                        "would fail on it: fix or drop the sample"
-                    )
-
-
-def _sha(text: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _write(out_dir: Path, tars: list[ScannedTar], manifest: Manifest) -> None:
-    """Every index and digest file under a temporary name, then renamed; the manifest last."""
+def _write(
+    out_dir: Path, tars: list[ScannedTar], manifest: Manifest, copies: dict[str, Path]
+) -> None:
+    """Every index and digest file under a temporary name, then renamed with the inflated
+    tars' copies (`copies`: stored name -> temporary path); the manifest last."""
     suffix = f".tmp-{os.getpid()}"
-    pending: list[tuple[Path, Path]] = []
+    pending: list[tuple[Path, Path]] = [(tmp, out_dir / name) for name, tmp in copies.items()]
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         for tar in tars:
@@ -337,13 +369,61 @@ def _write(out_dir: Path, tars: list[ScannedTar], manifest: Manifest) -> None:
             tmp.unlink(missing_ok=True)
 
 
+# What `_write` and `Manifest.save` name their temporaries: `<file>.tmp-<pid>`.
+_TEMPORARY = re.compile(r"(?:.+\.idx|.+\.sum|.+\.tar|manifest\.json)\.tmp-([0-9]{1,10})")
+
+
+def _remove_stale_temporaries(folders: Iterable[Path]) -> None:
+    """Remove the temporaries of an earlier run killed while writing (a SIGKILL runs no `finally`).
+
+    Only fastdata's own names (`<tar>.idx.tmp-PID`, `<tar>.sum.tmp-PID`, `<tar>.tar.tmp-PID` (an
+    inflated copy), `manifest.json.tmp-PID`)
+    whose PID is no running process: another run writing into OUT now keeps its files, and a
+    user's file of any other name is never touched.
+    """
+    removed = []
+    for folder in folders:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:  # not there yet, or unreadable: nothing of ours to find
+            continue
+        for entry in entries:
+            match = _TEMPORARY.fullmatch(entry.name)
+            if match is None or _running(int(match.group(1))):
+                continue
+            if entry.is_file(follow_symlinks=False):
+                Path(entry.path).unlink(missing_ok=True)
+                removed.append(entry.name)
+    if removed:
+        log.info("removed %d temporary files of an interrupted run: %s", len(removed), removed[:3])
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` may be a running process (an unknown answer counts as running)."""
+    if pid == os.getpid():  # an earlier run's PID, now ours: this run has written nothing yet
+        return False
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)  # POSIX: a probe, no signal sent
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError):  # another user's process, or a PID the OS cannot hold
+        return True
+    return True
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add `fastdata index` to the CLI."""
     p = sub.add_parser(
         "index",
         help="index other tools' WebDataset tars in place (manifest + DALI index, tars untouched)",
     )
-    p.add_argument("source", help="folder of tars, URL pattern (shards-{000..009}.tar) or URL list")
+    p.add_argument(
+        "source",
+        help="folder of tars (.tar; .tar.gz/.tgz are inflated into OUT), URL pattern "
+        "(shards-{000..009}.tar) or URL list",
+    )
     p.add_argument(
         "--out", default=None, help="folder for manifest and index files (default: SOURCE)"
     )
@@ -374,9 +454,14 @@ def _command(args: argparse.Namespace) -> int:
     manifest = index_shards(
         args.source, args.out, IndexOptions(splits, classes, workers=args.workers)
     )
+    order = manifest.source.get("label_order", {})
     for name, split in manifest.splits.items():
         kinds = ", ".join(f"{n} ({f.kind})" for n, f in split.field_specs.items())
-        print(f"{name}: {split.num_samples} samples in {len(split.shards)} tars; fields {kinds}")
+        line = f"{name}: {split.num_samples} samples in {len(split.shards)} tars; fields {kinds}"
+        if name in order:
+            ordered = " (ordered: see the warning)" if order[name] > ORDERED_LABELS else ""
+            line += f"; label_order {order[name]:.2f}{ordered}"
+        print(line)
     where = manifest.data_root or manifest.root
     print(f"wrote {manifest.root}/{MANIFEST_NAME} (tars read from {where})")
     return 0

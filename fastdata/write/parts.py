@@ -161,6 +161,7 @@ def _write_part(
         "parts": part.count,
         "identity": identity,
         "classes": list(source.classes),
+        "class_ids": getattr(source, "class_ids", None),
         "source_skipped": source_skipped(source),
         "max_bad": options.max_bad,  # `fastdata merge` checks the whole run against it
         "plan": [job.stem for job in jobs],
@@ -218,7 +219,9 @@ def _merge(out_dir: Path) -> Manifest:
     results += lost_results(first.get("source_skipped", {}))
     _check_bad_overall(results, records)
     report_skipped(results)
-    manifest = build_manifest(out_dir, first["classes"], first["identity"], results)
+    manifest = build_manifest(
+        out_dir, first["classes"], first["identity"], results, first.get("class_ids")
+    )
     manifest.save(out_dir)
     shutil.rmtree(work, ignore_errors=True)
     return manifest

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from fastdata._util.version import __version__
 from fastdata.format import schema
 from fastdata.format.fields import fields_from_json
 from fastdata.format.manifest import Manifest, ShardInfo, SkippedSample, SplitInfo
+from fastdata.write.source_ids import write_source_ids
 from fastdata.write.stats import PixelStats
 
 __all__ = ["ShardResult", "build_manifest", "done_path", "load_result", "report_skipped"]
@@ -47,6 +48,7 @@ class ShardResult:
     sums: str | None = None  # the per-sample digest file (fastdata.format.integrity)
     sums_sha256: str | None = None
     fields: dict[str, Any] | None = None  # the split's fields besides the image (fields_to_json)
+    source_ids: dict[str, int | str] | None = None  # key -> the source's own id (SourceItem)
 
 
 def done_path(work: Path, stem: str) -> Path:
@@ -102,13 +104,26 @@ def report_skipped(results: list[ShardResult]) -> None:
 
 
 def build_manifest(
-    out_dir: Path, classes: list[str], identity: dict[str, Any], results: list[ShardResult]
+    out_dir: Path,
+    classes: list[str],
+    identity: dict[str, Any],
+    results: list[ShardResult],
+    class_ids: Sequence[int | str] | None = None,
 ) -> Manifest:
-    """The manifest of a finished sharding, from its shards' results in plan order."""
+    """The manifest of a finished sharding, from its shards' results in plan order.
+
+    Writes each split's source-id file (`fastdata.write.source_ids`) into `out_dir` when its
+    samples have source ids. `class_ids`: the source's id of each class (COCO category ids).
+    """
     splits: dict[str, SplitInfo] = {}
     for split in sorted({r.split for r in results}):
         mine = [r for r in results if r.split == split]
-        splits[split] = _split_info(mine, len(classes), identity["options"]["encoding"])
+        info = _split_info(mine, len(classes), identity["options"]["encoding"])
+        ids = {k: v for r in mine if r.num_samples for k, v in (r.source_ids or {}).items()}
+        written = write_source_ids(out_dir, split, ids)
+        if written is not None:
+            info = replace(info, source_ids=written[0], source_ids_sha256=written[1])
+        splits[split] = info
     return Manifest(
         root=str(out_dir),
         classes=list(classes),
@@ -116,6 +131,7 @@ def build_manifest(
         source=identity,
         seed=int(identity["options"]["seed"]),
         fastdata_version=__version__,
+        class_ids=list(class_ids) if class_ids is not None else None,
     )
 
 

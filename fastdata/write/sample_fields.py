@@ -22,8 +22,9 @@ from PIL import Image
 
 from fastdata.format import schema
 from fastdata.format.fields import FieldError, FieldSpec
+from fastdata.write.diagnose import not_an_image, sniff_format
 from fastdata.write.encode import BadSampleError, EncodedSample
-from fastdata.write.images import UnreadableImage, open_image, to_rgb
+from fastdata.write.images import UnreadableImage, clean_message, open_image, to_rgb
 from fastdata.write.sources.base import MaskFile, SourceItem
 
 __all__ = [
@@ -104,7 +105,7 @@ def read_mask(mask: MaskFile, max_pixels: int | None, origin: str) -> np.ndarray
     except (OSError, SyntaxError, ValueError) as exc:
         if isinstance(exc, BadSampleError):
             raise
-        raise BadSampleError(where, f"unreadable PNG ({exc})") from exc
+        raise BadSampleError(where, f"unreadable PNG ({_mask_problem(exc, data)})") from exc
     if values.size and (values.min() < 0 or values.max() > 65535):
         raise BadSampleError(where, "mask values must be 0..65535")
     values = values.astype(np.uint16 if values.size and values.max() > 255 else np.uint8)
@@ -171,6 +172,15 @@ def sample_components(
     return parts, stored
 
 
+def _mask_problem(exc: Exception, data: bytes) -> str:
+    """Why Pillow could not read a mask, without the `<_io.BytesIO object at 0x...>` that its
+    "cannot identify image file" names instead of the file (`where` names the file)."""
+    if isinstance(exc, Image.UnidentifiedImageError):
+        fmt = sniff_format(data)
+        return f"a {fmt} file Pillow cannot identify" if fmt else not_an_image(data)
+    return clean_message(exc)
+
+
 def _mask_value(
     item: SourceItem,
     value: Any,
@@ -198,12 +208,20 @@ def _mask_value(
 def _scaled_boxes(
     value: Any, original: tuple[int, int], new: tuple[int, int]
 ) -> tuple[np.ndarray, np.ndarray]:
+    """The boxes as stored: float32 xyxy in the stored image's pixels, only those with a positive
+    width and height in float32 (what the loaders keep; a box 1e-6 px wide at x=100 has none)."""
     boxes, labels = value
     boxes = np.asarray(boxes, dtype=np.float32).reshape(-1, 4)
+    labels = np.asarray(labels, dtype=np.int64).reshape(-1)
+    if not np.isfinite(boxes).all():
+        raise FieldError("boxes: every coordinate must be a finite number")
     if new != original:
         sy, sx = new[0] / original[0], new[1] / original[1]
         boxes = (boxes * np.array([sx, sy, sx, sy], dtype=np.float64)).astype(np.float32)
-    return boxes, np.asarray(labels, dtype=np.int64).reshape(-1)
+    if labels.shape[0] != boxes.shape[0]:
+        return boxes, labels  # the field's encoder names the mismatch
+    keep = (boxes[:, 2] > boxes[:, 0]) & (boxes[:, 3] > boxes[:, 1])
+    return boxes[keep], labels[keep]
 
 
 def sample_classes(

@@ -68,7 +68,7 @@ def upload_dataset(
         for shard in split.shards
         for name in (shard.name, shard.index, shard.sums)  # .sum: verify_samples=True needs it
         if name and (name == shard.name or (local / name).exists())
-    ]
+    ] + [split.source_ids for split in manifest.splits.values() if split.source_ids]
     options = dict(storage_options or {})
     manifest_url = join_url(url, MANIFEST_NAME)
     if remove(manifest_url, options, retry):

@@ -85,7 +85,9 @@ class ShardOptions:
         encoding: "auto", "raw", "png", "jpeg" or "keep" (see `fastdata.write.encode`).
         resize: shrink images so the shorter side is at most this many pixels (re-encodes).
         quality: JPEG quality for re-encoding.
-        strict: stop at the first bad sample instead of skipping and reporting it.
+        strict: stop at the first bad sample instead of skipping and reporting it (also at an
+            input the source itself found unusable: an unpaired segmentation file, a broken
+            symlink, before anything is written).
         overwrite: replace shards of a different dataset found in the output folder.
         progress: show a progress bar.
         val_fraction: carve this share of the training split into a "val" split
@@ -178,7 +180,8 @@ def write_shards(
         )
         check_bad(results, _total_inputs(source, jobs), options.max_bad)
         report_skipped(results)
-        manifest = build_manifest(out_dir, list(source.classes), identity, results)
+        class_ids = getattr(source, "class_ids", None)  # COCO: the category ids
+        manifest = build_manifest(out_dir, list(source.classes), identity, results, class_ids)
         manifest.save(out_dir)
         shutil.rmtree(work, ignore_errors=True)
     return manifest
@@ -218,6 +221,12 @@ def run_plan(
             (False for one part of a `--part` run: every part sees all of them, so `fastdata
             merge` counts them once, against the whole run).
     """
+    if options.strict:  # what the source found unusable is a bad input like a bad image
+        for origin, reason in (s for found in source_skipped(source).values() for s in found):
+            raise ShardingError(
+                f"bad input (strict mode): {origin}: {reason}; fix or remove it, or shard "
+                "without --strict to skip it and list it in the manifest"
+            )
     work = out_dir / WORK_DIR
     todo = [job for job in jobs if not is_done(out_dir, work, job.stem)]
     if len(todo) < len(jobs):
@@ -272,6 +281,8 @@ def _estimated_sizes(source: Source, split: str, order: list[int]) -> list[int]:
         item = source.item(split, sample_id)
         if item.pixels is not None:
             sizes.append(int(item.pixels.nbytes))
+        elif item.data is not None:
+            sizes.append(len(item.data))
         else:
             sizes.append(item.path.stat().st_size if item.path and item.path.exists() else 0)
     return sizes
@@ -349,6 +360,7 @@ def _write_job(job: ShardJob) -> int:
     pixels = PixelStats()  # streamed per-channel statistics (the default normalization)
     keys: list[str] = []
     digests: list[str] = []  # per sample, for verify_samples=True
+    source_ids: dict[str, int | str] = {}  # key -> the source's own id (the split's id file)
     sums_path = out_dir / f"{job.stem}{SUMS_SUFFIX}"
     specs = source_fields(source, job.split)  # None: classification (image + label)
     result.fields = fields_to_json(specs) if specs is not None else None
@@ -388,6 +400,8 @@ def _write_job(job: ShardJob) -> int:
             writer.write(key, components)
             keys.append(key)
             digests.append(schema.sample_digest(components))
+            if item.source_id is not None:
+                source_ids[key] = item.source_id
             heights.append(encoded.height)
             widths.append(encoded.width)
             exts.add(encoded.ext)
@@ -416,6 +430,7 @@ def _write_job(job: ShardJob) -> int:
     result.widths = [min(widths), max(widths), sum(widths)] if widths else []
     result.exts = sorted(exts)
     result.pixel_sums = pixels.to_list() if pixels.count else []
+    result.source_ids = source_ids or None
     atomic_write(done_path(out_dir / WORK_DIR, job.stem), json.dumps(asdict(result)))
     return len(job.sample_ids)
 

@@ -93,8 +93,10 @@ def test_manifest_fields_round_trip_and_are_checked(tmp_path):
     fields = infer_fields(["png", "mask.png"])
     data = fields_to_json(fields)
     assert fields_from_json(data, "x") == fields
-    with pytest.raises(FieldError, match="exactly one image"):
+    with pytest.raises(FieldError, match="placed on an image"):
         fields_from_json({"mask": data["mask"]}, "x")
+    with pytest.raises(FieldError, match="at most one image"):
+        fields_from_json({**data, "photo": {"kind": "image", "components": ["jpg"]}}, "x")
     with pytest.raises(FieldError, match="belongs to fields"):
         fields_from_json({**data, "other": {"kind": "mask", "components": ["mask.png"]}}, "x")
     with pytest.raises(FieldError, match="unknown kind"):

@@ -128,3 +128,64 @@ def test_real_probes_answer():
     assert free_device_memory("cpu") > 0
     ok, why = backend_available("dali")
     assert isinstance(ok, bool) and (ok or why)
+
+
+# ---------------------------------------------------------------- the splits that decide
+
+
+def _splits_manifest(sizes: dict[str, int], fields=None, stats=None) -> Manifest:
+    splits = {}
+    for name, n in sizes.items():
+        shard = ShardInfo(f"{name}-000000.tar", f"{name}-000000.idx", n, 1, "0" * 64)
+        splits[name] = SplitInfo([shard], [n], "png", None, dict(stats or {}), fields=fields)
+    return Manifest("/nowhere", ["a"], splits, {}, 0, "0")
+
+
+def test_the_largest_of_the_splits_to_read_decides():
+    manifest = _splits_manifest({"val": 10, "test": 30})  # no train split
+    kw = dict(image_size=224, preset=get_preset("none", 224), free_memory=lambda _d: 1 << 40)
+    _, reason = choose_backend(manifest, ["train", "val", "test"], "cpu", **kw)
+    assert "split 'test'" in reason and "30 images of 224x224" in reason
+    _, reason = choose_backend(manifest, ["val"], "cpu", **kw)
+    assert "split 'val'" in reason and "10 images" in reason
+    with pytest.raises(ValueError, match=r"none is in the manifest.*\['test', 'val'\]"):
+        choose_backend(manifest, ["train"], "cpu", **kw)
+
+
+def test_a_dict_split_is_sized_by_its_frames_at_their_own_size():
+    from fastdata.format.fields import FieldSpec
+
+    fields = {
+        "image": FieldSpec("image", "image", ("png",)),
+        "mask": FieldSpec("mask", "mask", ("mask.png",)),
+    }
+    stats = {"mean_height": 300.0, "mean_width": 400.0}
+    manifest = _splits_manifest({"val": 10}, fields, stats)
+    need = 10 * 300 * 400 * (3 + 1)  # RGB + one uint8 mask per pixel
+    kw = dict(image_size=64, preset=get_preset("none", 64))
+    name, reason = choose_backend(manifest, "val", "cpu", free_memory=lambda _d: 2 * need, **kw)
+    assert name == "memory" and "10 samples at their own size" in reason
+    name, _ = choose_backend(manifest, "val", "cpu", free_memory=lambda _d: 2 * need - 2, **kw)
+    assert name == "cpu"
+    unsized = _splits_manifest({"val": 10}, fields)  # no image_stats: not sized, not memory
+    name, reason = choose_backend(unsized, "val", "cpu", free_memory=lambda _d: 1 << 40, **kw)
+    assert name == "cpu" and "cannot be sized" in reason and "fastdata shard" in reason
+
+
+@pytest.mark.parametrize(
+    ("stage", "role"), [("validate", "val"), ("test", "test"), ("predict", "test")]
+)
+def test_auto_on_a_dataset_without_a_training_split(tmp_path, stage, role):
+    from fastdata import DetectionDataModule
+    from tests.lightning.family.conftest import rectangles, write_field_shards
+
+    splits = {"val": rectangles(6, 3, fixed=(20, 20)), "test": rectangles(9, 4, fixed=(20, 20))}
+    root = write_field_shards(tmp_path / "eval-only", splits)
+    dm = DetectionDataModule(root, backend="auto", image_size=16, batch_size=4, num_workers=0)
+    dm.setup(stage)
+    assert dm.backend_name == "memory"  # 9 x 20 x 20 x (3 + 1) bytes fit; no crop to run
+    loader = {"validate": dm.val_dataloader, "test": dm.test_dataloader}.get(
+        stage, dm.predict_dataloader
+    )()
+    keys = [m["key"] for batch in dm.prepared(loader, "cpu") for m in batch["meta"]]
+    assert sorted(keys) == sorted(r.key for r in splits[role])

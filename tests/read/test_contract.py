@@ -153,3 +153,29 @@ def test_typed_preset_and_dataset_statistics(tiny_shards):
     assert dm2.transforms.mean == (1.0, 2.0, 3.0)
     loader = dm2.train_dataloader().loader
     assert loader.applied_ops == 1 and not loader.normalized  # the memory backend fused the PadCrop
+
+
+@pytest.mark.parametrize("backend", ["cpu", "memory"])
+def test_a_wide_image_keeps_its_edge_box_on_every_backend(tmp_path, backend):
+    """Issue 29's repro: a 300x150 image with COCO bbox [0, 50, 40, 40] beside a 200x200 one,
+    image_size=128: the eval loader resizes the whole image (no crop), so the box is scaled, not
+    cut (the memory backend's former centre-window store dropped it)."""
+    from fastdata import DetectionDataModule
+    from tests.lightning.family.conftest import Rect, write_field_shards
+
+    rects = [Rect("wide", (150, 300), (0, 50, 40, 90), 1), Rect("square", (200, 200), (50, 50, 100, 100), 2)]  # fmt: skip
+    root = write_field_shards(tmp_path / "d", {"train": rects, "val": rects})
+    dm = DetectionDataModule(root, backend=backend, image_size=128, batch_size=2, num_workers=0)
+    dm.setup("validate")
+    boxes = {
+        m["key"]: b.cpu()
+        for batch in dm.prepared(dm.val_dataloader(), CPU)
+        for m, b in zip(batch["meta"], batch["boxes"], strict=True)
+    }
+    expected = {
+        "wide": [[0.0, 128 / 3, 40 * 128 / 300, 76.8]],
+        "square": [[32.0, 32.0, 64.0, 64.0]],
+    }
+    for key, box in expected.items():
+        assert boxes[key].shape == (1, 4), (key, boxes[key])  # not cut away
+        assert torch.allclose(boxes[key], torch.tensor(box), atol=1e-4), (key, boxes[key])

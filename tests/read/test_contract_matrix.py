@@ -6,6 +6,11 @@ The product (1,440 combinations, each run on every local backend) is generated, 
 runs a seeded sample of 60 that covers every pair of values of any two axes (`pairwise`, 23
 combinations, then random ones); ``FASTDATA_FULL_MATRIX=1`` runs the whole product. Each dataset is built once per session.
 Labels equal sample ids, so a label sequence names the samples.
+
+Dict datasets (detection, segmentation: `test_dict_contract`) of mixed aspect ratios with boxes
+and masks at the images' edges are compared field by field between the backends that carry
+fields (images within a grey level, boxes within a pixel, the rest exactly); the others must
+refuse them.
 """
 
 from __future__ import annotations
@@ -217,3 +222,111 @@ def test_contract(datasets, encoding, transforms, size, val, world, batch):
             assert shape == (len(labels), 3, side, side)
     labels = [y for _, ev in reference for _, _, ys in ev for y in ys if y >= 0]
     assert sorted(labels) == (list(range(N["val"])) if val else [])
+
+
+# ---------------------------------------------------------------- dict datasets: every field
+
+# Detection and segmentation splits of mixed aspect ratios (wide, tall, thin strips) whose boxes
+# and masks touch the images' edges (`tests.lightning.family.conftest.edge_rectangles`): every backend that
+# carries fields yields, for the same plan position, the same sample in every field: images
+# within the resize tolerance, boxes within a pixel, masks, classes, multi-hot labels, captions,
+# json records and padding marks exactly. The other backends refuse the split at construction.
+DICT_AXES: dict[str, tuple] = {
+    "module": ("detection", "detection-photo", "segmentation-photo", "segmentation-none"),
+    "image_size": (16, 48),
+    "world": (1, 2),
+    "batch": (1, 5),
+}
+GREY_TOLERANCE = 1.0  # grey levels (0..255) between two backends' resized pixels
+BOX_TOLERANCE = 1.0  # pixels
+
+
+@pytest.fixture(scope="session")
+def dict_dataset(tmp_path_factory) -> Path:
+    from tests.lightning.family.conftest import edge_rectangles, write_field_shards
+
+    root = tmp_path_factory.mktemp("matrix-dict") / "shards"
+    splits = {"train": edge_rectangles(1), "val": edge_rectangles(2, n=9)}
+    return write_field_shards(root, splits, per_shard=5)
+
+
+def _dict_module(root: Path, backend: str, module: str, **options) -> ShardDataModule:
+    from fastdata import DetectionDataModule, SegmentationDataModule
+
+    kind, _, preset = module.partition("-")
+    options |= dict(backend=backend, num_workers=0, seed=5, drop_last=False)
+    if kind == "detection":
+        return DetectionDataModule(root, train_transforms=preset or None, **options)
+    return SegmentationDataModule(root, train_transforms=preset, **options)
+
+
+def _dict_run(root: Path, backend: str, module: str, image_size: int, world: int, batch: int):
+    """Per rank, the prepared batches of two training epochs and the val split, field by field
+    (images back on the 0..255 scale); or the error refusing the combination."""
+    out = []
+    for rank in range(world):
+        try:
+            dm = _dict_module(
+                root, backend, module, image_size=image_size, batch_size=batch, rank=rank,
+                world_size=world,
+            )  # fmt: skip
+            dm.setup("fit")
+            loaders = [dm.train_dataloader(), dm.train_dataloader(), dm.val_dataloader()]
+        except ValueError as exc:
+            return str(exc)
+        mean = torch.tensor(dm.transforms.mean).view(1, 3, 1, 1)
+        std = torch.tensor(dm.transforms.std).view(1, 3, 1, 1)
+        for loader in loaders:
+            for b in dm.prepared(loader, CPU):
+                assert b["image"].shape == (len(b["padded"]), 3, image_size, image_size)
+                out.append({**b, "image": b["image"] * std + mean})
+    return out
+
+
+def _same_batch(a: dict, b: dict, where: str) -> None:
+    assert a.keys() == b.keys(), where
+    keys = [m["key"] for m in a["meta"]]
+    for name in a:
+        x, y = a[name], b[name]
+        if name == "image":
+            diff = (x - y).abs().amax().item() if x.numel() else 0.0
+            assert x.shape == y.shape and diff <= GREY_TOLERANCE + 1e-3, (where, keys, diff)
+        elif name == "boxes":
+            for i, (bx, by) in enumerate(zip(x, y, strict=True)):
+                assert bx.shape == by.shape, (where, keys[i], bx.tolist(), by.tolist())
+                assert torch.allclose(bx, by, atol=BOX_TOLERANCE, rtol=0), (where, keys[i])
+        elif isinstance(x, torch.Tensor):
+            assert x.dtype == y.dtype and torch.equal(x, y), (where, name, keys)
+        elif isinstance(x, list) and x and isinstance(x[0], torch.Tensor):
+            assert all(torch.equal(u, v) for u, v in zip(x, y, strict=True)), (where, name, keys)
+        else:
+            assert x == y, (where, name)
+
+
+def dict_combos() -> list[tuple]:
+    """Every pair of values of any two axes in CI; the whole product with
+    FASTDATA_FULL_MATRIX=1."""
+    if os.environ.get("FASTDATA_FULL_MATRIX") == "1":
+        return list(itertools.product(*DICT_AXES.values()))
+    return pairwise(DICT_AXES)
+
+
+@pytest.mark.parametrize(("module", "image_size", "world", "batch"), dict_combos())
+def test_dict_contract(dict_dataset, module, image_size, world, batch):
+    from fastdata.read import field_backends
+
+    outcomes = {b: _dict_run(dict_dataset, b, module, image_size, world, batch) for b in LOCAL}
+    carriers = [b for b in LOCAL if b in field_backends()]
+    assert {"cpu", "memory"} <= set(carriers)
+    for backend, outcome in outcomes.items():
+        if backend not in carriers:
+            assert isinstance(outcome, str) and "carry every field" in outcome, outcome
+        else:
+            assert not isinstance(outcome, str), (backend, outcome)
+    reference = outcomes["cpu"]
+    boxes = sum(len(bx) for batch_ in reference for bx in batch_["boxes"])
+    assert boxes > 0 and any(batch_["padded"].any() for batch_ in reference) == (world == 2)
+    for backend in carriers:
+        assert len(outcomes[backend]) == len(reference), backend
+        for i, (a, b) in enumerate(zip(reference, outcomes[backend], strict=True)):
+            _same_batch(a, b, f"{backend} batch {i} vs cpu")

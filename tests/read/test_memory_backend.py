@@ -470,3 +470,111 @@ def test_memory_loader_bar_on_local_rank_zero_only(raw_shards, monkeypatch, env,
     monkeypatch.setattr(sys, "stderr", terminal := _Terminal())
     make_memory_loader(_spec(manifest, rank=rank, world_size=2))
     assert ("decoding train" in terminal.text) == shown
+
+
+# ---------------------------------------------------------------- dict splits: frames
+
+
+def _clothing_coco(folder: Path, out: Path, count: int) -> Path:
+    """A COCO json over `count` clothing photos (sizes 400-888 px, portrait and landscape), each
+    with a box on the left edge, one in the bottom-right corner and one in the middle."""
+    import json
+
+    files = sorted(p for p in folder.glob("train/*/*.jpg"))[:: max(1, 800 // count)][:count]
+    images, anns = [], []
+    for i, path in enumerate(files):
+        with Image.open(path) as im:
+            w, h = im.size
+        images.append({"id": i + 1, "file_name": str(path.relative_to(folder)), "width": w, "height": h})  # fmt: skip
+        for k, (x, y, bw, bh) in enumerate(
+            [
+                (0, 0.3 * h, 0.15 * w, 0.2 * h),
+                (0.8 * w, 0.85 * h, 0.2 * w, 0.15 * h),
+                (0.4 * w, 0.4 * h, 0.2 * w, 0.2 * h),
+            ]  # fmt: skip
+        ):
+            anns.append({"id": len(anns) + 1, "image_id": i + 1, "category_id": k + 1, "bbox": [x, y, bw, bh], "iscrowd": 0})  # fmt: skip
+    categories = [{"id": c, "name": f"c{c}"} for c in (1, 2, 3)]
+    path = out / "instances.json"
+    path.write_text(json.dumps({"images": images, "annotations": anns, "categories": categories}))
+    return path
+
+
+def test_real_photos_keep_every_box_and_the_store_is_their_frames(tmp_path):
+    """Photos of other aspects than square: the memory backend's eval batches equal the cpu
+    backend's (no centre window cuts a box), and its store is the frames at their own size, as
+    `frames_nbytes` (what backend="auto" counts) says."""
+    from fastdata_pipelines.env import data_dir
+
+    from fastdata import DetectionDataModule
+    from fastdata.read.backends.memory_dict import frames_nbytes
+    from fastdata.write.sources.coco import CocoSource
+
+    folder = data_dir() / "clothing-small"
+    if not folder.is_dir():
+        pytest.skip(f"real data not found at {folder} (set FASTDATA_DATA_DIR)")
+    ann = _clothing_coco(folder, tmp_path, 24)
+    manifest = write_shards(CocoSource(folder, ann, "val"), tmp_path / "shards", OPTIONS)
+    batches = {}
+    for backend in ("cpu", "memory"):
+        dm = DetectionDataModule(
+            manifest.root, backend=backend, image_size=96, batch_size=5, num_workers=0
+        )
+        dm.setup("validate")
+        loader = dm.val_dataloader()
+        batches[backend] = list(dm.prepared(loader, "cpu"))
+    store = loader.loader  # the memory backend's
+    held = sum(
+        t.numel() * t.element_size()
+        for values in store.values
+        for t in values.values()
+        if isinstance(t, torch.Tensor)
+    )
+    estimate = frames_nbytes(manifest.split("val"))
+    print(f"memory store of 24 photos: {held / 2**20:.2f} MiB, estimated {estimate / 2**20:.2f}")
+    assert abs(held - estimate) <= 0.05 * held
+    assert held > 24 * 3 * 400 * 400  # at their own size (400-888 px), not 96 or 109 px squares
+    boxes = 0
+    for a, b in zip(batches["cpu"], batches["memory"], strict=True):
+        assert (a["image"] - b["image"]).abs().max() * max(dm.transforms.std) <= 1.001
+        for x, y in zip(a["boxes"], b["boxes"], strict=True):
+            assert x.shape == y.shape and torch.allclose(x, y, atol=1.0, rtol=0)
+            boxes += len(x)
+    assert boxes == 3 * 24  # every box kept: the edge boxes scaled, not cut
+
+
+@pytest.mark.parametrize("preset", ["photo", "cifar", "none"])
+def test_the_accelerator_warp_equals_the_cpu_warp(preset):
+    """`warp_on_device` (the memory backend's warp on a GPU; run here on CPU tensors) against
+    `warp_fields` (the cpu backend's): images within a grey level, masks and boxes exactly."""
+    from fastdata.augment.targets import draw_regions
+    from fastdata.format.fields import FieldSpec
+    from fastdata.read.backends.memory_dict import warp_on_device
+    from fastdata.read.decoders.dict_batch import SampleSpec, warp_fields
+
+    rng = np.random.default_rng(0)
+    fields = {
+        "image": FieldSpec("image", "image", ("png",)),
+        "mask": FieldSpec("mask", "mask", ("mask.png",)),
+        "boxes": FieldSpec("boxes", "boxes", ("boxes.npy", "box_labels.npy")),
+    }
+    spec = SampleSpec(fields, get_preset(preset, 24), True, (24, 24))
+    sizes = [(37, 53), (60, 20), (24, 24), (31, 90)]
+    regions = draw_regions(spec.preset, True, sizes, (24, 24), batch_seed=5)
+    for (h, w), region in zip(sizes, regions, strict=True):
+        pixels = rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+        mask = rng.integers(0, 6, (h, w), dtype=np.uint8)
+        boxes = np.array([[0, 0, w / 3, h / 2], [w / 2, h / 3, w, h]], np.float32)
+        labels = np.array([1, 2], np.int64)
+        cpu = warp_fields({"image": pixels, "mask": mask, "boxes": (boxes, labels)}, spec, region)
+        stored = {  # as `ResidentSamples._to_store` keeps a sample
+            "image": torch.from_numpy(pixels).permute(2, 0, 1),
+            "mask": torch.from_numpy(mask),
+            "boxes": (boxes, labels),
+        }
+        dev = warp_on_device(stored, spec, region)
+        diff = (dev["image"].int() - cpu["image"].int()).abs().max().item()
+        assert dev["image"].dtype == torch.uint8 and diff <= 1, (region, diff)
+        assert torch.equal(dev["mask"], cpu["mask"]), region
+        assert torch.equal(dev["boxes"][0], cpu["boxes"][0]), region
+        assert torch.equal(dev["boxes"][1], cpu["boxes"][1]), region

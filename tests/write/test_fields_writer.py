@@ -180,3 +180,19 @@ def test_max_side_shrinks_array_sources_too(tmp_path: Path) -> None:
     train = manifest.split("train")
     assert (train.encoding, train.raw_shape, train.fields) == ("raw", [4, 4, 3], None)
     assert verify(tmp_path / "out", progress=False).ok
+
+
+def test_an_unreadable_mask_names_its_file_not_a_bytesio(tmp_path: Path) -> None:
+    from fastdata.format.fields import FieldError, FieldSpec
+
+    images, masks = write_segmentation(tmp_path / "seg", count=3)
+    (masks / "a01.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 40)  # a signature, no PNG
+    (masks / "a02.png").write_bytes(b"<html>not found</html>")
+    skipped = dict(SegmentationSource(images, masks).skipped["train"])
+    reasons = {origin.rsplit(" mask ", 1)[1]: reason for origin, reason in skipped.items()}
+    assert "BytesIO" not in str(reasons)
+    assert "a PNG file Pillow cannot identify" in reasons[str(masks / "a01.png")]
+    assert "not an image: starts with '<html>" in reasons[str(masks / "a02.png")]
+    with pytest.raises(FieldError) as info:  # the read side: the caller adds shard and key
+        FieldSpec("mask", "mask", ("mask.png",)).decode({"mask.png": b"GIF8 broken"})
+    assert "BytesIO" not in str(info.value) and "starts b'GIF8 bro'" in str(info.value)

@@ -2,9 +2,13 @@
 
 Rule, in order:
 
+The split that decides is the largest of those the caller will read (`ShardDataModule`: every
+split it resolved, the training split when there is one; a val-only dataset: its val split).
+
 1. "memory" when the memory backend's store of the split (`fastdata.read.backends.memory.resident_nbytes`:
    N x 3 x H x W uint8 at the stored size of `fastdata.read.decoded.stored_hw`, or the padded and
-   mirrored layout of a preset with a fused pad-crop, 3.1x that for CIFAR) fits `memory_share` of
+   mirrored layout of a preset with a fused pad-crop, 3.1x that for CIFAR; a dict split's frames
+   at their own size, `fastdata.read.backends.memory_dict.frames_nbytes`) fits `memory_share` of
    the free memory of the training device (`torch.cuda.mem_get_info` on a GPU,
    `psutil.virtual_memory().available` on the CPU): nothing is decoded after the first epoch, and
    batches are one gather on the device.
@@ -22,13 +26,13 @@ ranks can see different free memory: the caller should decide on rank 0 and broa
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 
 from fastdata.augment import BatchTransform, Preset, RandomResizedCrop
 from fastdata.format.fields import is_classification
-from fastdata.format.manifest import Manifest
+from fastdata.format.manifest import Manifest, SplitInfo
 from fastdata.read import BACKENDS
 from fastdata.read.backends.memory import resident_nbytes
 from fastdata.read.decoders.image import stored_hw
@@ -57,7 +61,7 @@ def free_device_memory(device: str) -> int:
 
 def choose_backend(
     manifest: Manifest,
-    split: str,
+    split: str | Sequence[str],
     device: str,
     image_size: ImageSize,
     *,
@@ -71,7 +75,8 @@ def choose_backend(
 
     Args:
         manifest: the shard folder's manifest.
-        split: the split that decides (the training split: the largest).
+        split: the split that decides, or the splits the caller will read: the one with the
+            most samples decides (the first on a tie); names not in the manifest are ignored.
         device: the training device ("cpu", "cuda", "cuda:1").
         image_size: output size of variable-size photos (as for the memory backend).
         preset: the augmentation preset (it decides the memory backend's store layout, and
@@ -85,27 +90,18 @@ def choose_backend(
 
     Returns:
         (backend name, reason): a key of `fastdata.read.BACKENDS`.
+
+    Raises:
+        ValueError: `memory_share` out of range, or none of the splits is in the manifest.
     """
     if not 0.0 < memory_share <= 1.0:
         raise ValueError(f"memory_share must be in (0, 1], got {memory_share!r}")
+    split = _deciding_split(manifest, split)
     info = manifest.split(split)
     on_gpu = torch.device(device).type == "cuda"
     free = free_memory(device)
     budget = int(free * memory_share)
-    try:
-        h, w = stored_hw(info, image_size, preset.resizes(True))
-    except ValueError as exc:  # photos of varying size and no image_size: no fixed-size store
-        size, need = f"cannot be sized ({exc})", None
-    else:
-        need = resident_nbytes(info, image_size, preset)
-        size = (
-            f"takes {_human(need)} ({info.num_samples} images of {h}x{w}, {preset.name!r} preset)"
-        )
-        # the padded layout: a copy per rank
-        private = need != decoded_nbytes(info, image_size, preset.resizes(True))
-        if not on_gpu and private and ranks_per_node > 1:
-            need *= ranks_per_node
-            size += f", x{ranks_per_node} ranks on this machine = {_human(need)}"
+    size, need = _store_size(info, image_size, preset, on_gpu, ranks_per_node)
     figures = (
         f"the memory backend's store of split {split!r} {size}; {memory_share:g} of the {_human(free)} free on "
         f"{device} is {_human(budget)}"
@@ -133,6 +129,46 @@ def choose_backend(
         name, reason = "cpu", f"{figures}: it does not fit and {device} is not a GPU"
     _log.info("backend=auto chose %r: %s", name, reason)
     return name, reason
+
+
+def _deciding_split(manifest: Manifest, splits: str | Sequence[str]) -> str:
+    """The split with the most samples among `splits` in the manifest (ValueError: none is)."""
+    names = [splits] if isinstance(splits, str) else list(splits)
+    present = [name for name in names if name in manifest.splits]
+    if not present:
+        raise ValueError(
+            f"backend='auto' decides on the splits to read, {names}, but none is in the manifest "
+            f"at {manifest.root} (it has {sorted(manifest.splits)}); pass splits={{...}} naming "
+            "its splits, or a backend by name"
+        )
+    return max(present, key=lambda name: manifest.split(name).num_samples)
+
+
+def _store_size(
+    info: SplitInfo, image_size: ImageSize, preset: Preset, on_gpu: bool, ranks_per_node: int
+) -> tuple[str, int | None]:
+    """(what the memory backend's store of the split takes, in words; its bytes or None)."""
+    if not is_classification(info.field_specs):  # a dict split: frames at their own size
+        try:
+            need = resident_nbytes(info, image_size, preset)
+        except ValueError as exc:
+            return f"cannot be sized ({exc})", None
+        return (
+            f"takes {_human(need)} ({info.num_samples} samples at their own size, "
+            f"{preset.name!r} preset)"
+        ), need
+    try:
+        h, w = stored_hw(info, image_size, preset.resizes(True))
+    except ValueError as exc:  # photos of varying size and no image_size: no fixed-size store
+        return f"cannot be sized ({exc})", None
+    need = resident_nbytes(info, image_size, preset)
+    size = f"takes {_human(need)} ({info.num_samples} images of {h}x{w}, {preset.name!r} preset)"
+    # the padded layout: a copy per rank
+    private = need != decoded_nbytes(info, image_size, preset.resizes(True))
+    if not on_gpu and private and ranks_per_node > 1:
+        need *= ranks_per_node
+        size += f", x{ranks_per_node} ranks on this machine = {_human(need)}"
+    return size, need
 
 
 def _gpu_decoder(

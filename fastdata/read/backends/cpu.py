@@ -155,10 +155,11 @@ class ShardBatchDataset(IterableDataset):
                 if number == numbers[-1] and self._looks_ahead(info):
                     self._ahead = _Ahead.start(self, epoch + 1, worker)
                 slots = self.slots if info is not None and isinstance(batch, tuple) else None
-                ref = slots.put(worker, *batch) if slots is not None else None
+                ref = slots.put(worker, *batch[:2]) if slots is not None else None
                 if ref is None and slots is not None and slots.holds(batch[0]):
-                    batch = (batch[0].clone(), batch[1])  # the slot is not this batch's: copied
-                yield batch if ref is None else ref
+                    batch = (batch[0].clone(), *batch[1:])  # the slot is not this batch's: copied
+                # The keys (`LoaderSpec.keys`) travel beside the slot's reference.
+                yield batch if ref is None else (ref, *batch[2:]) if len(batch) > 2 else ref
         finally:
             if not keep:
                 reader.close()
@@ -197,11 +198,36 @@ class ShardBatchDataset(IterableDataset):
 
     def _load_batch(
         self, reader: ShardReader, plan: EpochPlan, number: int, skips: list[_Skip]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Batch `number` of `plan`; samples skipped under on_error='skip' are added to `skips`."""
+    ) -> tuple[torch.Tensor, ...] | Sample:
+        """Batch `number` of `plan`; samples skipped under on_error='skip' are added to `skips`.
+
+        With `LoaderSpec.keys`, a classification batch is (images, labels, keys): the sample
+        key of each image (None for padding; `fastdata.read.source_ids`).
+        """
+        kept: list[int] = []  # classification: the plan slots of the batch's images
+        if self.fields is not None:
+            return self._load_pair(reader, plan, number, skips, kept)
+        images, labels = self._load_pair(reader, plan, number, skips, kept)
+        if not self.spec.keys:
+            return images, labels
+        refs = rows_to_refs(plan.rows[number], self.spec.shard_sizes).tolist()
+        pads = [False] * len(refs) if self.spec.train else plan.padding[number].tolist()
+        keys = [None if pads[s] else reader.key(*refs[s]) for s in kept]
+        return images, labels, keys
+
+    def _load_pair(
+        self,
+        reader: ShardReader,
+        plan: EpochPlan,
+        number: int,
+        skips: list[_Skip],
+        kept: list[int],
+    ) -> tuple[torch.Tensor, torch.Tensor] | Sample:
+        """`_load_batch` without keys; the plan slots of the images it holds go to `kept`."""
         if self.raw_shape is not None and self.fields is None:
             gathered = self._raw_batch(reader, plan, number)  # array operations
             if gathered is not None:
+                kept[:] = range(len(gathered[1]))
                 return gathered
         rows = self._rows(reader)
         batch = rows.read(plan, number)
@@ -218,12 +244,13 @@ class ShardBatchDataset(IterableDataset):
                     skips.append(rows.fail(*batch.refs[slot], exc))
                     continue
                 labels.append(label)  # both or neither: images and labels stay aligned
+                kept.append(slot)
             return _collate(images, labels, self._empty_hw())
         images, labels, refs = [], batch.labels, batch.refs
         payloads, where = [data for _, data in batch.images], batch.slots
         if payloads:
             images, labels = self._decode(
-                reader, plan, number, refs, payloads, where, labels, skips
+                reader, plan, number, refs, payloads, where, labels, skips, kept
             )
         return _collate(images, labels, self._empty_hw())
 
@@ -273,7 +300,7 @@ class ShardBatchDataset(IterableDataset):
                 return target
         return np.empty((n, 3, *hw), np.uint8)
 
-    def _decode(self, reader, plan, number, refs, payloads, where, labels, skips):
+    def _decode(self, reader, plan, number, refs, payloads, where, labels, skips, slots):
         positions = plan.positions[number]
         rngs = [
             np.random.default_rng(sample_seed(self.spec.seed, plan.epoch, int(positions[i])))
@@ -291,6 +318,7 @@ class ShardBatchDataset(IterableDataset):
                 continue
             images.append(result)
             kept.append(label)
+            slots.append(i)
         if batch is not None and len(kept) == len(payloads):
             return batch, kept  # complete: `_collate` has nothing to copy
         return images, kept
@@ -476,6 +504,9 @@ class CpuLoader:
             if isinstance(batch, SlotRef):
                 assert self.dataset.slots is not None
                 batch = self.dataset.slots.take(batch, self._pin)
+            elif isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], SlotRef):
+                assert self.dataset.slots is not None  # (ref, keys): `LoaderSpec.keys`
+                batch = (*self.dataset.slots.take(batch[0], self._pin), *batch[1:])
             yield batch
 
     def _timeout_error(self, iterator: Any) -> LoaderTimeoutError:

@@ -42,11 +42,12 @@ from fastdata._util.threads import one_thread_on_cpu
 from fastdata.augment import Preset, pad_crop_params
 from fastdata.format.fields import is_classification
 from fastdata.format.manifest import SplitInfo
-from fastdata.read.backends.memory_dict import make_resident_loader
+from fastdata.read.backends.memory_dict import frames_nbytes, make_resident_loader
 from fastdata.read.base import BatchLoader, LoaderSpec
 from fastdata.read.decoders.image import stored_hw
 from fastdata.read.mix import map_row_labels
 from fastdata.read.plan import PAD_LABEL, EpochPlan
+from fastdata.read.source_ids import batch_keys, row_keys
 from fastdata.read.stores.decoded_cache import ImageSize, cache_key, decode_split, decoded_nbytes
 from fastdata.read.stores.padded import PaddedImages, padded_nbytes
 
@@ -105,7 +106,21 @@ def _store_layout(spec: LoaderSpec) -> tuple[tuple[int, int], FusedPadCrop | Non
 def resident_nbytes(
     info: SplitInfo, image_size: ImageSize, preset: Preset, train: bool = True
 ) -> int:
-    """Device bytes of the memory backend's store of a split (padded when the preset fuses)."""
+    """Device bytes of the memory backend's store of a split (padded when the preset fuses; a
+    dict split's frames at their own size: `fastdata.read.backends.memory_dict.frames_nbytes`).
+
+    Raises:
+        ValueError: the split's images vary in size and the manifest does not say how large
+            they are, or (classification) no `image_size` was given for them.
+    """
+    if not is_classification(info.field_specs):
+        nbytes = frames_nbytes(info)
+        if nbytes is None:
+            raise ValueError(
+                "the manifest records no image sizes (image_stats) for this split; re-run "
+                "`fastdata shard` to record them"
+            )
+        return nbytes
     margin = preset.resizes(train)
     hw = stored_hw(info, image_size, margin)
     fused = fused_pad_crop(preset, train, hw)
@@ -170,6 +185,7 @@ class MemoryLoader:
         self.applied_ops = 1 if fused is not None else len(self._crop_ops)
         self._pool = TensorPool()  # CPU batches: reuse released memory instead of page-faulting
         self.device = labels.device
+        self._keys: list[str] | None = None  # keys=True: every row's key, read once
         self.set_epoch(spec.epoch, spec.consumed, spec.steps_before)
 
     @property
@@ -212,7 +228,16 @@ class MemoryLoader:
                 labels = self.labels.index_select(0, idx)
                 if pad is not None:
                     labels = labels.masked_fill(pad, PAD_LABEL)
+            if self.spec.keys:  # `fastdata.read.source_ids`
+                padded = pad.tolist() if pad is not None else None
+                yield images, labels, batch_keys(self._row_keys(), idx.tolist(), padded)
+                continue
             yield images, labels
+
+    def _row_keys(self) -> list[str]:
+        if self._keys is None:
+            self._keys = row_keys(self.spec)
+        return self._keys
 
     def batch_generator(self, seed: int) -> torch.Generator:
         """A generator on the store's device, freshly seeded with a plan batch seed."""

@@ -26,7 +26,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -104,6 +104,7 @@ class EncodedBatch:
         labels: int64 labels (`PAD_LABEL` for evaluation padding).
         positions: each sample's position in the epoch order (its generator's seed).
         keys: (shard number, index in shard) of each sample, for error messages.
+        sample_keys: `LoaderSpec.keys`: each sample's key (None for padding); else empty.
     """
 
     number: int
@@ -112,6 +113,7 @@ class EncodedBatch:
     labels: list[int]
     positions: list[int]
     keys: list[tuple[int, int]]
+    sample_keys: list[str | None] = field(default_factory=list)
 
 
 def read_batch(reader: ShardReader, spec: LoaderSpec, plan: EpochPlan, number: int) -> EncodedBatch:
@@ -125,6 +127,9 @@ def read_batch(reader: ShardReader, spec: LoaderSpec, plan: EpochPlan, number: i
         batch.labels.append(label)
         batch.positions.append(read.positions[slot])
         batch.keys.append(tuple(read.refs[slot]))
+        if spec.keys:  # read here, in the one thread that uses the reader
+            padded = read.padded[slot]
+            batch.sample_keys.append(None if padded else reader.key(*read.refs[slot]))
     return batch
 
 
@@ -243,7 +248,8 @@ class NvjpegLoader:
                     batch = pending.result()
                     if number + 1 < len(plan.rows):
                         pending = pool.submit(read_batch, reader, self.spec, plan, number + 1)
-                    yield self.decode_batch(batch, plan.epoch, reader)
+                    out = self.decode_batch(batch, plan.epoch, reader)
+                    yield (*out, batch.sample_keys) if self.spec.keys else out
             finally:
                 reader.close()
 

@@ -14,16 +14,20 @@ yields dict batches (`TrainSample` / `EvalSample`):
 | `text`     | list[str]                                                                |
 | `json`     | list                                                                     |
 | `array`    | a stacked tensor when every shape agrees, else a list of tensors         |
+| `tensors`  | `.ten` arrays: a list of stacked tensors (one per array of a sample)     |
+|            | when every sample's shapes agree, else a list of lists of tensors        |
 
-and always ``padded`` bool (N,): True for evaluation padding (repeats that make every rank's
+With ``keys=True`` (`LoaderSpec.keys`) a batch also holds ``key``: list[str | None], each
+row's sample key (None for padding); the loader adds ``source_id`` (`fastdata.read.source_ids`).
+
+A batch always holds ``padded`` bool (N,): True for evaluation padding (repeats that make every rank's
 batches equal): their mask is all `ignore_index`, their boxes empty, their label -100
 (`plan.PAD_LABEL`), their multi-hot all zeros, so every metric can skip them.
 
 The cpu backend's workers decode every field (`FieldSpec.decode`), draw each sample's `Region`
 from the plan's batch seed (`fastdata.augment.targets.draw_regions`) and warp the image, mask and
-boxes together at decode time (`warp_sample`); the memory backend keeps the split resident at its
-stored size (`fastdata.read.backends.memory_dict`) and the DataModule warps the batch on the device
-(`warp_batch`) in `on_after_batch_transfer`.
+boxes together at decode time (`warp_sample`); the memory backend keeps the split's samples
+resident at their own size (`fastdata.read.backends.memory_dict`) and warps them with the same functions.
 """
 
 from __future__ import annotations
@@ -117,6 +121,7 @@ class SampleSpec:
         raw_shape: (H, W, C) of raw (`rgb`) images.
         ignore_index: the mask value of pixels outside the image and of padding samples.
         num_classes: width of a `labels` field's multi-hot vector.
+        keys: add each row's sample key (``key``; None for padding) to the batch.
     """
 
     fields: Mapping[str, FieldSpec]
@@ -126,6 +131,7 @@ class SampleSpec:
     raw_shape: tuple[int, int, int] | None = None
     ignore_index: int = 255
     num_classes: int = 0
+    keys: bool = False
 
     @property
     def image(self) -> str | None:
@@ -148,6 +154,12 @@ def sample_spec(spec: LoaderSpec, out_hw: tuple[int, int] | None = None) -> Samp
     fields = info.field_specs
     if is_classification(fields):
         return None
+    taken = sorted({"key", "source_id"} & set(fields)) if spec.keys else []
+    if taken:
+        raise ValueError(
+            f"split {spec.split!r} of {spec.manifest.root} has field(s) {taken}, the names "
+            "keys=True gives the batch keys; pass keys=False (the samples' own fields stay)"
+        )
     ops = spec.preset.ops(spec.train)
     if any(isinstance(op, BatchTransform) for op in ops):
         raise ValueError(
@@ -175,6 +187,7 @@ def sample_spec(spec: LoaderSpec, out_hw: tuple[int, int] | None = None) -> Samp
         raw_shape=raw if info.encoding == "raw" else None,
         ignore_index=spec.ignore_index,
         num_classes=spec.manifest.num_classes,
+        keys=spec.keys,
     )
 
 
@@ -293,7 +306,7 @@ def decode_samples(
 
     Samples that fail are added to `skips` (on_error='skip') or raise (names shard, key, field).
     """
-    decoded, padded = [], []
+    decoded, padded, keys = [], [], []
     for sample in batch.samples:
         values = decode_fields(rows, sample, spec)
         if isinstance(values, Skip):
@@ -301,17 +314,25 @@ def decode_samples(
             continue
         decoded.append(values)
         padded.append(sample.padded)
+        if spec.keys:
+            keys.append(None if sample.padded else rows.reader.key(sample.shard, sample.index))
     if spec.out_hw is not None and spec.image is not None and decoded:
         from fastdata.augment.targets import draw_regions
 
         sizes = [tuple(v[spec.image].shape[:2]) for v in decoded]
         regions = draw_regions(spec.preset, spec.train, sizes, spec.out_hw, batch_seed)
         decoded = [warp_fields(v, spec, r) for v, r in zip(decoded, regions, strict=True)]
-    return collate_samples(decoded, padded, spec)
+    return collate_samples(decoded, padded, spec, keys if spec.keys else None)
 
 
-def collate_samples(samples: list[dict[str, Any]], padded: list[bool], spec: SampleSpec) -> Sample:
-    """One dict batch from decoded samples (see the module docstring), padding marked."""
+def collate_samples(
+    samples: list[dict[str, Any]],
+    padded: list[bool],
+    spec: SampleSpec,
+    keys: list[str | None] | None = None,
+) -> Sample:
+    """One dict batch from decoded samples (see the module docstring), padding marked;
+    `keys` (one per sample, None for padding) become its ``key`` entry when given."""
     n = len(samples)
     pad = torch.tensor(padded, dtype=torch.bool) if n else torch.zeros(0, dtype=torch.bool)
     out = Sample()
@@ -342,10 +363,27 @@ def collate_samples(samples: list[dict[str, Any]], padded: list[bool], spec: Sam
                 a.shape == arrays[0].shape and a.dtype == arrays[0].dtype for a in arrays
             )
             out[name] = torch.stack(arrays) if same else arrays
+        elif field.kind == "tensors":
+            out[name] = _collate_tensors(values)
         else:  # text, json
             out[name] = values
     out["padded"] = pad
+    if keys is not None:
+        out["key"] = list(keys)
     return out
+
+
+def _collate_tensors(values: list[list[np.ndarray]]) -> list[Any]:
+    """A `tensors` field: one stacked tensor per position when every sample holds arrays of
+    the same shapes and dtypes, else each sample's list of tensors."""
+    rows = [[torch.as_tensor(np.array(a)) for a in v] for v in values]
+    first = rows[0] if rows else []
+    same = all(
+        len(r) == len(first)
+        and all(a.shape == b.shape and a.dtype == b.dtype for a, b in zip(r, first, strict=True))
+        for r in rows
+    )
+    return [torch.stack(col) for col in zip(*rows, strict=True)] if rows and same else rows
 
 
 def _stack_images(values: list[Any], spec: SampleSpec) -> torch.Tensor:

@@ -5,6 +5,7 @@ src = open_source("folder", "clothing-small/")
 src = open_source("list", "labels.csv", root="images/")
 src = open_source("coco", "val2017/", "instances_val2017.json")
 src = open_source("segmentation", "JPEGImages/", "SegmentationClass/")
+src = open_source("parquet", "data/")  # a Hugging Face image dataset's Parquet files
 
 `REGISTRY` is the one list of sources: `fastdata shard`'s choices, its help and the number of
 inputs each takes are read from it.
@@ -24,6 +25,7 @@ from fastdata.write.sources.coco import CocoSource
 from fastdata.write.sources.download import DownloadError
 from fastdata.write.sources.folder import FolderSource
 from fastdata.write.sources.listfile import ListSource
+from fastdata.write.sources.parquet import ParquetSource
 from fastdata.write.sources.safe_pickle import UnsafePickleError
 from fastdata.write.sources.safe_tar import UnsafeArchiveError
 from fastdata.write.sources.segmentation import SegmentationSource
@@ -38,6 +40,7 @@ __all__ = [
     "FolderSource",
     "ListSource",
     "MaskFile",
+    "ParquetSource",
     "SegmentationSource",
     "Source",
     "SourceItem",
@@ -96,6 +99,12 @@ REGISTRY: dict[str, SourceKind] = {
             "image folder + PNG class-index mask folder, paired by stem",
             ("IMAGES", "MASKS"),
         ),
+        SourceKind(
+            "parquet",
+            ParquetSource,
+            "Parquet file(s): Hugging Face image datasets (image struct, label, class names) or "
+            "plain columns (image bytes or path, label, other columns as fields)",
+        ),
     )
 }
 
@@ -108,8 +117,8 @@ def open_source(kind: str, input: str | Path | None, *more: str | Path, **kwargs
 
     Args:
         kind: one of `REGISTRY` ("cifar10", "cifar100", "folder", "list", "coco",
-            "segmentation").
-        input: the archive, folder or list file (None only for CIFAR with `download=True`); the
+            "segmentation", "parquet").
+        input: the archive, folder, list file or Parquet file (None only for CIFAR with `download=True`); the
             image folder for "coco" and "segmentation".
         *more: further inputs: the annotations json ("coco"), the mask folder ("segmentation").
         **kwargs: passed to the source class (e.g. `download=True`, `label="coarse"`,

@@ -1,7 +1,8 @@
 """What the shard writer needs from a dataset source.
 
 A source lists its splits and, for any (split, index), returns one `SourceItem`: either pixels
-(array sources such as CIFAR) or a file path (image folders, list files). It does not encode:
+(array sources such as CIFAR), a file path (image folders, list files) or a file's bytes
+(Parquet). It does not encode:
 choosing how a sample is stored is the writer's job (`fastdata.write.encode`).
 """
 
@@ -72,6 +73,11 @@ class SourceItem:
             the `Path` of its PNG, read by the writer). None for a classification sample.
         size: the (height, width) the source expects the image to have (a COCO record's size),
             checked by the writer; None: not known.
+        source_id: the sample's id in the source's own terms, recorded at shard time so that
+            predictions map back (`fastdata.read.source_ids`): a COCO image id, or a folder's or
+            list's image path relative to its root, a Parquet file and row; None: the source has none
+            (CIFAR).
+        data: the image file's bytes, for sources that hold them (Parquet); read like a file's.
     """
 
     sample_id: int
@@ -81,6 +87,8 @@ class SourceItem:
     path: Path | None = None
     fields: Mapping[str, Any] | None = None
     size: tuple[int, int] | None = None
+    source_id: int | str | None = None
+    data: bytes | None = None
 
 
 @dataclass(frozen=True)

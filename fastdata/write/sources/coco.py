@@ -12,17 +12,24 @@ The json (e.g. `instances_val2017.json`) holds `images` ({id, file_name, width, 
   references and DETR drop them) but which COCO evaluation uses to ignore detections.
 
 An image without annotations is kept with zero boxes (COCO counts it). A box reaching outside its
-image is clipped to it; one left with no width or height is dropped; the counts are in the
-source's fingerprint (`stats`, shown in the manifest's `source`). The json is untrusted: its size
-and number of entries are bounded before and while it is parsed, a file name must stay inside
-IMAGES, and an annotation naming an unknown image or category is an error naming it.
+image is clipped to it; one left with no width or height in float32 (the dtype boxes are stored
+in) is dropped; the counts are in the source's fingerprint (`stats`, shown in the manifest's
+`source`). The json is untrusted: its size (`max_json_bytes`, `--max-json-bytes`) and number of
+entries are bounded before and while it is parsed, a file name must stay inside IMAGES, and an
+annotation naming an unknown image or category, or an image, category or annotation id listed
+twice, is an error naming it.
+
+The json is streamed (`fastdata.write.sources.coco_json`): each annotation is kept as a few numbers as
+soon as it is decoded, so opening COCO 2017's 448 MB train json takes a fraction of its size in
+memory, not the ~7x of `json.load`.
 """
 
 from __future__ import annotations
 
-import json
 import math
+from array import array
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -35,6 +42,7 @@ from fastdata.write.sources.base import (
     describe_path,
     split_name_problem,
 )
+from fastdata.write.sources.coco_json import stream_lists
 
 __all__ = ["DEFAULT_MAX_ENTRIES", "DEFAULT_MAX_JSON_BYTES", "CocoSource"]
 
@@ -61,13 +69,15 @@ class CocoSource:
         images: the image folder that `file_name`s are relative to.
         annotations: the COCO json file.
         split: the split's name (e.g. "train" for instances_train2017.json, "val" for val2017).
-        max_json_bytes: largest json file read.
+        max_json_bytes: largest json file read (the CLI's `--max-json-bytes`); raise it for a
+            trusted file larger than the default 2 GiB.
         max_entries: most images + annotations + categories.
 
     Raises:
         ValueError: a bad split name.
-        BadSourceError: the folder or json is missing or unreadable, too large, not COCO, or an
-            annotation names an unknown image or category (the message names the entry).
+        BadSourceError: the folder or json is missing or unreadable, too large, not COCO, an
+            annotation names an unknown image or category, or an id is listed twice (the
+            message names the entry and the file).
     """
 
     kind = "coco"
@@ -89,44 +99,16 @@ class CocoSource:
         self.split = split
         if not self.images.is_dir():
             raise BadSourceError(f"{describe_path(self.images)}: not a folder of images")
-        data = _load_json(self.annotations, max_json_bytes)
         where = str(self.annotations)
-        images_list, anns, cats = (
-            _list(data, key, where) for key in ("images", "annotations", "categories")
-        )
-        if len(images_list) + len(anns) + len(cats) > max_entries:
-            raise BadSourceError(
-                f"{where}: {len(images_list):,} images + {len(anns):,} annotations + "
-                f"{len(cats):,} categories is more than max_entries={max_entries:,}"
-            )
+        images_list, cats, anns = _read(self.annotations, max_json_bytes, max_entries)
         category_index, self.classes = _categories(cats, where)
+        #: The COCO category id behind each class index (recorded in the manifest's class_ids).
+        self.class_ids = sorted(category_index, key=category_index.__getitem__)
         self._records = _images(images_list, where)
-        by_id = {record[0]: n for n, record in enumerate(self._records)}
-        boxes: list[list[list[float]]] = [[] for _ in self._records]
-        labels: list[list[int]] = [[] for _ in self._records]
-        crowd: list[list[list[float]]] = [[] for _ in self._records]
-        crowd_labels: list[list[int]] = [[] for _ in self._records]
-        self.stats = {"boxes": 0, "crowd": 0, "clipped": 0, "degenerate_dropped": 0}
-        for number, ann in enumerate(anns):
-            image_n, label, box, is_crowd = _annotation(ann, number, where, by_id, category_index)
-            _, _, width, height = self._records[image_n]
-            clipped = _clip(box, width, height)
-            if clipped is None:
-                self.stats["degenerate_dropped"] += 1
-                continue
-            self.stats["clipped"] += clipped != _xyxy(box)
-            if is_crowd:
-                crowd[image_n].append(clipped)
-                crowd_labels[image_n].append(label)
-                self.stats["crowd"] += 1
-            else:
-                boxes[image_n].append(clipped)
-                labels[image_n].append(label)
-                self.stats["boxes"] += 1
-        self.stats["images_without_boxes"] = sum(1 for b in boxes if not b)
-        # Arrays per image: forked writer workers share them.
-        self._boxes = [_pair(b, lab) for b, lab in zip(boxes, labels, strict=True)]
-        self._crowd = [_pair(b, lab) for b, lab in zip(crowd, crowd_labels, strict=True)]
+        anns.check_unique_ids(where)
+        # Boxes packed per image (one array for all, offsets per image): forked writer workers
+        # share them, and 860k annotations cost ~60 bytes each, not a dict and lists each.
+        self._boxes, self._crowd, self.stats = _place(anns, self._records, category_index, where)
         if not self._records:
             raise BadSourceError(f"{where}: lists no images. {_HELP}")
 
@@ -151,8 +133,9 @@ class CocoSource:
             label=-1,
             origin=f"{path} (image id {image_id})",
             path=path,
-            fields={"boxes": self._boxes[index], "crowd": self._crowd[index]},
+            fields={"boxes": self._boxes.get(index), "crowd": self._crowd.get(index)},
             size=(height, width),
+            source_id=image_id,
         )
 
     def fingerprint(self) -> dict[str, Any]:
@@ -170,37 +153,35 @@ class CocoSource:
         }
 
 
-def _load_json(path: Path, max_bytes: int) -> Any:
-    try:
-        size = path.stat().st_size
-        if size > max_bytes:
-            raise BadSourceError(
-                f"{path}: {size:,} bytes is more than max_json_bytes={max_bytes:,}; raise it if "
-                "the file is trusted"
-            )
-        with open(path, "rb") as f:
-            data = f.read(max_bytes + 1)
-    except OSError as exc:
-        raise BadSourceError(f"{describe_path(path)}: cannot read ({exc.strerror or exc})") from exc
-    if len(data) > max_bytes:
-        raise BadSourceError(f"{path}: more than max_json_bytes={max_bytes:,} bytes")
-    try:
-        return json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        raise BadSourceError(f"{path}: not valid JSON ({exc}). {_HELP}") from None
-
-
-def _list(data: Any, key: str, where: str) -> list[Any]:
-    if not isinstance(data, dict):
-        raise BadSourceError(f"{where}: expected a JSON object. {_HELP}")
-    value = data.get(key, [] if key == "annotations" else None)
-    if not isinstance(value, list):
-        raise BadSourceError(f"{where}: {key!r} must be a list. {_HELP}")
-    return value
+def _read(
+    path: Path, max_bytes: int, max_entries: int
+) -> tuple[list[tuple[int, str, int, int]], list[Any], _Annotations]:
+    """(image records, categories, annotations) of the json, streamed (`coco_json`): each image
+    and annotation is checked and kept compact as soon as it is decoded."""
+    where = str(path)
+    records: list[tuple[int, str, int, int]] = []
+    cats: list[Any] = []
+    anns = _Annotations()
+    lists = ("images", "annotations", "categories")
+    for key, n, value in stream_lists(
+        path, lists, ("images", "categories"), max_bytes, max_entries, _HELP
+    ):
+        if key == "images":
+            records.append(_image(value, n, where))
+        elif key == "annotations":
+            anns.add(value, n, where)
+        else:
+            cats.append(value)
+    return records, cats, anns
 
 
 def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int64(value: Any) -> bool:
+    """An int that fits the int64 columns ids are kept in (COCO's are far smaller)."""
+    return _int(value) and -(1 << 63) <= value < 1 << 63
 
 
 def _categories(cats: list[Any], where: str) -> tuple[dict[int, int], list[str]]:
@@ -209,7 +190,7 @@ def _categories(cats: list[Any], where: str) -> tuple[dict[int, int], list[str]]
     for n, cat in enumerate(cats):
         if (
             not isinstance(cat, dict)
-            or not _int(cat.get("id"))
+            or not _int64(cat.get("id"))
             or not isinstance(cat.get("name"), str)
         ):
             raise BadSourceError(f"{where}: categories[{n}] needs an int 'id' and a str 'name'")
@@ -222,80 +203,169 @@ def _categories(cats: list[Any], where: str) -> tuple[dict[int, int], list[str]]
     return {cid: i for i, cid in enumerate(ids)}, [found[cid] for cid in ids]
 
 
-def _images(images: list[Any], where: str) -> list[tuple[int, str, int, int]]:
-    """(id, file name, width, height) per image, sorted by id; names checked to stay inside."""
-    records = []
+def _image(image: Any, n: int, where: str) -> tuple[int, str, int, int]:
+    """(id, file name, width, height) of `images[n]`, checked (its name must stay inside)."""
+    if not isinstance(image, dict):
+        raise BadSourceError(f"{where}: images[{n}] is not an object")
+    image_id, name = image.get("id"), image.get("file_name")
+    width, height = image.get("width"), image.get("height")
+    if not _int64(image_id) or not isinstance(name, str) or not name:
+        raise BadSourceError(f"{where}: images[{n}] needs an int 'id' and a 'file_name'")
+    if not (_int(width) and _int(height) and 0 < width <= 1 << 16 and 0 < height <= 1 << 16):
+        raise BadSourceError(
+            f"{where}: image id {image_id} ({name!r}) needs 'width' and 'height' of 1..65536"
+        )
+    pure = PurePosixPath(name)
+    if "\x00" in name or pure.is_absolute() or ".." in pure.parts or "\\" in name:
+        raise BadSourceError(
+            f"{where}: image id {image_id}: file_name {name[:80]!r} must be a relative path "
+            "inside the image folder (no '..', no leading '/')"
+        )
+    return image_id, name, width, height
+
+
+def _images(
+    records: list[tuple[int, str, int, int]], where: str
+) -> list[tuple[int, str, int, int]]:
+    """The image records sorted by id; an id listed twice is an error."""
     seen: set[int] = set()
-    for n, image in enumerate(images):
-        if not isinstance(image, dict):
-            raise BadSourceError(f"{where}: images[{n}] is not an object")
-        image_id, name = image.get("id"), image.get("file_name")
-        width, height = image.get("width"), image.get("height")
-        if not _int(image_id) or not isinstance(name, str) or not name:
-            raise BadSourceError(f"{where}: images[{n}] needs an int 'id' and a 'file_name'")
-        if not (_int(width) and _int(height) and 0 < width <= 1 << 16 and 0 < height <= 1 << 16):
-            raise BadSourceError(
-                f"{where}: image id {image_id} ({name!r}) needs 'width' and 'height' of 1..65536"
-            )
-        pure = PurePosixPath(name)
-        if "\x00" in name or pure.is_absolute() or ".." in pure.parts or "\\" in name:
-            raise BadSourceError(
-                f"{where}: image id {image_id}: file_name {name[:80]!r} must be a relative path "
-                "inside the image folder (no '..', no leading '/')"
-            )
+    for image_id, *_ in records:
         if image_id in seen:
             raise BadSourceError(f"{where}: image id {image_id} is listed twice")
         seen.add(image_id)
-        records.append((image_id, name, width, height))
     return sorted(records)
 
 
-def _annotation(
-    ann: Any, number: int, where: str, by_id: Mapping[int, int], categories: Mapping[int, int]
-) -> tuple[int, int, list[float], bool]:
-    """(image number, class index, [x, y, w, h], crowd) of one annotation, checked."""
-    if not isinstance(ann, dict):
-        raise BadSourceError(f"{where}: annotations[{number}] is not an object")
-    name = f"annotation id {ann.get('id')!r:.20} (annotations[{number}])"
-    image_id, category = ann.get("image_id"), ann.get("category_id")
-    if not _int(image_id) or image_id not in by_id:
-        raise BadSourceError(f"{where}: {name} names image id {image_id!r:.40}, not in 'images'")
-    if not _int(category) or category not in categories:
-        raise BadSourceError(
-            f"{where}: {name} names category id {category!r:.40}, not in 'categories' "
-            f"(known ids: {sorted(categories)[:20]})"
-        )
-    box = ann.get("bbox")
-    if (
-        not isinstance(box, list)
-        or len(box) != 4
-        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)
-        or not all(math.isfinite(v) for v in box)
-    ):
-        raise BadSourceError(f"{where}: {name}: 'bbox' must be 4 finite numbers [x, y, w, h]")
-    crowd = ann.get("iscrowd", 0)
-    if crowd not in (0, 1):
-        raise BadSourceError(f"{where}: {name}: 'iscrowd' must be 0 or 1, got {crowd!r:.20}")
-    return by_id[image_id], categories[category], [float(v) for v in box], bool(crowd)
+class _Annotations:
+    """Every annotation as a few numbers in array columns (~60 bytes each), checked for form as
+    it is streamed; whether its image and category exist is checked once all are read
+    (`_place`: the json may list annotations first)."""
+
+    def __init__(self) -> None:
+        self.ids, self.image_ids, self.category_ids = array("q"), array("q"), array("q")
+        self.has_id, self.crowd = bytearray(), bytearray()
+        self.boxes = array("d")  # x, y, w, h
+
+    def __len__(self) -> int:
+        return len(self.image_ids)
+
+    def name(self, number: int) -> str:
+        shown = self.ids[number] if self.has_id[number] else None
+        return f"annotation id {shown} (annotations[{number}])"
+
+    def add(self, ann: Any, number: int, where: str) -> None:
+        """Keep annotation `number` (raises BadSourceError naming it when malformed)."""
+        if not isinstance(ann, dict):
+            raise BadSourceError(f"{where}: annotations[{number}] is not an object")
+        name = f"annotation id {ann.get('id')!r:.20} (annotations[{number}])"
+        image_id, category = ann.get("image_id"), ann.get("category_id")
+        if not _int64(image_id):
+            raise BadSourceError(
+                f"{where}: {name} names image id {image_id!r:.40}, not in 'images'"
+            )
+        if not _int64(category):
+            raise BadSourceError(
+                f"{where}: {name} names category id {category!r:.40}, not in 'categories'"
+            )
+        box = ann.get("bbox")
+        if (
+            not isinstance(box, list)
+            or len(box) != 4
+            or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in box)
+            or not all(math.isfinite(v) for v in box)
+        ):
+            raise BadSourceError(f"{where}: {name}: 'bbox' must be 4 finite numbers [x, y, w, h]")
+        crowd = ann.get("iscrowd", 0)
+        if crowd not in (0, 1):
+            raise BadSourceError(f"{where}: {name}: 'iscrowd' must be 0 or 1, got {crowd!r:.20}")
+        ann_id = ann.get("id")
+        self.has_id.append(_int64(ann_id))
+        self.ids.append(ann_id if _int64(ann_id) else 0)
+        self.image_ids.append(image_id)
+        self.category_ids.append(category)
+        self.boxes.extend(float(v) for v in box)
+        self.crowd.append(bool(crowd))
+
+    def check_unique_ids(self, where: str) -> None:
+        """Raise BadSourceError naming the first annotation id listed twice: its boxes would be
+        stored twice (pycocotools keeps the last one; a duplicated export doubles them)."""
+        numbers = np.flatnonzero(np.frombuffer(bytes(self.has_id), dtype=np.uint8))
+        ids = np.asarray(self.ids, dtype=np.int64)[numbers]
+        order = np.argsort(ids, kind="stable")  # equal ids stay in file order
+        repeats = np.flatnonzero(ids[order][1:] == ids[order][:-1]) + 1
+        if repeats.size:
+            at = repeats[np.argmin(numbers[order][repeats])]  # the earliest second listing
+            first, second = numbers[order][at - 1], numbers[order][at]
+            raise BadSourceError(
+                f"{where}: annotation id {ids[order][at]} is listed twice (annotations[{first}] "
+                f"and annotations[{second}]); annotation ids must be unique"
+            )
 
 
-def _xyxy(box: list[float]) -> list[float]:
-    x, y, w, h = box
-    return [x, y, x + w, y + h]
+@dataclass(frozen=True)
+class _Packed:
+    """The boxes of every image in one array, image i's at rows offsets[i]:offsets[i + 1]."""
+
+    boxes: np.ndarray  # float32 (k, 4) xyxy
+    labels: np.ndarray  # int64 (k,)
+    offsets: np.ndarray  # int64 (images + 1,)
+
+    def get(self, index: int) -> tuple[np.ndarray, np.ndarray]:
+        start, stop = self.offsets[index], self.offsets[index + 1]
+        return self.boxes[start:stop].copy(), self.labels[start:stop].copy()
 
 
-def _clip(box: list[float], width: int, height: int) -> list[float] | None:
-    """The xyxy box clipped to the image, or None when nothing of it is left."""
-    x0, y0, x1, y1 = _xyxy(box)
-    x0, x1 = min(max(x0, 0.0), width), min(max(x1, 0.0), width)
-    y0, y1 = min(max(y0, 0.0), height), min(max(y1, 0.0), height)
-    if x1 - x0 <= 0 or y1 - y0 <= 0:
-        return None
-    return [x0, y0, x1, y1]
+def _lookup(known: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, int | None]:
+    """(position of each wanted id in the sorted `known`, the first wanted index not there)."""
+    pos = np.searchsorted(known, wanted)
+    found = known[np.minimum(pos, len(known) - 1)] == wanted if len(known) else wanted != wanted
+    missing = np.flatnonzero(~found)
+    return pos, int(missing[0]) if missing.size else None
 
 
-def _pair(boxes: list[list[float]], labels: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    return (
-        np.asarray(boxes, dtype=np.float32).reshape(-1, 4),
-        np.asarray(labels, dtype=np.int64).reshape(-1),
+def _place(
+    anns: _Annotations,
+    records: list[tuple[int, str, int, int]],
+    category_index: Mapping[int, int],
+    where: str,
+) -> tuple[_Packed, _Packed, dict[str, int]]:
+    """(training boxes, crowd regions, stats): each annotation's box clipped to its image and
+    kept only when it has a positive width and height in float32, the dtype it is stored in (a
+    1e-6 px box at x=100 is 0 px there: the loaders would see a box of no size)."""
+    image_n, bad = _lookup(
+        np.array([r[0] for r in records], dtype=np.int64),
+        np.asarray(anns.image_ids, dtype=np.int64),
     )
+    if bad is not None:
+        raise BadSourceError(
+            f"{where}: {anns.name(bad)} names image id {anns.image_ids[bad]}, not in 'images'"
+        )
+    category_ids = np.array(sorted(category_index), dtype=np.int64)
+    labels, bad = _lookup(category_ids, np.asarray(anns.category_ids, dtype=np.int64))
+    if bad is not None:
+        raise BadSourceError(
+            f"{where}: {anns.name(bad)} names category id {anns.category_ids[bad]}, not in "
+            f"'categories' (known ids: {category_ids[:20].tolist()})"
+        )
+    size = np.array([(r[2], r[3]) for r in records], dtype=np.float64).reshape(-1, 2)[image_n]
+    xywh = np.asarray(anns.boxes, dtype=np.float64).reshape(-1, 4)
+    xyxy = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1)
+    clipped = np.clip(xyxy, 0.0, np.concatenate([size, size], axis=1))
+    stored = clipped.astype(np.float32)
+    keep = (stored[:, 2] > stored[:, 0]) & (stored[:, 3] > stored[:, 1])
+    crowd = np.frombuffer(bytes(anns.crowd), dtype=np.uint8).astype(bool)
+    packed = []
+    for rows in (keep & ~crowd, keep & crowd):
+        chosen = np.flatnonzero(rows)
+        chosen = chosen[np.argsort(image_n[chosen], kind="stable")]  # file order per image
+        counts = np.bincount(image_n[chosen], minlength=len(records))
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        packed.append(_Packed(stored[chosen], labels[chosen].astype(np.int64), offsets))
+    stats = {
+        "boxes": int((keep & ~crowd).sum()),
+        "crowd": int((keep & crowd).sum()),
+        "clipped": int((keep & (clipped != xyxy).any(axis=1)).sum()),
+        "degenerate_dropped": int((~keep).sum()),
+        "images_without_boxes": int((np.diff(packed[0].offsets) == 0).sum()),
+    }
+    return packed[0], packed[1], stats

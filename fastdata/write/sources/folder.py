@@ -19,7 +19,7 @@ import logging
 import os
 import stat
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -119,7 +119,11 @@ class FolderSource:
             raise IndexError(f"{split}[{index}] is out of range: the split has {len(files)} images")
         path = self.root / files[index]
         return SourceItem(
-            sample_id=index, label=int(self._labels[split][index]), origin=str(path), path=path
+            sample_id=index,
+            label=int(self._labels[split][index]),
+            origin=str(path),
+            path=path,
+            source_id=PurePath(files[index]).as_posix(),  # relative to root, "/" on every OS
         )
 
     def fingerprint(self) -> dict[str, Any]:

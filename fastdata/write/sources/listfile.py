@@ -193,6 +193,7 @@ class ListSource:
             origin=f"{path} ({self.list_path.name}:{line})",
             path=path,
             fields=fields,
+            source_id=paths[index],  # as the list names it (relative to root, unless absolute)
         )
 
     def fingerprint(self) -> dict[str, Any]:

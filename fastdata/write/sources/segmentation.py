@@ -12,7 +12,8 @@ writer checks it; the error names both files). `ignore_index` (default 255, VOC'
 pixels of no class. Classes are the lines of `--classes` (names), else "0".."max" over every mask
 (every mask is read once when the source opens: pass `classes` to avoid that on a large dataset).
 An image without a mask, a mask without an image and an unreadable mask are listed as skipped
-(in the manifest, and counted towards `--max-bad`).
+(in the manifest, and counted towards `--max-bad`); under `--strict` the first of them stops the
+run, named, before anything is written.
 """
 
 from __future__ import annotations

@@ -57,6 +57,29 @@ def rectangles(n: int, seed: int, *, sizes=(24, 48), fixed: tuple[int, int] | No
     return out
 
 
+def edge_rectangles(seed: int, n: int = 12) -> list[Rect]:
+    """Samples of mixed aspect ratios (wide, tall, square, thin strips) whose rectangles touch
+    the image's edges: a centre window or a shared stored size would cut them. The first is the
+    issue-29 repro (a 300 x 150 image, box [0, 50, 40, 40] in COCO's xywh)."""
+    rng = np.random.default_rng(seed)
+    fixed = [
+        Rect(f"e{seed}_00000", (150, 300), (0, 50, 40, 90), 1),
+        Rect(f"e{seed}_00001", (200, 200), (160, 0, 200, 30), 2),
+        Rect(f"e{seed}_00002", (300, 90), (0, 270, 90, 300), 3),
+        Rect(f"e{seed}_00003", (40, 160), (150, 10, 160, 40), 4),
+    ]
+    out = list(fixed)
+    shapes = [(30, 90), (90, 30), (50, 50), (24, 100), (100, 24), (64, 40)]
+    for i in range(len(fixed), n):
+        h, w = shapes[i % len(shapes)]
+        rh, rw = int(rng.integers(3, h // 2 + 2)), int(rng.integers(3, w // 2 + 2))
+        side = i % 4  # the rectangle touches the left, right, top or bottom edge
+        x0 = 0 if side == 0 else w - rw if side == 1 else int(rng.integers(0, w - rw + 1))
+        y0 = 0 if side == 2 else h - rh if side == 3 else int(rng.integers(0, h - rh + 1))
+        out.append(Rect(f"e{seed}_{i:05d}", (h, w), (x0, y0, x0 + rw, y0 + rh), i % NUM_CLASSES))
+    return out
+
+
 def sample_components(rect: Rect, fields=ALL_FIELDS) -> dict[str, bytes]:
     """The tar components of one rectangle sample."""
     h, w = rect.hw

@@ -120,3 +120,55 @@ def read_samples(tar: Path, fields: dict[str, FieldSpec]) -> dict[str, dict[str,
         values["image"] = np.asarray(Image.open(io.BytesIO(bytes(values["image"]))).convert("RGB"))
         out[key] = values
     return out
+
+
+def write_large_coco(path: Path, images: int, per_image: int = 7, points: int = 24) -> Path:
+    """An annotations-only COCO json shaped like the real one (`info`, `licenses`, polygons of
+    `points` xy pairs, areas, mixed key order): `images` images of 640 x 480 with `per_image`
+    annotations each, written a chunk at a time. Returns `path`."""
+    rng = np.random.default_rng(0)
+    with open(path, "w") as f:
+        f.write('{"info": {"year": 2017, "version": "1.0"}, "licenses": [{"id": 1, "name": "x"}],')
+        f.write('"images": [')
+        f.write(
+            ",".join(
+                json.dumps(
+                    {
+                        "license": 1,
+                        "file_name": f"{i:012d}.jpg",
+                        "height": 480,
+                        "width": 640,
+                        "id": i,
+                    }
+                )
+                for i in range(1, images + 1)
+            )
+        )
+        f.write('], "annotations": [')
+        number = 0
+        for start in range(1, images + 1, 1000):
+            rows = []
+            for image_id in range(start, min(start + 1000, images + 1)):
+                for _ in range(per_image):
+                    number += 1
+                    x, y = rng.uniform(0, 500, 2).round(2)
+                    w, h = rng.uniform(1, 140, 2).round(2)
+                    poly = rng.uniform(0, 480, 2 * points).round(2).tolist()
+                    rows.append(
+                        json.dumps(
+                            {
+                                "segmentation": [poly],
+                                "area": float(w * h),
+                                "iscrowd": 0,
+                                "image_id": image_id,
+                                "bbox": [x, y, w, h],
+                                "category_id": 1 + number % 80,
+                                "id": number,
+                            }
+                        )
+                    )
+            f.write(("," if start > 1 else "") + ",".join(rows))
+        f.write('], "categories": [')
+        f.write(",".join(json.dumps({"id": c, "name": f"c{c}"}) for c in range(1, 81)))
+        f.write("]}")
+    return path

@@ -124,7 +124,15 @@ def test_source_survives_pickling(tmp_path: Path) -> None:
 
 
 def test_open_source_registry(tmp_path: Path) -> None:
-    assert set(SOURCES) == {"cifar10", "cifar100", "folder", "list", "coco", "segmentation"}
+    assert set(SOURCES) == {
+        "cifar10",
+        "cifar100",
+        "folder",
+        "list",
+        "coco",
+        "segmentation",
+        "parquet",
+    }
     with pytest.raises(ValueError, match="'imagenet'.*cifar10, cifar100, folder, list"):
         open_source("imagenet", tmp_path)
     with pytest.raises(ValueError, match="needs the dataset folder"):

@@ -78,3 +78,24 @@ def test_split_folders_classes_and_values_outside_them(tmp_path: Path) -> None:
     (masks / "val").rename(tmp_path / "elsewhere")
     with pytest.raises(BadSourceError, match="lacks \\['val'\\]"):
         SegmentationSource(images, masks)
+
+
+@pytest.mark.parametrize("unpaired", ["image", "mask"])
+def test_strict_stops_on_an_unpaired_file_naming_it(tmp_path: Path, capsys, unpaired: str) -> None:
+    from fastdata.cli import main
+
+    images, masks = write_segmentation(tmp_path, count=3)
+    if unpaired == "image":
+        (masks / "a02.png").unlink()
+        named, reason = images / "a02.png", "image without a mask"
+    else:
+        (images / "a02.png").unlink()
+        named, reason = masks / "a02.png", "mask without an image"
+    out = tmp_path / "out"
+    args = ["shard", "segmentation", str(images), str(masks), str(out), "--no-progress"]
+    capsys.readouterr()
+    assert main([*args, "--strict", "--workers", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "strict mode" in err and f"{named}: {reason}" in err
+    assert not (out / "manifest.json").exists() and not list(out.glob("*.tar"))
+    assert main([*args, "--max-bad", "0.5", "--workers", "1"]) == 0  # without --strict: skipped

@@ -24,6 +24,7 @@ from fastdata.read.decoders.dict_batch import refuse_fields
 from fastdata.read.plan import EpochPlan
 from fastdata.read.rows import RowReader
 from fastdata.read.shardio import ShardReader
+from fastdata.read.source_ids import batch_keys, row_keys
 
 __all__ = ["DaliLoader", "dali_available", "dali_status", "make_dali_loader"]
 
@@ -113,10 +114,18 @@ class DaliLoader:
         if not plan.rows:
             return
         self._release()  # a pass abandoned midway must not keep its pipeline alive
+        # keys=True: DALI yields every planned sample in plan order (on_error='raise' only).
+        table = row_keys(self.spec) if self.spec.keys else None
         iterator = self._build(plan)
         try:
-            for outputs in iterator:
-                yield outputs[0]["images"], outputs[0]["labels"].reshape(-1)
+            for number, outputs in enumerate(iterator):
+                images, labels = outputs[0]["images"], outputs[0]["labels"].reshape(-1)
+                if table is None:
+                    yield images, labels
+                    continue
+                rows = plan.rows[number].tolist()
+                pads = None if self.spec.train else plan.padding[number].tolist()
+                yield images, labels, batch_keys(table, rows, pads)
         finally:
             del iterator
             self._release()
