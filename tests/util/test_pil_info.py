@@ -13,7 +13,7 @@ import pytest
 import tomllib
 
 import fastdata
-from fastdata import _pil
+from fastdata._util import pil as _pil
 
 ROOT = Path(__file__).resolve().parents[2]
 PIL_NAMES = {"pillow", "pillow-simd"}
