@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastdata import DetectionDataModule, ShardDataModule
+from fastdata import DetectionDataModule, SegmentationDataModule, ShardDataModule
 from fastdata.format.manifest import Manifest
 from fastdata.format.manifest_io import load_manifest
 from fastdata.read.backends.cpu import make_cpu_loader
@@ -22,9 +22,10 @@ from fastdata.read.plan import PAD_LABEL
 from fastdata.read.source_ids import SourceIdError, load_source_ids
 from fastdata.write.sources.coco import CocoSource
 from fastdata.write.sources.folder import FolderSource
+from fastdata.write.sources.segmentation import SegmentationSource
 from fastdata.write.writer import ShardOptions, write_shards
 from tests.conftest import write_jpeg_folder
-from tests.write.sources.family_data import write_coco
+from tests.write.sources.family_data import write_coco, write_segmentation
 
 OPTIONS = ShardOptions(max_count=4, workers=1, progress=False)
 
@@ -153,6 +154,20 @@ def test_detection_batches_carry_coco_image_ids(coco_shards, backend):
     # The classes of each image's boxes, as category ids: COCO's own annotations.
     by_image = {i: sorted(manifest.class_ids[c] for c in labels) for i, labels in real.items()}
     assert by_image == {3: [4], 5: [], 7: [20], 9: [20]}
+
+
+@pytest.mark.parametrize("backend", ["cpu", "memory"])
+def test_segmentation_batches_carry_the_image_paths(tmp_path, backend):
+    images, masks = write_segmentation(tmp_path / "seg", count=5, splits=("val",))
+    out = tmp_path / "seg-shards"
+    write_shards(SegmentationSource(images, masks), out, OPTIONS)
+    dm = SegmentationDataModule(
+        out, batch_size=2, num_workers=0, backend=backend, image_size=32, keys=True
+    )
+    dm.setup("validate")
+    ids = [sid for b in dm.val_dataloader() for k, sid in zip(b["key"], b["source_id"]) if k]
+    # The image's path relative to the images folder: a prediction maps back to its file.
+    assert sorted(ids) == [f"val/a{i:02d}.png" for i in range(5)]
 
 
 def test_manifest_without_source_ids_keeps_its_bytes(tiny_shards):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 from fastdata.format.fields import FieldSpec
@@ -139,6 +139,7 @@ class SegmentationSource:
             origin=str(self.images / image),
             path=self.images / image,
             fields={"mask": mask_file},
+            source_id=PurePath(image).as_posix(),  # relative to the images folder, "/" on every OS
         )
 
     def fingerprint(self) -> dict[str, Any]:
