@@ -165,7 +165,12 @@ def test_segmentation_batches_carry_the_image_paths(tmp_path, backend):
         out, batch_size=2, num_workers=0, backend=backend, image_size=32, keys=True
     )
     dm.setup("validate")
-    ids = [sid for b in dm.val_dataloader() for k, sid in zip(b["key"], b["source_id"]) if k]
+    ids = [
+        sid
+        for b in dm.val_dataloader()
+        for k, sid in zip(b["key"], b["source_id"], strict=True)
+        if k
+    ]
     # The image's path relative to the images folder: a prediction maps back to its file.
     assert sorted(ids) == [f"val/a{i:02d}.png" for i in range(5)]
 
