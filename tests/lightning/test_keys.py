@@ -13,8 +13,7 @@ import pytest
 import torch
 
 from fastdata import DetectionDataModule, SegmentationDataModule, ShardDataModule
-from fastdata.format.manifest import Manifest
-from fastdata.format.manifest_io import load_manifest
+from fastdata.format.manifest_io import load_manifest, manifest_from_dict
 from fastdata.read.backends.cpu import make_cpu_loader
 from fastdata.read.backends.nvjpeg import NvjpegLoader
 from fastdata.read.base import LoaderSpec
@@ -206,7 +205,7 @@ def test_a_manifest_naming_a_file_outside_the_dataset_is_refused(folder_shards):
     data = json.loads((folder_shards / "manifest.json").read_text())
     data["splits"]["val"]["source_ids"] = "../elsewhere.json"
     with pytest.raises(ValueError, match="source_ids"):
-        Manifest.from_dict(data, str(folder_shards))
+        manifest_from_dict(data, str(folder_shards))
 
 
 def test_a_field_named_key_is_refused_with_keys(tmp_path):
