@@ -136,6 +136,7 @@ class EpochLoader:
             self.position = position if position is not None else EpochPosition(spec.seed)
         self.started = self.yielded = 0
         self.loader: BatchLoader = factory(spec)
+        self._kind: BatchKind | None = None  # `batch_kind`, once asked (per backend loader)
         self._stale = False
         self._retired = False  # replaced by a newer loader: close when the iteration ends
         self._ids: SourceIds | None = None  # keys=True: the split's source ids, once read
@@ -157,8 +158,11 @@ class EpochLoader:
 
     def batch_kind(self) -> BatchKind:
         """What this loader's batches are (the backend's flags and the split's fields)."""
-        loader = self.loader
-        return BatchKind(loader.normalized, loader.applied_ops, self.fields)
+        # Asked for every batch that reaches the device: built once per backend loader.
+        if self._kind is None:
+            loader = self.loader
+            self._kind = BatchKind(loader.normalized, loader.applied_ops, self.fields)
+        return self._kind
 
     def __len__(self) -> int:
         pending = None
@@ -184,7 +188,7 @@ class EpochLoader:
     def _batches(self) -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
         if self._stale:
             self._close_backend()
-            self.loader, self._stale = self.factory(self.spec), False
+            self.loader, self._stale, self._kind = self.factory(self.spec), False, None
             self._backend["loader"] = self.loader
         ids = self._source_ids() if self.spec.keys else None
         epoch, consumed, steps = self._start()
