@@ -38,12 +38,12 @@ from fastdata.format.manifest_io import load_manifest
 from fastdata.lightning.compat import DATAMODULE_BASES
 from fastdata.lightning.dataset_info import DEFAULT_PHOTO_SIZE, SMALL_IMAGE_SIDE, DatasetInfo
 from fastdata.lightning.epoch_loader import (
+    BatchKind,
     EpochLoader,
     EpochPosition,
     EvalBatch,
     TrainBatch,
     close_loaders,
-    restored_steps,
 )
 from fastdata.lightning.options import (
     CacheSettings,
@@ -213,9 +213,10 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         self.manifest: Manifest | None = None
         self.transforms: Preset | None = None  # resolved in setup
         self.backend_name: str | None = None
-        self._last_yield_train = False  # mode of the loader that yielded the latest batch
-        self._flags: dict[bool, tuple[bool, int]] = {}  # train? -> (normalized, applied_ops)
-        self._fields: dict[bool, dict[str, Any]] = {}  # train? -> the loader's split's fields
+        # train? -> what the last loader made for that mode said of its batches, and that mode:
+        # the answers for batches that outlive their loader (`_batch_kind`, `_is_training`).
+        self._made: dict[bool, BatchKind] = {}
+        self._made_last = False
         self._position = EpochPosition(seed)
         self._generators: dict[torch.device, torch.Generator] = {}
         self._pool = TensorPool()  # CPU batches: reuse released memory instead of page-faulting
@@ -388,8 +389,10 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             previous.retire()
             if previous.iterating:
                 self._retired.add(previous)  # teardown still stops it
-        loader = EpochLoader(self, spec, get_backend(self.backend_name).load())
+        position = self._position if train else None  # one position for every training loader
+        loader = EpochLoader(self, spec, get_backend(self.backend_name).load(), position)
         self._loaders[slot] = loader  # weakly: a loader nobody holds is collected, workers and all
+        self._made[train], self._made_last = loader.batch_kind(), train
         return loader
 
     def __getstate__(self) -> dict[str, Any]:
@@ -470,7 +473,8 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             return batch
         train = self._is_training(batch)
         seed = self._position.next_batch_seed() if train else self.seed
-        normalized, applied = self._flags.get(train, (x.is_floating_point(), 0))
+        kind = self._batch_kind(train)
+        normalized, applied = (kind.normalized, kind.applied_ops) if kind else (False, 0)
         if normalized or x.is_floating_point():
             return (x, y, *ids)
         self.setup()
@@ -487,10 +491,10 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             return batch  # not one of ours, or already finished
         train = self._is_training(batch)
         seed = self._position.next_batch_seed() if train else self.seed
-        _normalized, applied = self._flags.get(train, (False, 0))
+        kind = self._batch_kind(train)
+        applied, fields = (kind.applied_ops, kind.fields) if kind else (0, {})
         self.setup()
         with one_thread_on_cpu(image.device):
-            fields = self._fields.get(train, {})
             out = finish_sample(
                 batch, fields, self.transforms, train, seed, applied, self.ignore_index
             )
@@ -513,13 +517,17 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
     def _is_training(self, batch: Any = None) -> bool:
         """Whether `batch` is a training batch: its type says so (`TrainBatch`, `EvalBatch`);
         for a tuple rebuilt by other code, the Trainer's state, else the mode of the loader that
-        yielded the latest batch."""
+        yielded the latest batch (asked of the loaders; once they are gone, the mode of the last
+        one made)."""
         if isinstance(batch, (TrainBatch, EvalBatch, TrainSample, EvalSample)):
             return isinstance(batch, (TrainBatch, TrainSample))
         trainer = self._trainer_or_none()
         if trainer is not None:
             return bool(trainer.training)
-        return self._last_yield_train
+        yielded = [loader for loader in self._live_loaders() if loader.yielded]
+        if yielded:
+            return max(yielded, key=lambda loader: loader.yielded).train
+        return self._made_last
 
     def _generator(self, device: torch.device) -> torch.Generator:
         if device not in self._generators:
@@ -599,28 +607,17 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
     def _device(self) -> torch.device:
         return training_device(self._trainer_or_none())
 
-    def _start_epoch(self, loader: EpochLoader) -> tuple[int, int, int]:
-        """Called when a loader is iterated: the (epoch, consumed, steps before) it must produce."""
-        train = loader.spec.train
-        self._flags[train] = (loader.loader.normalized, loader.loader.applied_ops)
-        self._fields[train] = loader.spec.manifest.split(loader.spec.split).field_specs
-        if not train:
-            return 0, 0, 0
-        trainer = self._trainer_or_none()
-        epoch = trainer.current_epoch if trainer is not None else None
-        if trainer is not None and trainer.overfit_batches > 0:
-            # overfit_batches: the first epoch's batches (and augmentation) every epoch, from its
-            # start, also after a resume (a saved position would move the window along).
-            self._position.resume = None
-            return self._position.start(loader.spec, 0, 0)
-        return self._position.start(loader.spec, epoch, self._restored_steps())
+    def _live_loaders(self) -> list[EpochLoader]:
+        """This module's loaders still alive (replaced ones still iterating included)."""
+        return [*self._loaders.values(), *self._retired]
 
-    def _pending_len(self, spec: LoaderSpec) -> int | None:
-        return self._position.pending_len(spec, self._restored_steps())
-
-    def _restored_steps(self) -> int:
-        return restored_steps(self._trainer_or_none())
-
-    def _yielded(self, train: bool) -> None:
-        """A loader handed out a batch (the mode of batches whose type was lost)."""
-        self._last_yield_train = train
+    def _batch_kind(self, train: bool) -> BatchKind | None:
+        """What the batches of mode `train` are (normalized? ops applied, fields): asked of the
+        loader of that mode that started an epoch last, or, for a batch that outlived its loader
+        (``next(iter(dm.train_dataloader()))``), remembered from the last one made."""
+        started = [
+            loader for loader in self._live_loaders() if loader.train == train and loader.started
+        ]
+        if started:
+            return max(started, key=lambda loader: loader.started).batch_kind()
+        return self._made.get(train)

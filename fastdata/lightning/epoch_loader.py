@@ -1,9 +1,19 @@
-"""The loader Lightning sees (`EpochLoader`) and the training epoch's position (`EpochPosition`).
+"""The loader Lightning sees (`EpochLoader`), and the training epoch's position it starts
+(`EpochPosition`, `fastdata.lightning.position`).
 
 `ShardDataModule` hands each split's backend loader to an `EpochLoader`, which tells the backend,
 when iteration starts, which epoch to produce and from which position (a pending resume). The
 `EpochPosition` keeps that position as the epoch plan counts it: batches taken, hence the global
 samples consumed (`EpochPlan.consumed_after`) that `ShardDataModule.state_dict` records.
+
+Data flows one way: the DataModule makes a loader and hands it what it needs (the spec, the
+backend factory, the training position, itself as the holder of the Trainer, read through the
+public ``trainer`` attribute only); the loader starts its epochs itself and keeps its own record
+(its mode, when it last started and yielded), which the DataModule asks. A loader calls nothing
+of the DataModule's. The training position outlives any one loader (a checkpoint is loaded before
+Lightning asks for the loader; `reload_dataloaders_every_n_epochs` makes new ones), so the
+DataModule creates it once and hands it to every training loader it makes: the loader starts
+epochs on it, the DataModule counts the batches that reach the device on it.
 
 A batch carries its origin in its type: `TrainBatch` from the training loader, `EvalBatch` from
 an evaluation one (tuple subclasses: Lightning's `transfer_batch_to_device` rebuilds a tuple with
@@ -16,22 +26,22 @@ a validation run in the middle of a training epoch changes neither.
 from __future__ import annotations
 
 import inspect
-import logging
+import itertools
 import weakref
 from collections.abc import Callable, Generator, Iterator, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import torch
 from torch.utils.data import DataLoader
 
+from fastdata.lightning.position import EpochPosition
 from fastdata.read import BatchLoader, LoaderSpec
 from fastdata.read.decoders.dict_batch import EvalSample, TrainSample
-from fastdata.read.plan import EpochPlan, batch_seed
-from fastdata.read.resume import ResumeState
 from fastdata.read.source_ids import SourceIds, load_source_ids
 
 __all__ = [
+    "BatchKind",
     "EpochLoader",
     "EpochPosition",
     "EvalBatch",
@@ -41,8 +51,6 @@ __all__ = [
     "close_loaders",
     "restored_steps",
 ]
-
-log = logging.getLogger("fastdata")
 
 
 class TrainBatch(tuple):
@@ -65,110 +73,30 @@ class EvalBatch(tuple):
     __slots__ = ()
 
 
-class _Owner(Protocol):
-    """What an `EpochLoader` asks of its DataModule."""
+@dataclass(frozen=True)
+class BatchKind:
+    """What a loader says of its batches, which `ShardDataModule.on_after_batch_transfer` reads.
 
-    def _start_epoch(self, loader: EpochLoader) -> tuple[int, int, int]: ...
-
-    def _pending_len(self, spec: LoaderSpec) -> int | None: ...
-
-    def _restored_steps(self) -> int: ...
-
-    def _yielded(self, train: bool) -> None: ...
-
-
-class EpochPosition:
-    """Where training is: the epoch, the batches each rank took, the plan, a pending resume.
-
-    Args:
-        seed: the DataModule's base seed (batch seeds outside a plan derive from it).
+    Attributes:
+        normalized: the backend already normalized them (nothing is left to do).
+        applied_ops: the leading ops of the preset's list the backend already applied.
+        fields: the split's fields (`fastdata.format.fields`; dict batches).
     """
 
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
-        self.epoch, self.batches = 0, 0
-        self.plan: EpochPlan | None = None
-        self.resume: ResumeState | None = None
-        self._manual_epoch = -1
+    normalized: bool
+    applied_ops: int
+    fields: dict[str, Any]
 
-    def start(
-        self, spec: LoaderSpec, trainer_epoch: int | None, restored_steps: int = 0
-    ) -> tuple[int, int, int]:
-        """Begin a training epoch: (epoch, consumed, steps before) the backend must produce.
 
-        Args:
-            spec: the training loader's spec (its plan is kept for the batch seeds).
-            trainer_epoch: the Trainer's current epoch; None without a Trainer (0, 1, 2, ...).
-            restored_steps: batches of this epoch a Trainer restored from a checkpoint counts
-                as taken. Without a data position for the epoch (a checkpoint lacking this
-                DataModule's entry) the whole epoch runs after them, with a warning: its samples
-                before the checkpoint are trained twice, none is skipped.
-        """
-        if trainer_epoch is None:
-            self._manual_epoch += 1
-            trainer_epoch = self._manual_epoch
-        consumed = steps = 0
-        if self.resume is not None and self.resume.epoch == trainer_epoch:
-            consumed, steps = self.resume.consumed, self.resume.steps
-        elif 0 < restored_steps < len(spec.plan(trainer_epoch)):
-            log.warning(
-                "the checkpoint resumes epoch %d after %d batches but holds no data position of "
-                "the ShardDataModule (its entry is missing): the epoch restarts from its first "
-                "sample, so the samples of those %d batches are trained twice and none is "
-                "skipped. Checkpoints saved by Lightning with this DataModule hold the entry.",
-                trainer_epoch,
-                restored_steps,
-                restored_steps,
-            )
-            steps = restored_steps
-        self.resume = None
-        self.epoch, self.batches = trainer_epoch, steps
-        self.plan = spec.plan(trainer_epoch, consumed, steps)
-        return trainer_epoch, consumed, steps
+class _Owner(Protocol):
+    """What an `EpochLoader` reads of the module that made it: its Trainer (None without one)."""
 
-    def restore(self, state: ResumeState) -> None:
-        """Resume from `state` when its epoch next starts."""
-        self.resume = state
-        self.epoch, self.batches = state.epoch, state.steps
-        # Without a Trainer epochs are counted here: the next one started is the saved one.
-        self._manual_epoch = state.epoch - 1
+    trainer: Any
 
-    def pending_len(self, spec: LoaderSpec, restored_steps: int = 0) -> int | None:
-        """len() of the training loader while a resume is pending (before the epoch starts).
 
-        Without a data position but with `restored_steps` (see `start`) restored by a Trainer:
-        those steps and a whole epoch after them.
-
-        Lightning reads len() once per `fit` and keeps it for every later epoch, so this is the
-        larger of the resumed epoch's batches (steps taken + remaining) and a whole epoch's:
-        after a resume with another world size x batch size the resumed epoch's count may be
-        smaller and would cut every later epoch short. A loader that ends before len() batches
-        just ends Lightning's epoch there.
-        """
-        if not spec.train:
-            return None
-        if self.resume is None:
-            whole = len(spec.plan(spec.epoch))
-            return restored_steps + whole if 0 < restored_steps < whole else None
-        state = self.resume
-        resumed = len(spec.plan(state.epoch, state.consumed, state.steps))
-        return max(resumed, len(spec.plan(state.epoch)))
-
-    def next_batch_seed(self) -> int:
-        """The augmentation seed of the next training batch (plan rule 5); counts the batch."""
-        plan, number = self.plan, self.batches
-        self.batches += 1
-        if plan is not None and 0 <= number - plan.steps_before < len(plan.seeds):
-            return plan.seeds[number - plan.steps_before]
-        # A batch no plan covers (a loader iterated outside `EpochLoader`): the plan's own seed
-        # derivation, at a position no planned batch starts at.
-        return batch_seed(self.seed, self.epoch, -1 - number)
-
-    def consumed(self) -> int:
-        """Global samples of the epoch consumed so far (all ranks together)."""
-        if self.plan is not None:
-            return self.plan.consumed_after(self.batches - self.plan.steps_before)
-        return self.resume.consumed if self.resume is not None else 0
+# Orders events across loaders: a loader stamps its starts and yields with the next number, so
+# the DataModule can ask which of its loaders started or yielded last.
+_EVENTS = itertools.count(1)
 
 
 class EpochLoader:
@@ -182,16 +110,33 @@ class EpochLoader:
     stopped with it (`weakref.finalize`), without waiting for a cycle collection.
 
     Args:
-        owner: the DataModule (starts epochs, knows a pending resume).
+        owner: the DataModule; the loader reads its ``trainer`` (the epoch the Trainer runs, a
+            mid-epoch restart, ``overfit_batches``) and nothing else.
         spec: the split's loader spec.
         factory: the backend's loader factory.
+        position: a training loader's position, shared with the loaders that come before and
+            after it (None: a position of its own). Evaluation loaders have none.
+
+    Attributes:
+        position: the training position this loader starts its epochs on (None: evaluation).
+        started: when this loader last started an epoch (an increasing event number; 0: never).
+        yielded: when this loader last yielded a batch (the same numbering; 0: never).
     """
 
     def __init__(
-        self, owner: _Owner, spec: LoaderSpec, factory: Callable[[LoaderSpec], Any]
+        self,
+        owner: _Owner,
+        spec: LoaderSpec,
+        factory: Callable[[LoaderSpec], Any],
+        position: EpochPosition | None = None,
     ) -> None:
         self.owner, self.spec, self.factory = owner, spec, factory
+        self.position: EpochPosition | None = None
+        if spec.train:
+            self.position = position if position is not None else EpochPosition(spec.seed)
+        self.started = self.yielded = 0
         self.loader: BatchLoader = factory(spec)
+        self._kind: BatchKind | None = None  # `batch_kind`, once asked (per backend loader)
         self._stale = False
         self._retired = False  # replaced by a newer loader: close when the iteration ends
         self._ids: SourceIds | None = None  # keys=True: the split's source ids, once read
@@ -201,8 +146,28 @@ class EpochLoader:
         self._backend: dict[str, Any] = {"loader": self.loader}
         weakref.finalize(self, _close_backend, self._backend)
 
+    @property
+    def train(self) -> bool:
+        """This loader's mode: True for training batches (`TrainBatch`), False for evaluation."""
+        return self.spec.train
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """The split's fields (`fastdata.format.fields`), which a dict batch's finishing reads."""
+        return self.spec.manifest.split(self.spec.split).field_specs
+
+    def batch_kind(self) -> BatchKind:
+        """What this loader's batches are (the backend's flags and the split's fields)."""
+        # Asked for every batch that reaches the device: built once per backend loader.
+        if self._kind is None:
+            loader = self.loader
+            self._kind = BatchKind(loader.normalized, loader.applied_ops, self.fields)
+        return self._kind
+
     def __len__(self) -> int:
-        pending = self.owner._pending_len(self.spec)
+        pending = None
+        if self.position is not None:
+            pending = self.position.pending_len(self.spec, restored_steps(self._trainer()))
         if pending is not None:
             return pending
         if self.spec.train:
@@ -223,17 +188,16 @@ class EpochLoader:
     def _batches(self) -> Generator[tuple[torch.Tensor, torch.Tensor], None, None]:
         if self._stale:
             self._close_backend()
-            self.loader, self._stale = self.factory(self.spec), False
+            self.loader, self._stale, self._kind = self.factory(self.spec), False, None
             self._backend["loader"] = self.loader
-        owner = self.owner
         ids = self._source_ids() if self.spec.keys else None
-        epoch, consumed, steps = owner._start_epoch(self)
+        epoch, consumed, steps = self._start()
+        self.started = next(_EVENTS)
         self.loader.set_epoch(epoch, consumed, steps)
-        kind, train = (TrainBatch, True) if self.spec.train else (EvalBatch, False)
-        sample_kind = TrainSample if train else EvalSample
+        kind, sample_kind = (TrainBatch, TrainSample) if self.train else (EvalBatch, EvalSample)
         try:
             for batch in self.loader:
-                owner._yielded(train)
+                self.yielded = next(_EVENTS)
                 if ids is not None:
                     batch = ids.attach(batch)
                 yield sample_kind(batch) if isinstance(batch, dict) else kind(batch)
@@ -241,6 +205,26 @@ class EpochLoader:
             if self._retired:  # replaced while this iteration ran: its workers go now
                 self._retired = False
                 self._close_backend()
+
+    def _trainer(self) -> Any:
+        return getattr(self.owner, "trainer", None)
+
+    def _start(self) -> tuple[int, int, int]:
+        """The (epoch, consumed, steps before) this iteration produces: evaluation, the whole
+        split; training, the epoch the Trainer runs (0, 1, 2, ... without one), after a pending
+        resume or a Trainer's mid-epoch restart."""
+        position = self.position
+        if position is None:
+            return 0, 0, 0
+        trainer = self._trainer()
+        if trainer is None:
+            return position.start(self.spec, None)
+        if trainer.overfit_batches > 0:
+            # overfit_batches: the first epoch's batches (and augmentation) every epoch, from its
+            # start, also after a resume (a saved position would move the window along).
+            position.resume = None
+            return position.start(self.spec, 0, 0)
+        return position.start(self.spec, trainer.current_epoch, restored_steps(trainer))
 
     def _source_ids(self) -> SourceIds:
         """The split's source ids (`keys=True`), read once per loader."""

@@ -6,6 +6,7 @@ order of the epoch plan (`fastdata.read.plan`), which every backend consumes the
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -17,7 +18,13 @@ from fastdata.format.carve import Carve
 from fastdata.format.manifest import Manifest
 from fastdata.read.plan import EpochMix, EpochPlan, PlanConfig, plan_epoch
 
-__all__ = ["DEFAULT_LOADER_TIMEOUT", "BatchLoader", "LoaderSpec", "WorkerSettings"]
+__all__ = [
+    "DEFAULT_LOADER_TIMEOUT",
+    "BatchLoader",
+    "LoaderSpec",
+    "PlannedLoader",
+    "WorkerSettings",
+]
 
 # Seconds a loader waits for one worker's batch: far above a batch's time on a slow, busy machine
 # (a large remote shard's first download included), and still an error, not a hang, at a stall.
@@ -191,3 +198,58 @@ class LoaderSpec:
             carve=self.carve,
         )
         return plan_epoch(self.shard_sizes, config, epoch, consumed, steps_before)
+
+
+class PlannedLoader(ABC):
+    """What every backend's loader shares: the selected epoch and position, its plan, the length
+    and the opening of an iteration. A backend writes only how it produces a plan's batches.
+
+    A subclass sets `spec` and calls `set_epoch(spec.epoch, spec.consumed, spec.steps_before)`
+    in its constructor (`start_at(spec)`), and implements `_iterate`; `_select` is its hook for
+    a position its workers must see too (the cpu backend's shared state).
+
+    Attributes:
+        spec: the loader spec.
+        plan: this rank's plan of the selected epoch from the selected position.
+        position: the selected (epoch, consumed, steps before).
+        normalized: always False for the built-in backends (uint8 batches).
+    """
+
+    normalized = False
+    spec: LoaderSpec
+    plan: EpochPlan
+    position: tuple[int, int, int]
+
+    def start_at(self, spec: LoaderSpec) -> None:
+        """Keep `spec` and select the epoch and position it names."""
+        self.spec = spec
+        self.set_epoch(spec.epoch, spec.consumed, spec.steps_before)
+
+    def set_epoch(self, epoch: int, consumed: int = 0, steps_before: int = 0) -> None:
+        """Select epoch `epoch`'s plan from `consumed` samples on (resume).
+
+        Raises:
+            ValueError: the position is not one of the epoch's (from the plan).
+        """
+        # The plan object is kept, not recomputed from the spec's one-entry cache: len() of a
+        # training loader asks the spec for other epochs' plans between two iterations.
+        self.plan = self.spec.plan(epoch, consumed, steps_before)
+        self.position = (epoch, consumed, steps_before)
+        self._select(epoch, consumed, steps_before)
+
+    def _select(self, epoch: int, consumed: int, steps_before: int) -> None:  # noqa: B027 - optional hook
+        """A subclass's hook: the position was selected (nothing to do by default)."""
+
+    def __len__(self) -> int:
+        """Batches per rank this epoch, counting those taken before a resume."""
+        return len(self.plan)
+
+    def __iter__(self) -> Iterator[Any]:
+        plan = self.plan
+        if not plan.rows:  # nothing to produce: start no pipeline, worker or reader
+            return iter(())
+        return self._iterate(plan)
+
+    @abstractmethod
+    def _iterate(self, plan: EpochPlan) -> Iterator[Any]:
+        """The batches of `plan` (not empty), in its order."""

@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from fastdata.augment import RandomResizedCrop
-from fastdata.read.base import LoaderSpec
+from fastdata.read.base import LoaderSpec, PlannedLoader
 from fastdata.read.decoders.dict_batch import Sample, SampleSpec, decode_samples, sample_spec
 from fastdata.read.decoders.image import Geometry, decode_batch, decode_raw, stored_hw
 from fastdata.read.plan import PAD_LABEL, EpochPlan, rows_to_refs, sample_seed, worker_batch_numbers
@@ -438,7 +438,7 @@ def _collate(
     return torch.from_numpy(batch), torch.tensor(labels, dtype=torch.int64)
 
 
-class CpuLoader:
+class CpuLoader(PlannedLoader):
     """A DataLoader over `ShardBatchDataset` with an exact length and epoch control.
 
     Attributes:
@@ -448,10 +448,7 @@ class CpuLoader:
         dataloader: the underlying torch DataLoader.
     """
 
-    normalized = False
-
     def __init__(self, spec: LoaderSpec) -> None:
-        self.spec = spec
         self.dataset = ShardBatchDataset(spec)
         self.applied_ops = self.dataset.applied_ops
         w = spec.workers
@@ -477,11 +474,10 @@ class CpuLoader:
             # Persistent workers only: one iterator at a time, whose workers write in turn.
             depth = w.prefetch_factor + 2  # in flight per worker, + one being copied out
             self.dataset.slots = BatchSlots.create(w.num_workers, depth, spec.batch_size, shape)
+        self.start_at(spec)
 
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _iterate(self, plan: EpochPlan) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        # The workers read the plan's position from `dataset.state` (`_select`), not `plan`.
         # Read when workers start (the first iteration, or every one without persistence).
         # The parent-death signal is sent when the *thread* that started the worker ends, so it
         # is asked for only when that is the main thread; the watchdog covers the rest.
@@ -530,9 +526,8 @@ class CpuLoader:
             if shutdown is not None:  # a multiprocessing iterator
                 shutdown()
 
-    def set_epoch(self, epoch: int, consumed: int = 0, steps_before: int = 0) -> None:
-        """Select the epoch and the position in it to start from (resume)."""
-        self.spec.plan(epoch, consumed, steps_before)  # validates the position
+    def _select(self, epoch: int, consumed: int, steps_before: int) -> None:
+        # Shared memory: (persistent) workers see the new epoch and position.
         self.dataset.state[_EPOCH] = epoch
         self.dataset.state[_CONSUMED] = consumed
         self.dataset.state[_STEPS] = steps_before

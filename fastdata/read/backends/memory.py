@@ -43,7 +43,7 @@ from fastdata.augment import Preset, pad_crop_params
 from fastdata.format.fields import is_classification
 from fastdata.format.manifest import SplitInfo
 from fastdata.read.backends.memory_dict import frames_nbytes, make_resident_loader
-from fastdata.read.base import BatchLoader, LoaderSpec
+from fastdata.read.base import BatchLoader, LoaderSpec, PlannedLoader
 from fastdata.read.decoders.image import stored_hw
 from fastdata.read.mix import map_row_labels
 from fastdata.read.plan import PAD_LABEL, EpochPlan
@@ -133,7 +133,7 @@ def resident_nbytes(
 # ---------------------------------------------------------------- loader
 
 
-class MemoryLoader:
+class MemoryLoader(PlannedLoader):
     """Batches of one split on one rank, gathered from a device-resident store.
 
     Iterating yields the batches of the selected epoch's plan from the selected position, as
@@ -176,7 +176,7 @@ class MemoryLoader:
             raise ValueError("a PaddedImages store needs a fused plan, and only it")
         if fused is not None and fused.pad != images.pad:
             raise ValueError(f"the store is padded by {images.pad}, the preset by {fused.pad}")
-        self.images, self.labels, self.spec, self.fused = images, labels, spec, fused
+        self.images, self.labels, self.fused = images, labels, fused
         self.ok = None if ok is None or bool(ok.all()) else ok.to(labels.device)
         crop, _, covered = spec.preset.decode_crop(spec.train)
         self._crop_ops = spec.preset.ops(spec.train)[:covered] if crop is not None else ()
@@ -186,7 +186,7 @@ class MemoryLoader:
         self._pool = TensorPool()  # CPU batches: reuse released memory instead of page-faulting
         self.device = labels.device
         self._keys: list[str] | None = None  # keys=True: every row's key, read once
-        self.set_epoch(spec.epoch, spec.consumed, spec.steps_before)
+        self.start_at(spec)
 
     @property
     def skipped(self) -> int:
@@ -194,18 +194,7 @@ class MemoryLoader:
         with its shard and key when the split was decoded)."""
         return 0 if self.ok is None else int((~self.ok).sum())
 
-    def set_epoch(self, epoch: int, consumed: int = 0, steps_before: int = 0) -> None:
-        """Select epoch `epoch`'s plan from `consumed` samples on (resume)."""
-        self.plan: EpochPlan = self.spec.plan(epoch, consumed, steps_before)
-
-    def __len__(self) -> int:
-        """Batches per rank this epoch, counting those taken before a resume."""
-        return len(self.plan)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        plan = self.plan
-        if not plan.rows:
-            return
+    def _iterate(self, plan: EpochPlan) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         sizes = np.cumsum([0] + [len(r) for r in plan.rows])
         rows = torch.from_numpy(np.concatenate(plan.rows)).to(self.device)
         pads = None

@@ -47,7 +47,7 @@ from fastdata._util.threads import one_thread_on_cpu
 from fastdata.augment import Preset
 from fastdata.format.fields import FieldSpec
 from fastdata.format.manifest import SplitInfo
-from fastdata.read.base import LoaderSpec
+from fastdata.read.base import LoaderSpec, PlannedLoader
 from fastdata.read.decoders.dict_batch import (
     Sample,
     SampleSpec,
@@ -73,17 +73,15 @@ __all__ = [
 log = logging.getLogger("fastdata")
 
 
-class ResidentSamples:
+class ResidentSamples(PlannedLoader):
     """A dict split decoded once, resident on the training device; batches per the epoch plan.
 
     Args:
         spec: the loader spec (split, plan, device, on_error).
     """
 
-    normalized = False
-
     def __init__(self, spec: LoaderSpec) -> None:
-        self.spec = spec
+        self.spec = spec  # `_decode_split` reads it before `start_at`
         self.device = torch.device(spec.device)
         sspec = sample_spec(spec)  # the cpu backend's: the same output size and ops
         if sspec is None:
@@ -93,7 +91,7 @@ class ResidentSamples:
         self.applied_ops = len(spec.preset.ops(spec.train))
         self.values, self.ok = self._decode_split()
         self._keys: list[str] | None = None  # keys=True: every row's key, read once
-        self.set_epoch(spec.epoch, spec.consumed, spec.steps_before)
+        self.start_at(spec)
 
     def _decode_split(self) -> tuple[list[dict[str, Any] | None], torch.Tensor]:
         spec, sspec = self.spec, self.sample_spec
@@ -168,15 +166,8 @@ class ResidentSamples:
         """Samples skipped under on_error='skip' (left out of every batch; logged once)."""
         return int((~self.ok).sum())
 
-    def set_epoch(self, epoch: int, consumed: int = 0, steps_before: int = 0) -> None:
-        """Select epoch `epoch`'s plan from `consumed` samples on (resume)."""
-        self.plan: EpochPlan = self.spec.plan(epoch, consumed, steps_before)
-
-    def __len__(self) -> int:
-        return len(self.plan)
-
-    def __iter__(self) -> Iterator[Sample]:
-        plan, train = self.plan, self.spec.train
+    def _iterate(self, plan: EpochPlan) -> Iterator[Sample]:
+        train = self.spec.train
         for rows, pad, seed in zip(plan.rows, plan.padding, plan.seeds, strict=True):
             kept = [(int(r), bool(p) and not train) for r, p in zip(rows, pad, strict=True)]
             kept = [(r, p) for r, p in kept if self.values[r] is not None]

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from fastdata.read.backends.cpu import decode_geometry
-from fastdata.read.base import LoaderSpec
+from fastdata.read.base import LoaderSpec, PlannedLoader
 from fastdata.read.decoders.dict_batch import refuse_fields
 from fastdata.read.decoders.image import Geometry, decode_image
 from fastdata.read.plan import EpochPlan, sample_seed
@@ -182,7 +182,7 @@ def crop_resize(
 # ---------------------------------------------------------------------------- loader
 
 
-class NvjpegLoader:
+class NvjpegLoader(PlannedLoader):
     """One rank's batches of a split: JPEGs decoded with nvJPEG, cropped and resized on the GPU.
 
     Args:
@@ -195,7 +195,6 @@ class NvjpegLoader:
         applied_ops: preset ops fused into decoding (the decode-time crop and flip).
     """
 
-    normalized = False
     augmented = False
 
     def __init__(self, spec: LoaderSpec, decoder: Decoder | None = None) -> None:
@@ -211,7 +210,6 @@ class NvjpegLoader:
                 f"the nvjpeg backend supports on_error='raise' only, got {spec.on_error!r}: run "
                 "`fastdata verify` on the shard folder, or use backend='cpu' to skip bad samples"
             )
-        self.spec = spec
         self.device = torch.device(spec.device)
         self.geometry, self.applied_ops = decode_geometry(spec)
         if self.geometry.kind == "none" or min(self.geometry.out_hw) < 1:
@@ -220,18 +218,9 @@ class NvjpegLoader:
                 "image_size (or a preset with a decode-time crop)"
             )
         self._decode = decoder if decoder is not None else torchvision_decoder(self.device)
-        self._position = (spec.epoch, spec.consumed, spec.steps_before)
+        self.start_at(spec)
 
-    def __len__(self) -> int:
-        return len(self.spec.plan(*self._position))
-
-    def set_epoch(self, epoch: int, consumed: int = 0, steps_before: int = 0) -> None:
-        """Select the epoch and the position in it to start from (resume)."""
-        self.spec.plan(epoch, consumed, steps_before)  # validates the position
-        self._position = (epoch, consumed, steps_before)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        plan = self.spec.plan(*self._position)
+    def _iterate(self, plan: EpochPlan) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         reader = ShardReader(
             self.spec.manifest,
             self.spec.split,

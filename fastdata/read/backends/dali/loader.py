@@ -19,7 +19,7 @@ import torch
 
 from fastdata.format.integrity import check_indexes
 from fastdata.read.backends.dali.pipeline import build_graph
-from fastdata.read.base import BatchLoader, LoaderSpec
+from fastdata.read.base import BatchLoader, LoaderSpec, PlannedLoader
 from fastdata.read.decoders.dict_batch import refuse_fields
 from fastdata.read.plan import EpochPlan
 from fastdata.read.rows import RowReader
@@ -61,7 +61,7 @@ def _dali() -> Any:
 # ---------------------------------------------------------------------------- loader
 
 
-class DaliLoader:
+class DaliLoader(PlannedLoader):
     """Batches of one split on one rank, decoded and augmented by a DALI pipeline.
 
     Iterating yields the plan's batches of (uint8 (B, 3, H, W) augmented by every op of the
@@ -78,8 +78,6 @@ class DaliLoader:
         spec: the loader spec (split, batch size, seed, epoch, rank, world size, preset, device).
     """
 
-    normalized = False
-
     def __init__(self, spec: LoaderSpec) -> None:
         refuse_fields(spec, "dali")
         self._dali = _dali()
@@ -94,25 +92,13 @@ class DaliLoader:
                 "use backend='cpu' or 'memory'"
             )
         check_indexes(spec.manifest, spec.split)  # DALI reads the index files unchecked
-        self.spec = spec
         self.gpu = spec.device.startswith("cuda") and torch.cuda.is_available()
         self._graph = build_graph(spec, self.gpu)  # ValueError for what DALI cannot fuse
         self.applied_ops = len(spec.preset.ops(spec.train))  # all of them: only normalizing is left
         self._active: list[Any] = []  # the pass's [pipeline, iterator], deleted at its end
-        self.set_epoch(spec.epoch, spec.consumed, spec.steps_before)
+        self.start_at(spec)
 
-    def set_epoch(self, epoch: int, consumed: int = 0, steps_before: int = 0) -> None:
-        """Select epoch `epoch`'s plan from `consumed` samples on (resume)."""
-        self.plan: EpochPlan = self.spec.plan(epoch, consumed, steps_before)
-
-    def __len__(self) -> int:
-        """Batches per rank this epoch, counting those taken before a resume."""
-        return len(self.plan)
-
-    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        plan = self.plan
-        if not plan.rows:
-            return
+    def _iterate(self, plan: EpochPlan) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         self._release()  # a pass abandoned midway must not keep its pipeline alive
         # keys=True: DALI yields every planned sample in plan order (on_error='raise' only).
         table = row_keys(self.spec) if self.spec.keys else None
