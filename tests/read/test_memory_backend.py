@@ -15,6 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
+from fastdata import WorkerSettings
 from fastdata.augment import get_preset
 from fastdata.format.manifest import Manifest
 from fastdata.read.backends import memory
@@ -518,7 +519,11 @@ def test_real_photos_keep_every_box_and_the_store_is_their_frames(tmp_path):
     batches = {}
     for backend in ("cpu", "memory"):
         dm = DetectionDataModule(
-            manifest.root, backend=backend, image_size=96, batch_size=5, num_workers=0
+            manifest.root,
+            backend=backend,
+            image_size=96,
+            batch_size=5,
+            workers=WorkerSettings(num_workers=0),
         )
         dm.setup("validate")
         loader = dm.val_dataloader()
