@@ -1,6 +1,6 @@
 """`ShardDataModule`: the drop-in LightningDataModule over a folder of fastdata shards.
 
-    dm = ShardDataModule("shards/cifar100", batch_size=256, num_workers=2)
+    dm = ShardDataModule("shards/cifar100", batch_size=256)  # workers sized by measuring
     trainer.fit(model, datamodule=dm)          # the model's code does not change
 
 Every backend reads the same epoch plan (`fastdata.read.plan`) and yields uint8 batches, not

@@ -59,7 +59,7 @@ def photos(tmp_path_factory) -> Path:
 
 def _dm(root: Path, backend: str, **kw) -> ShardDataModule:
     kw.setdefault("batch_size", 10)
-    kw.setdefault("num_workers", 0)
+    kw.setdefault("workers", WorkerSettings(num_workers=0))
     dm = ShardDataModule(root, backend=backend, **kw)
     dm.setup("fit")
     return dm

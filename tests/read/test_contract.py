@@ -24,7 +24,7 @@ CPU = torch.device("cpu")
 
 def _dm(root: Path, backend: str, **kw) -> ShardDataModule:
     kw.setdefault("batch_size", 10)
-    kw.setdefault("num_workers", 0)
+    kw.setdefault("workers", WorkerSettings(num_workers=0))
     kw.setdefault("seed", 7)
     dm = ShardDataModule(root, backend=backend, **kw)
     dm.setup("fit")

@@ -122,7 +122,9 @@ def test_a_split_without_the_target_is_refused_saying_what_it_holds(
 ) -> None:
     fields = {n: f for n, f in ALL_FIELDS.items() if n != drop}
     root = write_field_shards(tmp_path / "x", {"train": rectangles(8, 4)}, fields)
-    dm = module(root, batch_size=4, num_workers=0, backend="cpu", image_size=16)
+    dm = module(
+        root, batch_size=4, workers=WorkerSettings(num_workers=0), backend="cpu", image_size=16
+    )
     with pytest.raises(ValueError, match=f"needs a {target} field") as info:
         dm.setup("fit")
     assert "image (image)" in str(info.value) and "caption (text)" in str(info.value)
