@@ -7,7 +7,7 @@
 | task | entry point |
 |---|---|
 | workers, prefetch (and, timed, decode threads) at start-up | `choose_loader_settings(spec, ...)` |
-| the same for `ShardDataModule(num_workers="auto")`: quick, cached | `auto_loader_settings(spec, ...)` |
+| the same for `ShardDataModule()` (its default `workers=None`): quick, cached | `auto_loader_settings(spec, ...)` |
 | the same for a shard folder | `tune(root, ...)` |
 | torch intra-op threads at start-up | `choose_threads(requested, processes)` |
 | threads, workers and prefetch again at each epoch end | `recheck(...)`, run by `LoaderMonitor` |

@@ -261,7 +261,7 @@ def _dict_module(root: Path, backend: str, module: str, **options) -> ShardDataM
     from fastdata import DetectionDataModule, SegmentationDataModule
 
     kind, _, preset = module.partition("-")
-    options |= dict(backend=backend, num_workers=0, seed=5, drop_last=False)
+    options |= dict(backend=backend, workers=WorkerSettings(num_workers=0), seed=5, drop_last=False)
     if kind == "detection":
         return DetectionDataModule(root, train_transforms=preset or None, **options)
     return SegmentationDataModule(root, train_transforms=preset, **options)

@@ -281,6 +281,7 @@ import sys
 import lightning as L
 import torch
 from fastdata.lightning.datamodule import ShardDataModule
+from fastdata.read import WorkerSettings
 from fastdata.train import end_process_group
 
 root, out = sys.argv[1], sys.argv[2]
@@ -307,8 +308,8 @@ class Probe(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 if __name__ == "__main__":
-    dm = ShardDataModule(root, batch_size=4, num_workers=0, prefetch_factor=2, backend="memory",
-                         preset="none", drop_last=True)
+    dm = ShardDataModule(root, batch_size=4, backend="memory", train_transforms="none",
+                         workers=WorkerSettings(num_workers=0, prefetch_factor=2), drop_last=True)
     trainer = L.Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=1,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)
