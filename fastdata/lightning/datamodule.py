@@ -86,7 +86,13 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
     dataset and its weight, `workers=` for the loader's processes, `cache=` for a remote cache;
     `fastdata.lightning.options`, after MosaicML Streaming's `Stream`), a flat keyword where one
     value is all there is. A group keeps a concern's values in one place for configs and the
-    LightningCLI (``--data.workers.num_workers 4``) and lets it grow without more keywords.
+    LightningCLI (``--data.workers.num_workers 4``) and lets it grow without more keywords. So:
+    `train_transforms=` (it pairs with `eval_transforms=` and takes more than preset names);
+    `ShardSet(root, weight=)` (a weight stays with its dataset, not in a list that must follow
+    the roots' order); `splits={"val": NAME}` names a split for any role, and `val=` only
+    carves a fraction; `workers=`, `cache=`. $FASTDATA_CACHE_DIR / $FASTDATA_CACHE_LIMIT are
+    the cache's values where nothing is given (set once per node), not a second way to pass
+    them. The removed aliases are listed in CHANGELOG.md.
 
     Args:
         root: the shard folder (holding manifest.json), or a URL prefix for remote shards, or a
