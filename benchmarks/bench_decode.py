@@ -49,6 +49,7 @@ from common import print_table, results_dir, save_results  # noqa: I001  (run as
 from fastdata_pipelines.env import data_dir
 from PIL import Image
 
+from fastdata import WorkerSettings
 from fastdata._util import threads as _threads
 from fastdata.augment import rrc_params
 from fastdata.read.decoders import image as decode
@@ -315,15 +316,17 @@ def loader_rows(args: argparse.Namespace) -> list[dict]:
         loader = DataLoader(data, b, shuffle=True, drop_last=True, **bl._loader_kwargs(suite))
         return _timed_loader(loader, lambda x: x[0].shape[0], warmup, count)
 
-    def fastdata(workers: int = suite.workers, region: bool = True, **kw) -> dict:
+    def fastdata(
+        workers: int = suite.workers, region: bool = True, decode_threads: int = 1
+    ) -> dict:
         dm = ShardDataModule(
             shards,
             batch_size=b,
-            num_workers=workers,
-            prefetch_factor=suite.prefetch,
             backend="cpu",
             image_size=224,
-            **kw,
+            workers=WorkerSettings(
+                num_workers=workers, prefetch_factor=suite.prefetch, decode_threads=decode_threads
+            ),
         )
         dm.setup("fit")
         real = decode.jpeg_stream

@@ -46,6 +46,7 @@ from common import measure_throughput, print_table, results_dir, round_robin, sa
 from fastdata_pipelines.env import data_dir
 from torch.utils.data import DataLoader
 
+from fastdata import WorkerSettings
 from fastdata.lightning.datamodule import ShardDataModule
 from fastdata.read.backends.memory import clear_device_cache
 from fastdata.read.stores.decoded_cache import CACHE_DIR_ENV
@@ -100,16 +101,14 @@ def _loader_kwargs(args) -> dict[str, Any]:
     )
 
 
-def _train_loader(root: Path, backend: str, batch: int, args, **kw) -> tuple[Any, Any]:
+def _train_loader(
+    root: Path, backend: str, batch: int, args, decode_threads: int = 1, **kw
+) -> tuple[Any, Any]:
     """A set-up ShardDataModule with the run's worker settings, and its training loader."""
-    dm = ShardDataModule(
-        root,
-        batch_size=batch,
-        num_workers=args.workers,
-        prefetch_factor=args.prefetch,
-        backend=backend,
-        **kw,
+    workers = WorkerSettings(
+        num_workers=args.workers, prefetch_factor=args.prefetch, decode_threads=decode_threads
     )
+    dm = ShardDataModule(root, batch_size=batch, backend=backend, workers=workers, **kw)
     dm.setup("fit")
     return dm, dm.train_dataloader()
 

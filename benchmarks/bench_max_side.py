@@ -44,6 +44,7 @@ from fastdata_pipelines.cifar100.model import BasicBlock  # the pipeline's ResNe
 from fastdata_pipelines.env import data_dir
 from torch import nn
 
+from fastdata import WorkerSettings
 from fastdata.lightning.datamodule import ShardDataModule
 from fastdata.write import ShardOptions, write_shards
 from fastdata.write.sources import open_source
@@ -189,11 +190,11 @@ def train(shards: Path, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     dm = ShardDataModule(
         shards,
         batch_size=args.batch,
-        num_workers=args.workers,
         backend="cpu",
         train_transforms="photo",
         image_size=args.image_size,
         seed=seed,
+        workers=WorkerSettings(num_workers=args.workers, prefetch_factor="auto"),
     )
     dm.setup("fit")
     steps = len(dm.train_dataloader()) * args.epochs

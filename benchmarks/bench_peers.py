@@ -202,9 +202,16 @@ def fastdata_epochs(
 ) -> list[dict[str, Any]]:
     """Whole epochs of `ShardDataModule` through its public hooks; epoch 1 includes setup."""
     from fastdata.lightning.datamodule import ShardDataModule
+    from fastdata.read import WorkerSettings
 
     cpu = torch.device("cpu")
-    dm = ShardDataModule(root, batch_size=batch, num_workers=args.workers, backend=backend, **kw)
+    dm = ShardDataModule(
+        root,
+        batch_size=batch,
+        backend=backend,
+        workers=WorkerSettings(num_workers=args.workers, prefetch_factor="auto"),
+        **kw,
+    )
 
     def make_loader() -> Any:
         dm.setup("fit")

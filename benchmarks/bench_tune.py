@@ -15,7 +15,8 @@ step. So the "tuned" setting compared with the sweep is sized for that consumer
 (`TuneOptions(main_cores=0, confirm="all")`: the rule, then the fastest of a few
 load-dependent (workers, decode threads) candidates); the setting a training run gets (one core
 kept for the training loop, decode threads timed for photos: what
-`ShardDataModule(num_workers="auto", decode_threads="auto")` asks `auto_loader_settings` for) is
+`ShardDataModule(workers=WorkerSettings(num_workers="auto", prefetch_factor="auto",
+decode_threads="auto"))` asks `auto_loader_settings` for) is
 reported beside it. Settings print as (workers, prefetch, decode threads). "idle"
 means no load added by the benchmark; the load other processes put on the machine is measured
 and printed (column "others").

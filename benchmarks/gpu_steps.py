@@ -8,7 +8,6 @@ does not depend on the read backends' internal contract.
 from __future__ import annotations
 
 import gc
-import inspect
 import os
 import time
 from collections.abc import Callable
@@ -197,17 +196,19 @@ class RunSettings:
 
 def _datamodule(root: Path, backend: str, s: RunSettings) -> Any:
     from fastdata.lightning.datamodule import ShardDataModule
+    from fastdata.read import WorkerSettings
 
-    kwargs: dict[str, Any] = dict(
-        batch_size=s.batch_size, num_workers=s.workers, backend=backend, preset=s.preset,
-        image_size=s.image_size, seed=0, drop_last=True,
+    # A loader timeout and a safe worker start method; the prefetch depth measured.
+    workers = WorkerSettings(
+        num_workers=s.workers,
+        prefetch_factor="auto",
+        timeout=s.loader_timeout_s,
+        mp_context="forkserver",
+    )
+    return ShardDataModule(
+        root, batch_size=s.batch_size, backend=backend, train_transforms=s.preset,
+        image_size=s.image_size, seed=0, drop_last=True, workers=workers,
     )  # fmt: skip
-    accepted = inspect.signature(ShardDataModule).parameters
-    # A loader timeout and a safe worker start method, where the DataModule offers them.
-    for name, value in (("timeout", s.loader_timeout_s), ("mp_context", "forkserver")):
-        if name in accepted:
-            kwargs[name] = value
-    return ShardDataModule(root, **kwargs)
 
 
 def loader_run(

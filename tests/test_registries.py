@@ -18,7 +18,7 @@ from fastdata.cli import build_parser
 from fastdata.format.fields import FIELD_KINDS, infer_fields
 from fastdata.format.manifest import Manifest, ShardInfo, SplitInfo
 from fastdata.lightning.runtime import check_options
-from fastdata.read import BACKENDS, Backend, backend_choices, field_backends
+from fastdata.read import BACKENDS, Backend, WorkerSettings, backend_choices, field_backends
 from fastdata.read.backends.auto import choose_backend
 
 REPO = Path(__file__).resolve().parents[1]
@@ -106,12 +106,10 @@ def test_a_registered_backend_appears_in_every_cli_choice(fake_backend):
         batch_size=1,
         on_error="raise",
         backend="fake",
-        num_workers=0,
-        prefetch_factor=2,
         rank=None,
         world_size=None,
-        decode_threads=1,
-        loader_timeout=1.0,
+        ignore_index=255,
+        workers=WorkerSettings(num_workers=0, timeout=1.0),
     )
     check_options(check_options_namespace)  # a registered name is a valid `backend=`
 

@@ -62,7 +62,9 @@ from fastdata.augment.params import (
     rrc_params,
 )
 from fastdata.augment.presets import (
+    DEFAULT_PHOTO_SIZE,
     PRESETS,
+    SMALL_IMAGE_SIDE,
     BatchTransform,
     Flip,
     Op,
@@ -70,6 +72,7 @@ from fastdata.augment.presets import (
     Preset,
     RandomResizedCrop,
     ResizeCenterCrop,
+    default_preset,
     get_preset,
     image_seed,
 )
@@ -87,9 +90,11 @@ __all__ = [
     "CIFAR10_STD",
     "CIFAR100_MEAN",
     "CIFAR100_STD",
+    "DEFAULT_PHOTO_SIZE",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "PRESETS",
+    "SMALL_IMAGE_SIDE",
     "BatchTransform",
     "Flip",
     "Op",
@@ -101,6 +106,7 @@ __all__ = [
     "batch_rrc_params",
     "center_crop_params",
     "cover_region",
+    "default_preset",
     "crop_with_padding",
     "draw_regions",
     "flip_horizontal",

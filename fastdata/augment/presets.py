@@ -33,11 +33,14 @@ from fastdata.augment.kernels import (
 from fastdata.augment.params import batch_rrc_params
 
 __all__ = [
+    "DEFAULT_PHOTO_SIZE",
     "PRESETS",
+    "SMALL_IMAGE_SIDE",
     "BatchTransform",
     "Flip",
     "Op",
     "PadCrop",
+    "default_preset",
     "Preset",
     "RandomResizedCrop",
     "ResizeCenterCrop",
@@ -291,6 +294,29 @@ class Preset:
         return normalize(x, self.mean, self.std, self.dtype, self.channels_last, out)
 
 
+#: Output side of photos (images of varying size) when no ``image_size`` is given.
+DEFAULT_PHOTO_SIZE = 224
+#: Fixed-size images at most this many pixels a side get the "cifar" preset by default.
+SMALL_IMAGE_SIDE = 64
+
+
+def default_preset(
+    raw_shape: Sequence[int] | None, image_size: int | None = None
+) -> tuple[str, int | None]:
+    """(preset name, output side) for a training split when neither is given: the one rule that
+    `ShardDataModule`, its `image_shape` and `fastdata.tune.tuning_spec` follow.
+
+    Fixed-size images (`raw_shape`, (H, W, C)) at most `SMALL_IMAGE_SIDE` a side get "cifar",
+    anything else "photo". Images of varying size (`raw_shape` None) must be cropped to one
+    size: `DEFAULT_PHOTO_SIZE` unless `image_size` is given; fixed-size data keeps `image_size`
+    (None: its own size).
+    """
+    if image_size is None and raw_shape is None:
+        image_size = DEFAULT_PHOTO_SIZE
+    small = raw_shape is not None and max(raw_shape[:2]) <= SMALL_IMAGE_SIDE
+    return ("cifar" if small else "photo"), image_size
+
+
 def _stats(given: Sequence[float] | None, default: tuple[float, ...]) -> tuple[float, ...]:
     return default if given is None else tuple(float(v) for v in given)
 
@@ -306,7 +332,9 @@ def _cifar(image_size: int | None = None, mean: _Stats = None, std: _Stats = Non
 def _photo(image_size: int | None = None, mean: _Stats = None, std: _Stats = None) -> Preset:
     mean, std = _stats(mean, IMAGENET_MEAN), _stats(std, IMAGENET_STD)
     train = (RandomResizedCrop(), Flip(0.5))
-    return Preset("photo", image_size or 224, mean, std, train, (ResizeCenterCrop(),))
+    return Preset(
+        "photo", image_size or DEFAULT_PHOTO_SIZE, mean, std, train, (ResizeCenterCrop(),)
+    )
 
 
 def _none(image_size: int | None = None, mean: _Stats = None, std: _Stats = None) -> Preset:

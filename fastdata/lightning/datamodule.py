@@ -1,6 +1,6 @@
 """`ShardDataModule`: the drop-in LightningDataModule over a folder of fastdata shards.
 
-    dm = ShardDataModule("shards/cifar100", batch_size=256, num_workers=2)
+    dm = ShardDataModule("shards/cifar100", batch_size=256)  # workers sized by measuring
     trainer.fit(model, datamodule=dm)          # the model's code does not change
 
 Every backend reads the same epoch plan (`fastdata.read.plan`) and yields uint8 batches, not
@@ -36,7 +36,7 @@ from fastdata.format.fields import is_classification
 from fastdata.format.manifest import VAL_SPLITS, Manifest, resolve_splits
 from fastdata.format.manifest_io import load_manifest
 from fastdata.lightning.compat import DATAMODULE_BASES
-from fastdata.lightning.dataset_info import DEFAULT_PHOTO_SIZE, SMALL_IMAGE_SIDE, DatasetInfo
+from fastdata.lightning.dataset_info import DatasetInfo
 from fastdata.lightning.epoch_loader import (
     BatchKind,
     EpochLoader,
@@ -48,8 +48,8 @@ from fastdata.lightning.epoch_loader import (
 from fastdata.lightning.options import (
     CacheSettings,
     RootSpec,
-    apply_groups,
     check_cache_room,
+    resolve_groups,
     resolve_roots,
     shard_cache,
 )
@@ -64,7 +64,6 @@ from fastdata.lightning.runtime import (
 from fastdata.lightning.transforms import TransformSpec, check_sizes, resolve_transforms
 from fastdata.read import BatchLoader, LoaderSpec, WorkerSettings, field_backends, get_backend
 from fastdata.read.backends.memory_dict import finish_sample
-from fastdata.read.base import DEFAULT_LOADER_TIMEOUT
 from fastdata.read.decoders.dict_batch import EvalSample, TrainSample
 from fastdata.read.mix import epoch_mix, epoch_size, load_mix
 from fastdata.read.resume import ResumeState, dataset_fingerprint, mix_description
@@ -82,18 +81,25 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
     `num_classes`, `classes` and `image_shape` (`fastdata.lightning.dataset_info`) read the manifest,
     before `setup()` too.
 
-    Arguments after `root` are keyword-only. Options also come grouped (`fastdata.lightning.options`,
-    after MosaicML Streaming's `Stream`): a `ShardSet` per dataset, `workers=`, `cache=`.
+    Arguments after `root` are keyword-only, and each option has one public way to be set: a
+    settings object where it carries several values that belong together (`ShardSet` for a
+    dataset and its weight, `workers=` for the loader's processes, `cache=` for a remote cache;
+    `fastdata.lightning.options`, after MosaicML Streaming's `Stream`), a flat keyword where one
+    value is all there is. A group keeps a concern's values in one place for configs and the
+    LightningCLI (``--data.workers.num_workers 4``) and lets it grow without more keywords. So:
+    `train_transforms=` (it pairs with `eval_transforms=` and takes more than preset names);
+    `ShardSet(root, weight=)` (a weight stays with its dataset, not in a list that must follow
+    the roots' order); `splits={"val": NAME}` names a split for any role, and `val=` only
+    carves a fraction; `workers=`, `cache=`. $FASTDATA_CACHE_DIR / $FASTDATA_CACHE_LIMIT are
+    the cache's values where nothing is given (set once per node), not a second way to pass
+    them. The removed aliases are listed in CHANGELOG.md.
 
     Args:
         root: the shard folder (holding manifest.json), or a URL prefix for remote shards, or a
             `ShardSet`; or a list of them: a mix (`fastdata.read.mix`: each training epoch draws
-            from each dataset by its weight, a ShardSet's or `weights=`', classes merged by name,
-            evaluation splits concatenated).
+            from each dataset by its `ShardSet` weight (plain roots: 1.0), classes merged by
+            name, evaluation splits concatenated).
         batch_size: samples per batch on each rank.
-        num_workers: loader processes (cpu backend) or "auto" to size them from measured core
-            load and sample cost (fastdata.tune).
-        prefetch_factor: batches prefetched per worker, or "auto".
         backend: a name in `fastdata.read.BACKENDS` or "auto" (memory if its store of the
             training split fits a share of the device's free memory, else a GPU decoder with a
             GPU, else cpu).
@@ -101,7 +107,8 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             or a callable on uint8 (N, 3, H, W) images on the device (e.g. torchvision
             transforms v2, kornia), called per image (own draws, seeded from the plan) at the
             output size (`fastdata.augment.BatchTransform(fn, per_sample=False)`: per batch);
-            None: "cifar" for small fixed-size images, else "photo".
+            None: `fastdata.augment.default_preset` ("cifar" for small fixed-size images, else
+            "photo"); the eval ops go with it.
         eval_transforms: the same for val/test batches; None: the train preset's eval ops (for a
             callable: none, i.e. normalization only).
         mean: per-channel mean on the 0..255 scale; None: a `Preset` object's own, else the
@@ -111,28 +118,16 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         seed: base seed of shuffling and augmentation.
         on_error: "raise" at a corrupt sample, or "skip" it (counted, logged with its key).
         drop_last: drop each epoch's last short training step (all ranks alike).
-        splits: override split names, e.g. {"train": "train", "val": "validation", "test": "test"}.
-        val: the validation data when the dataset has no val split: a split name ("test"), or a
-            fraction of the training split carved out (e.g. 0.1; `fastdata.format.carve`: seeded
-            by the manifest's shard seed, the same rows on every rank, world size and run, and
-            never trained on by any backend). None: the "val"/"validation" split if there is
-            one, else no validation (with a warning).
+        splits: split names per role, e.g. {"train": "train", "val": "validation"}, or
+            {"val": "test"} to validate on the test split of a dataset without a val split.
+        val: a fraction of the training split carved out for validation (e.g. 0.1;
+            `fastdata.format.carve`: seeded by the manifest's shard seed, the same rows on every
+            rank, world size and run, and never trained on by any backend). None: the split
+            `splits` names, else the "val"/"validation" split, else no validation (warned).
         rank: this process's global rank; None: the Trainer's, else torch.distributed's, else 0.
         world_size: ranks; None: the Trainer's, else torch.distributed's, else 1.
-        decode_threads: threads decoding a batch's photos in each worker (cpu backend), or
-            "auto" to time a few (workers, threads) pairs on photo splits and keep the fastest.
-        cache_dir: local cache of a remote dataset's shards (None: $FASTDATA_CACHE_DIR or
-            ~/.cache/fastdata/shards).
-        cache_limit: most bytes that cache may hold, e.g. "50GB" (None: its default).
-        preset: an older name of `train_transforms` (and of the eval ops that go with it).
-        weights: a mix's weights, one > 0 per root (default: equal); needs a list `root`.
         epoch_samples: a mix's samples per training epoch (default: the sum of its datasets'
             training sizes); needs a list `root`.
-        loader_timeout: seconds to wait for a worker's batch before raising an error that names
-            the worker and split (0: forever). The default, 600, is far above a batch's time on
-            a slow machine (a remote shard's download included) and still ends a hung run.
-        mp_context: worker start method ("fork", "spawn", "forkserver"); None: "spawn" once
-            CUDA is initialized, else the platform default.
         decoded_cache_dir: where the memory backend caches decoded splits (None:
             $FASTDATA_CACHE_DIR, else ~/.cache/fastdata/decoded; never the shard folder unless
             passed here).
@@ -142,14 +137,26 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         keys: every batch says which samples it holds (`fastdata.read.source_ids`): dict
             batches gain ``key`` and ``source_id`` lists, classification batches become
             (images, labels, {"key": [...], "source_id": [...]}); None marks padding rows.
-        workers: a `fastdata.read.WorkerSettings` in place of num_workers, prefetch_factor,
-            decode_threads, loader_timeout and mp_context, used as given (None: the flat ones).
-        cache: a `fastdata.lightning.options.CacheSettings(dir, limit)` in place of cache_dir/_limit.
+        ignore_index: dict batches' mask value (0..65535) of pixels a pad-crop or warp adds
+            outside the image and of every pixel of an evaluation padding sample (default 255,
+            as in most segmentation losses: pass the same to ``cross_entropy(ignore_index=)``).
+        workers: the loader's processes, a `fastdata.read.WorkerSettings`: `num_workers`
+            (loader processes, cpu backend), `prefetch_factor` (batches per worker) and
+            `decode_threads` (threads decoding a batch's photos in a worker), each a number or
+            "auto" (measured from core load and sample cost, `fastdata.tune`; decode threads by
+            timing a few pairs on photo splits); `pin_memory`, `persistent_workers`; `timeout`
+            (seconds to wait for a worker's batch before an error naming the worker and split;
+            0: forever; the default, 600, is far above a batch's time on a slow machine and
+            still ends a hung run); `mp_context` (None: "spawn" once CUDA is initialized).
+            None: ``WorkerSettings(num_workers="auto", prefetch_factor="auto")``.
+        cache: a remote dataset's local shard cache, a `fastdata.lightning.options.CacheSettings`
+            (dir, limit such as "50GB"); None, or a field None: $FASTDATA_CACHE_DIR /
+            $FASTDATA_CACHE_LIMIT, else ~/.cache/fastdata/shards / 50 GB.
 
     Raises:
-        ValueError: a `val` that is neither a split name nor a fraction in (0, 1), or a
-            fraction with a mix (carve each with `fastdata shard --val-fraction`); a group
-            with one of its flat keywords (not at its default); `weights=` with ShardSets.
+        ValueError: an option out of range (names it); a `val` fraction outside (0, 1), or with
+            a mix (carve each with `fastdata shard --val-fraction`); a lone weighted ShardSet.
+        TypeError: a `val` split name (name it in `splits`), a group of the wrong type.
     """
 
     def __init__(
@@ -157,8 +164,6 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         root: RootSpec,
         *,
         batch_size: int = 256,
-        num_workers: int | Literal["auto"] = "auto",
-        prefetch_factor: int | Literal["auto"] = "auto",
         backend: str = "auto",
         train_transforms: TransformSpec | None = None,
         eval_transforms: TransformSpec | None = None,
@@ -169,45 +174,31 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         on_error: Literal["raise", "skip"] = "raise",
         drop_last: bool = True,
         splits: dict[str, str] | None = None,
+        val: float | None = None,
         rank: int | None = None,
         world_size: int | None = None,
-        decode_threads: int | Literal["auto"] = 1,
-        cache_dir: str | os.PathLike[str] | None = None,
-        cache_limit: int | str | None = None,
-        preset: str | Preset | None = None,
-        weights: Sequence[float] | None = None,
         epoch_samples: int | None = None,
-        loader_timeout: float = DEFAULT_LOADER_TIMEOUT,
-        mp_context: str | None = None,
-        val: str | float | None = None,
         decoded_cache_dir: str | os.PathLike[str] | None = None,
         verify_samples: bool = False,
         keys: bool = False,
+        ignore_index: int = 255,
         workers: WorkerSettings | None = None,
         cache: CacheSettings | None = None,
     ) -> None:
         super().__init__()
-        # The grouped settings, spread over the flat keywords they stand for (`fastdata.lightning.options`).
-        given = apply_groups(locals(), ShardDataModule.__init__.__kwdefaults__, workers, cache)
-        self.num_workers, self.prefetch_factor = given["num_workers"], given["prefetch_factor"]
-        self.decode_threads, self.loader_timeout = given["decode_threads"], given["loader_timeout"]
-        self.cache_dir, self.cache_limit = given["cache_dir"], given["cache_limit"]
-        self.workers, self.verify_samples = workers, verify_samples  # workers: + pin_memory etc.
-        self.keys = keys
+        self.workers, self.cache = resolve_groups(workers, cache)
+        self.verify_samples, self.keys, self.ignore_index = verify_samples, keys, ignore_index
         self.batch_size, self.seed, self.on_error = batch_size, seed, on_error
         self.backend, self.image_size, self.drop_last = backend, image_size, drop_last
-        self.rank, self.world_size, self.mp_context = rank, world_size, given["mp_context"]
+        self.rank, self.world_size = rank, world_size
         check_options(self)
-        self.roots, self.mixed, self.weights, self.val = resolve_roots(
-            root, weights, epoch_samples, val
-        )
+        self.roots, self.mixed, self.weights, self.val = resolve_roots(root, epoch_samples, val)
         self.root = self.roots[0] if not self.mixed else f"the mix of {', '.join(self.roots)}"
         self.epoch_samples = epoch_samples
-        self.train_transforms_spec = train_transforms if train_transforms is not None else preset
+        self.train_transforms_spec = train_transforms
         self.eval_transforms_spec = eval_transforms
         self.mean, self.std = mean, std
         self.split_names = dict(splits or {})
-        self.ignore_index = 255  # dict batches: masks outside the image and of padding
         self.decoded_cache_dir = None if decoded_cache_dir is None else os.fspath(decoded_cache_dir)
         self._carve_seed: int | None = None  # the manifest's shard seed, once loaded
         self.manifest: Manifest | None = None
@@ -249,11 +240,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         train = self.manifest.split(
             self.split_names.get("train") or next(iter(self.manifest.splits))
         )
-        small = train.raw_shape is not None and max(train.raw_shape[:2]) <= SMALL_IMAGE_SIDE
-        if self.image_size is None and train.raw_shape is None:
-            # Images of different sizes must be cropped to one; fixed-size data keeps its size.
-            self.image_size = DEFAULT_PHOTO_SIZE
-        chosen = self.train_transforms_spec or ("cifar" if small else "photo")
+        chosen, self.image_size = self._default_transforms(train.raw_shape)
         # A Preset object carries the statistics its author chose; names and callables get the
         # dataset's own (measured by `fastdata shard`), where the manifest has them.
         own = isinstance(chosen, Preset)
@@ -279,8 +266,8 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             self.manifest,
             list(self.split_names.values()),
             trainer.num_devices if trainer is not None else None,
-            self.num_workers,
-            self.workers.persistent_workers if self.workers is not None else None,
+            self.workers.num_workers,
+            self.workers.persistent_workers,
         )
         if self._position.resume is not None:
             self._check_resume(self._position.resume)
@@ -328,7 +315,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             log.warning(
                 "%s has no validation split (splits: %s): validation is skipped, so a "
                 "monitored 'val/...' metric never exists. Pass val=0.1 to carve a tenth of the "
-                "training split out for validation, val='test' (or splits={'val': 'test'}) to "
+                "training split out for validation, splits={'val': 'test'} to "
                 "validate on the test split, "
                 "or write one with `fastdata shard ... --val-fraction 0.1`.",
                 self.root,
@@ -419,7 +406,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
 
     def _shard_cache(self) -> Any:
         if self._cache is None:
-            self._cache = shard_cache(self.roots, self.cache_dir, self.cache_limit)
+            self._cache = shard_cache(self.roots, self.cache)
         return self._cache
 
     def resize_workers(self, num_workers: int, prefetch_factor: int | None = None) -> None:
@@ -428,28 +415,14 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             raise ValueError(
                 f"need num_workers >= 0 and prefetch_factor >= 1, got {num_workers}, {prefetch_factor}"
             )
-        self.num_workers = num_workers
+        self.workers = replace(self.workers, num_workers=num_workers)
         if prefetch_factor is not None:
-            self.prefetch_factor = prefetch_factor
+            self.workers = replace(self.workers, prefetch_factor=prefetch_factor)
         for loader in list(self._loaders.values()):
             loader.resize(num_workers, prefetch_factor)
 
     def _size_workers(self, spec: LoaderSpec) -> LoaderSpec:
-        settings = replace(
-            self.workers or WorkerSettings(),
-            decode_threads=1 if self.decode_threads == "auto" else self.decode_threads,
-            timeout=self.loader_timeout,
-            mp_context=self.mp_context,
-        )
-        return size_workers(
-            spec,
-            self.num_workers,
-            self.prefetch_factor,
-            settings,
-            self.backend_name,
-            self._trainer_or_none(),
-            decode_threads=self.decode_threads,
-        )
+        return size_workers(spec, self.workers, self.backend_name, self._trainer_or_none())
 
     # ------------------------------------------------------------------ device augmentation
 

@@ -8,20 +8,17 @@ choose a backend or start a loader, so they are safe before the Trainer is attac
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from fastdata.augment.presets import default_preset
 from fastdata.format.manifest import Manifest, resolve_splits
 from fastdata.lightning.transforms import TransformSpec, resolve_transforms
 
 if TYPE_CHECKING:  # pragma: no cover
     from fastdata.augment import Preset
 
-__all__ = ["DEFAULT_PHOTO_SIZE", "SMALL_IMAGE_SIDE", "DatasetInfo"]
-
-# Here, not in datamodule.py (which imports them from here), so that the DataModule's mixin does
-# not import the DataModule: the defaults of `setup()` that the mixin predicts before it runs.
-DEFAULT_PHOTO_SIZE = 224
-SMALL_IMAGE_SIDE = 64  # raw data at most this size gets the "cifar" preset by default
+__all__ = ["DatasetInfo"]
 
 
 class DatasetInfo:
@@ -93,10 +90,20 @@ class DatasetInfo:
     def _expected_size(self) -> tuple[int | None, list[int] | None]:
         """(output side or None, raw (H, W, C) or None) as `setup()` will resolve them."""
         raw = self._train_raw_shape(self._load_manifest())
-        image_size = self.image_size
-        if image_size is None and raw is None:
-            image_size = DEFAULT_PHOTO_SIZE
-        small = raw is not None and max(raw[:2]) <= SMALL_IMAGE_SIDE
-        chosen = self.train_transforms_spec or ("cifar" if small else "photo")
+        chosen, image_size = self._default_transforms(raw)
         preset = resolve_transforms(chosen, self.eval_transforms_spec, image_size, None, None)
         return preset.image_size, raw
+
+    def _default_transforms(
+        self, raw_shape: Sequence[int] | None
+    ) -> tuple[TransformSpec, int | None]:
+        """(training transforms, output side) as `setup()` resolves them: the ones given, else
+        `_default_train_transforms` of `fastdata.augment.default_preset`'s choice; `image_size`,
+        else that rule's size."""
+        name, image_size = default_preset(raw_shape, self.image_size)
+        return self.train_transforms_spec or self._default_train_transforms(name), image_size
+
+    def _default_train_transforms(self, name: str) -> TransformSpec:
+        """The training transforms when none are given; `name` is the default preset's name.
+        Family members with a task's own default override this (`fastdata.lightning.family`)."""
+        return name

@@ -13,7 +13,9 @@
   is cut or lost (a random-resized crop keeps 8-100% of an image and would drop most boxes of a
   small-object dataset); pass ``train_transforms="photo"`` for crops.
 
-Everything underneath is `ShardDataModule`'s: one epoch plan for every backend (cpu and memory
+Neither defines a constructor: their options are `ShardDataModule`'s typed keywords, one
+signature that Python, documentation tools and LightningCLI read alike (a task's own default is
+a hook, `_default_train_transforms`). Everything underneath is `ShardDataModule`'s: one epoch plan for every backend (cpu and memory
 carry every field, and give the same sample in every field: the memory backend keeps each image,
 mask and box list at its own size, `fastdata.read.backends.memory_dict`), mid-epoch resume, ranks, mixes of datasets, ``on_error``; every batch also
 holds ``padded`` (bool (N,)) for metrics to skip evaluation padding.
@@ -21,9 +23,7 @@ holds ``padded`` (bool (N,)) for metrics to skip evaluation padding.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Mapping
 
 from fastdata.augment import IMAGENET_MEAN, IMAGENET_STD, Flip, Preset
 from fastdata.format.manifest import SplitInfo
@@ -64,15 +64,12 @@ class _TaskDataModule(ShardDataModule):
 class SegmentationDataModule(_TaskDataModule):
     """Semantic segmentation: dict batches with ``image`` and ``mask`` (see the module doc).
 
-    Args:
-        root: the shard folder (or a list: a mix), as for `ShardDataModule`.
-        ignore_index: the mask value of pixels a pad-crop adds outside the image and of every
-            pixel of an evaluation padding sample (default 255, as in most segmentation losses:
-            pass the same to ``cross_entropy(..., ignore_index=...)``).
-        **kwargs: every other `ShardDataModule` option (batch_size, backend, image_size,
-            train_transforms, ...). The default augmentation is `ShardDataModule`'s ("cifar" for
-            small fixed-size images, else "photo": random-resized crop and flip), applied to
-            image and mask alike.
+    Its options are `ShardDataModule`'s, the same typed keywords (its signature, for
+    LightningCLI too): ``ignore_index`` (default 255) is the mask value of pixels a pad-crop
+    adds outside the image and of every pixel of an evaluation padding sample; pass the same to
+    ``cross_entropy(..., ignore_index=...)``. The default augmentation is `ShardDataModule`'s
+    (`fastdata.augment.default_preset`: "cifar" for small fixed-size images, else "photo":
+    random-resized crop and flip), applied to image and mask alike.
 
     Raises:
         ValueError: (at setup) a split without a mask field (the message says what it holds).
@@ -81,28 +78,14 @@ class SegmentationDataModule(_TaskDataModule):
     target_kind = "mask"
     task = "segmentation"
 
-    def __init__(
-        self,
-        root: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-        *,
-        ignore_index: int = 255,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(root, **kwargs)
-        if not 0 <= ignore_index <= 65535:
-            raise ValueError(f"ignore_index must be in 0..65535, got {ignore_index}")
-        self.ignore_index = ignore_index
-
 
 class DetectionDataModule(_TaskDataModule):
     """Object detection: dict batches with ``image``, ``boxes`` and ``box_labels``.
 
-    Args:
-        root: the shard folder (or a list: a mix), as for `ShardDataModule`.
-        train_transforms: default `detection_preset` (whole image resized, flipped half of the
-            time: no crop loses a box); any `ShardDataModule` preset works ("photo" crops, and
-            boxes left with no area are dropped with their labels).
-        **kwargs: every other `ShardDataModule` option.
+    Its options are `ShardDataModule`'s, the same typed keywords (its signature, for
+    LightningCLI too), but for one default: ``train_transforms=None`` is `detection_preset`
+    (whole image resized, flipped half of the time: no crop loses a box); any `ShardDataModule`
+    preset works ("photo" crops, and boxes left with no area are dropped with their labels).
 
     Raises:
         ValueError: (at setup) a split without a boxes field (the message says what it holds).
@@ -111,13 +94,5 @@ class DetectionDataModule(_TaskDataModule):
     target_kind = "boxes"
     task = "detection"
 
-    def __init__(
-        self,
-        root: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-        *,
-        train_transforms: Any = None,
-        **kwargs: Any,
-    ) -> None:
-        if train_transforms is None and kwargs.get("preset") is None:
-            train_transforms = detection_preset()
-        super().__init__(root, train_transforms=train_transforms, **kwargs)
+    def _default_train_transforms(self, name: str) -> Preset:
+        return detection_preset()

@@ -1,8 +1,8 @@
 """`ShardDataModule`'s grouped options, and their normalization into the module's settings.
 
-Grouped the way MosaicML Streaming groups a `StreamingDataset`'s: a dataset object per root
-(Streaming's `Stream`), and one settings object per concern, accepted beside the flat keywords
-(which keep working: many scripts and Lightning configs use them)::
+One public way per option: a group where an option carries several values, a flat keyword where
+one value is all there is. Grouped the way MosaicML Streaming groups a `StreamingDataset`'s: a
+dataset object per root (Streaming's `Stream`), and one settings object per concern::
 
     from fastdata import CacheSettings, ShardDataModule, ShardSet
     from fastdata.read import WorkerSettings
@@ -14,23 +14,23 @@ Grouped the way MosaicML Streaming groups a `StreamingDataset`'s: a dataset obje
         cache=CacheSettings(dir="/scratch/cache", limit="200GB"),
     )
 
-| group | flat keywords it replaces |
-|-------|---------------------------|
-| `ShardSet(root, weight=)` in a list `root` | `weights=` |
-| `workers=WorkerSettings(...)` (`fastdata.read.WorkerSettings`) | `num_workers`, `prefetch_factor`, `decode_threads`, `loader_timeout`, `mp_context` (and it adds `pin_memory`, `persistent_workers`) |
-| `cache=CacheSettings(dir, limit)` | `cache_dir`, `cache_limit` |
+| group | what it holds |
+|-------|---------------|
+| `ShardSet(root, weight=)`, in a list `root` | a dataset of a mix and its weight |
+| `workers=WorkerSettings(...)` (`fastdata.read.WorkerSettings`) | `num_workers`, `prefetch_factor`, `decode_threads` (each an int or "auto"), `pin_memory`, `persistent_workers`, `timeout`, `mp_context`; None: counts measured, the rest defaults |
+| `cache=CacheSettings(dir, limit)` | a remote dataset's shard cache; None (or a field None): $FASTDATA_CACHE_DIR / $FASTDATA_CACHE_LIMIT, else the built-in defaults |
 
-A group and one of its flat keywords set to other than its default is an error naming both
-(a flat keyword left at its default is not "given": Lightning's CLI and `save_hyperparameters`
-pass every default back). `CacheSettings` lives here, not in `fastdata.remote.config`: importing
-`fastdata.remote` imports fsspec, an optional dependency the DataModule must not need.
+The environment variables are the cache's values where nothing is given (a node's admin sets them
+once for every job), not a second way to pass them: a `CacheSettings` field given wins.
+`CacheSettings` lives here, not in `fastdata.remote.config`: importing `fastdata.remote` imports
+fsspec, an optional dependency the DataModule must not need.
 """
 
 from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import Any
 
@@ -41,28 +41,19 @@ from fastdata.read.base import WorkerSettings
 from fastdata.read.mix import mix_roots
 
 __all__ = [
-    "CACHE_KEYWORDS",
-    "WORKER_KEYWORDS",
+    "AUTO_WORKERS",
     "CacheSettings",
     "RootSpec",
     "ShardSet",
-    "apply_groups",
     "check_cache_room",
+    "resolve_groups",
     "resolve_roots",
     "resolve_val",
     "shard_cache",
 ]
 
-#: flat `ShardDataModule` keyword -> the `WorkerSettings` field it is.
-WORKER_KEYWORDS: dict[str, str] = {
-    "num_workers": "num_workers",
-    "prefetch_factor": "prefetch_factor",
-    "decode_threads": "decode_threads",
-    "loader_timeout": "timeout",
-    "mp_context": "mp_context",
-}
-#: flat `ShardDataModule` keyword -> the `CacheSettings` field it is.
-CACHE_KEYWORDS: dict[str, str] = {"cache_dir": "dir", "cache_limit": "limit"}
+#: `ShardDataModule(workers=None)`: worker and prefetch counts measured (`fastdata.tune`).
+AUTO_WORKERS = WorkerSettings(num_workers="auto", prefetch_factor="auto")
 
 
 @dataclass(frozen=True)
@@ -142,30 +133,23 @@ RootSpec = Sequence[ShardSet | str | os.PathLike[str]] | ShardSet | str | os.Pat
 
 
 def resolve_roots(
-    root: RootSpec,
-    weights: Sequence[float] | None,
-    epoch_samples: int | None,
-    val: str | float | None = None,
-) -> tuple[list[str], bool, list[float] | None, str | float | None]:
+    root: RootSpec, epoch_samples: int | None, val: float | None = None
+) -> tuple[list[str], bool, list[float] | None, float | None]:
     """(the roots, whether they are a mix, the mix's weights, `val` checked) of the arguments.
 
     A list is a mix, even of one dataset; its `ShardSet`s carry their weights (plain roots in
-    it weigh 1.0). A lone `ShardSet` is its root.
+    it weigh 1.0; a list of plain roots: None, equal weights). A lone `ShardSet` is its root.
 
     Raises:
-        ValueError: `weights=` together with ShardSets (both weigh the mix), a lone ShardSet
-            with a weight, or what `fastdata.read.mix.mix_roots` refuses (bad weights,
-            `weights=`/`epoch_samples=` without a list).
+        ValueError: a lone ShardSet with a weight, or what `fastdata.read.mix.mix_roots`
+            refuses (`epoch_samples=` without a list); a bad `val` (`resolve_val`).
         TypeError: an entry that is neither a path, a string nor a `ShardSet`.
-        ValueError: a bad `val` (`resolve_val`).
     """
-    roots, mixed, weights = _roots(root, weights, epoch_samples)
+    roots, mixed, weights = _roots(root, epoch_samples)
     return roots, mixed, weights, resolve_val(val, mixed)
 
 
-def _roots(
-    root: RootSpec, weights: Sequence[float] | None, epoch_samples: int | None
-) -> tuple[list[str], bool, list[float] | None]:
+def _roots(root: RootSpec, epoch_samples: int | None) -> tuple[list[str], bool, list[float] | None]:
     if isinstance(root, ShardSet):
         if root.weight != 1.0:
             raise ValueError(
@@ -175,8 +159,8 @@ def _roots(
             )
         root = root.root
     if isinstance(root, (str, os.PathLike)):
-        roots, mixed = mix_roots(root, weights, epoch_samples)
-        return roots, mixed, None if weights is None else list(weights)
+        roots, mixed = mix_roots(root, None, epoch_samples)
+        return roots, mixed, None
     if not isinstance(root, Sequence):
         raise TypeError(
             f"root must be a shard folder, a URL, a ShardSet or a list of them, got {root!r}"
@@ -185,67 +169,48 @@ def _roots(
     for item in items:
         if not isinstance(item, (str, os.PathLike, ShardSet)):
             raise TypeError(f"a mix's entries are shard folders, URLs or ShardSets, got {item!r}")
-    sets = [item for item in items if isinstance(item, ShardSet)]
-    if sets and weights is not None:
-        raise ValueError(
-            f"weights={list(weights)!r} and the ShardSets' weights both weigh the mix: pass "
-            "each dataset's weight as ShardSet(root, weight=W) and drop weights="
-        )
-    if sets:
+    weights = None
+    if any(isinstance(item, ShardSet) for item in items):
         weights = [item.weight if isinstance(item, ShardSet) else 1.0 for item in items]
     plain = [item.root if isinstance(item, ShardSet) else item for item in items]
     roots, mixed = mix_roots(plain, weights, epoch_samples)
-    return roots, mixed, None if weights is None else [float(w) for w in weights]
+    return roots, mixed, weights
 
 
-def apply_groups(
-    given: Mapping[str, Any],
-    defaults: Mapping[str, Any],
-    workers: WorkerSettings | None,
-    cache: CacheSettings | None,
-) -> dict[str, Any]:
-    """The flat keyword values (`given`), with each group given spread over its keywords.
-
-    Args:
-        given: the keyword arguments as passed (the constructor's `locals()`); only those of
-            `WORKER_KEYWORDS` and `CACHE_KEYWORDS` are read.
-        defaults: their defaults (a value equal to its default counts as not given).
-        workers: the `workers=` group, or None.
-        cache: the `cache=` group, or None.
+def resolve_groups(
+    workers: WorkerSettings | None, cache: CacheSettings | None
+) -> tuple[WorkerSettings, CacheSettings]:
+    """The `workers=` and `cache=` groups, type-checked, None replaced by their defaults
+    (`AUTO_WORKERS`; a `CacheSettings()` of the environment's or built-in defaults).
 
     Raises:
         TypeError: a group of the wrong type (names the type it must be).
-        ValueError: a group and one of its flat keywords both given (names both).
     """
-    out = {keyword: given[keyword] for keyword in (*WORKER_KEYWORDS, *CACHE_KEYWORDS)}
-    groups = (
-        ("workers", workers, WorkerSettings, WORKER_KEYWORDS),
-        ("cache", cache, CacheSettings, CACHE_KEYWORDS),
-    )
-    for name, group, kind, keywords in groups:
-        if group is None:
-            continue
-        if not isinstance(group, kind):
-            raise TypeError(f"{name}= must be a {kind.__module__}.{kind.__name__}, got {group!r}")
-        for keyword, field in keywords.items():
-            if given[keyword] != defaults[keyword]:
-                raise ValueError(
-                    f"{name}={group!r} and {keyword}={given[keyword]!r} both set "
-                    f"{kind.__name__}.{field}: pass one of them (e.g. "
-                    f"{name}={kind.__name__}(..., {field}={given[keyword]!r}))"
-                )
-            out[keyword] = getattr(group, field)
-    return out
+    for name, group, kind in (
+        ("workers", workers, WorkerSettings),
+        ("cache", cache, CacheSettings),
+    ):
+        if group is not None and not isinstance(group, kind):
+            raise TypeError(
+                f"{name}= must be a {kind.__module__}.{kind.__name__} or None, got {group!r}"
+            )
+    return workers or AUTO_WORKERS, cache or CacheSettings()
 
 
-def resolve_val(val: str | float | None, mixed: bool) -> str | float | None:
-    """`val=` checked: None, a split name, or a fraction of the training split to carve out.
+def resolve_val(val: float | None, mixed: bool) -> float | None:
+    """`val=` checked: None, or a fraction of the training split to carve out.
 
     Raises:
+        TypeError: a split name (a split is named with ``splits={"val": NAME}``).
         ValueError: a fraction outside (0, 1), or a fraction with a mix (`mixed`).
     """
-    if val is None or isinstance(val, str):
+    if val is None:
         return val
+    if isinstance(val, str):
+        raise TypeError(
+            f"val= is a fraction of the training split to carve out, got {val!r}; name a split "
+            f"with splits={{'val': {val!r}}}"
+        )
     fraction = check_fraction(val)
     if mixed:
         raise ValueError(
@@ -255,18 +220,19 @@ def resolve_val(val: str | float | None, mixed: bool) -> str | float | None:
     return fraction
 
 
-def shard_cache(
-    roots: Sequence[str], cache_dir: str | os.PathLike[str] | None, cache_limit: int | str | None
-) -> Any:
+def shard_cache(roots: Sequence[str], cache: CacheSettings) -> Any:
     """The `fastdata.remote.ShardCache` the settings ask for, or None: local roots, or no
-    setting given (the reader then uses its default cache for a remote root). Imports
-    `fastdata.remote` (fsspec) only for a remote root."""
+    setting given (the reader then uses its default cache, `ShardCache.default()`, for a remote
+    root). A field left None takes the same default as that cache: $FASTDATA_CACHE_DIR /
+    $FASTDATA_CACHE_LIMIT, else ~/.cache/fastdata/shards / 50 GB. Imports `fastdata.remote`
+    (fsspec) only for a remote root."""
     remote = any("://" in root for root in roots)
-    if not remote or (cache_dir is None and cache_limit is None):
+    if not remote or (cache.dir is None and cache.limit is None):
         return None
-    from fastdata.remote import DEFAULT_LIMIT, ShardCache, default_cache_dir
+    from fastdata.remote import CACHE_LIMIT_ENV, DEFAULT_LIMIT, ShardCache, default_cache_dir
 
-    return ShardCache(cache_dir or default_cache_dir(), cache_limit or DEFAULT_LIMIT)
+    limit = cache.limit or os.environ.get(CACHE_LIMIT_ENV, DEFAULT_LIMIT)
+    return ShardCache(cache.dir or default_cache_dir(), limit)
 
 
 _INDEX_LINE = 128  # bytes of a shard's index per sample, at most (a few components a line)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Literal, Protocol
+from typing import Protocol
 
 import lightning.pytorch as pl
 import torch
@@ -35,38 +35,41 @@ class DataModuleOptions(Protocol):
 
     batch_size: int
     on_error: str
-    num_workers: int | Literal["auto"]
-    prefetch_factor: int | Literal["auto"]
     rank: int | None
     world_size: int | None
     backend: str
-    loader_timeout: float
-    decode_threads: int | Literal["auto"]
+    ignore_index: int
+    workers: WorkerSettings
 
 
 def check_options(options: DataModuleOptions) -> None:
     """ValueError naming the first `ShardDataModule` option that is out of range."""
     batch_size, on_error, backend = options.batch_size, options.on_error, options.backend
-    num_workers, prefetch_factor = options.num_workers, options.prefetch_factor
-    rank, world_size = options.rank, options.world_size
-    decode_threads, loader_timeout = options.decode_threads, options.loader_timeout
+    rank, world_size, workers = options.rank, options.world_size, options.workers
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     if on_error not in ("raise", "skip"):
         raise ValueError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-    for name, value in (("num_workers", num_workers), ("prefetch_factor", prefetch_factor)):
-        if value != "auto" and (not isinstance(value, int) or value < 0):
-            raise ValueError(f"{name} must be a non-negative int or 'auto', got {value!r}")
+    counts = (("num_workers", 0), ("prefetch_factor", 0), ("decode_threads", 1))
+    for name, least in counts:
+        value = getattr(workers, name)
+        if value != "auto" and (not isinstance(value, int) or value < least):
+            raise ValueError(
+                f"WorkerSettings.{name} must be an int >= {least} or 'auto', got {value!r}"
+            )
     if (rank is None) != (world_size is None):
         raise ValueError(f"pass rank and world_size together, got {rank} and {world_size}")
     if world_size is not None and not 0 <= rank < world_size:
         raise ValueError(f"need 0 <= rank < world_size, got {rank} and {world_size}")
     if backend != "auto":
         get_backend(backend)  # a bad name fails here, with the choices
-    if decode_threads != "auto" and (not isinstance(decode_threads, int) or decode_threads < 1):
-        raise ValueError(f"decode_threads must be an int >= 1 or 'auto', got {decode_threads!r}")
-    if loader_timeout < 0:
-        raise ValueError(f"loader_timeout must be >= 0 seconds, got {loader_timeout!r}")
+    if workers.timeout < 0:
+        raise ValueError(f"WorkerSettings.timeout must be >= 0 seconds, got {workers.timeout!r}")
+    ignore_index = options.ignore_index
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise ValueError(f"ignore_index must be an int in 0..65535, got {ignore_index!r}")
+    if not 0 <= ignore_index <= 65535:  # masks are stored as uint16 at most
+        raise ValueError(f"ignore_index must be in 0..65535, got {ignore_index}")
 
 
 def rank_and_world(
@@ -126,20 +129,19 @@ def pick_backend(
 
 def size_workers(
     spec: LoaderSpec,
-    workers: int | Literal["auto"],
-    prefetch: int | Literal["auto"],
     settings: WorkerSettings,
     backend: str,
     trainer: pl.Trainer | None,
-    decode_threads: int | Literal["auto"] = 1,
 ) -> LoaderSpec:
-    """`spec` with its workers: `settings` with the given counts, "auto" ones measured
+    """`spec` with its workers: `settings`, its "auto" counts measured
     (`fastdata.tune.auto_loader_settings`, which then also sets pinning; with
-    `decode_threads="auto"` it times (workers, decode threads) pairs on photo splits).
+    ``decode_threads="auto"`` it times (workers, decode threads) pairs on photo splits).
 
     Workers persist between epochs whenever there are any: persistence follows the worker count
-    used, never the tuner's verdict on another count (with `num_workers=2` and
-    `prefetch_factor="auto"` the tuner may measure 0 workers best under a busy start-up)."""
+    used, never the tuner's verdict on another count (with ``num_workers=2`` and
+    ``prefetch_factor="auto"`` the tuner may measure 0 workers best under a busy start-up)."""
+    workers, prefetch = settings.num_workers, settings.prefetch_factor
+    decode_threads = settings.decode_threads
     if "auto" in (workers, prefetch, decode_threads):
         from fastdata.tune import auto_loader_settings
 
@@ -150,10 +152,10 @@ def size_workers(
         )
         workers = auto.num_workers if workers == "auto" else workers
         prefetch = auto.prefetch_factor if prefetch == "auto" else prefetch
+        pin = settings.pin_memory  # a given one stands; persistence: the given, else the count's
         settings = replace(
             settings,
-            pin_memory=auto.pin_memory,
-            persistent_workers=None,  # decided by the workers used (`WorkerSettings`)
+            pin_memory=auto.pin_memory if pin is None else pin,
             decode_threads=auto.decode_threads if decode_threads == "auto" else decode_threads,
         )
     settings = replace(settings, num_workers=int(workers), prefetch_factor=max(1, int(prefetch)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 import torch
 
@@ -61,6 +61,8 @@ class WorkerSettings:
         num_workers: DataLoader worker processes (cpu backend), or DALI CPU threads.
         prefetch_factor: batches prefetched per worker (ignored when num_workers == 0).
         decode_threads: threads decoding one batch's images inside each worker / process.
+            These three may be "auto" where a `ShardDataModule` takes them (`workers=`): it
+            measures them (`fastdata.tune`) before building a loader, which gets numbers.
         pin_memory: pin batches for faster host-to-GPU copies; None: when CUDA is available.
         persistent_workers: keep workers between epochs; None: when there are workers.
         timeout: seconds a DataLoader waits for a worker's batch before raising (0: forever;
@@ -69,9 +71,9 @@ class WorkerSettings:
             is initialized in this process (forking it is unsafe), else the platform default.
     """
 
-    num_workers: int = 0
-    prefetch_factor: int = 2
-    decode_threads: int = 1
+    num_workers: int | Literal["auto"] = 0
+    prefetch_factor: int | Literal["auto"] = 2
+    decode_threads: int | Literal["auto"] = 1
     pin_memory: bool | None = None
     persistent_workers: bool | None = None
     timeout: float = DEFAULT_LOADER_TIMEOUT

@@ -1,6 +1,6 @@
 """Mixing datasets: several shard folders read as one split, each epoch drawing by weight.
 
-    dm = ShardDataModule(["shards/photos", "shards/extra"], weights=[3, 1])
+    dm = ShardDataModule([ShardSet("shards/photos", weight=3), ShardSet("shards/extra")])
 
 A mix is one *virtual* manifest (`mix_manifests`): each split holds every dataset's shards of
 that split end to end, in the order the roots are given, each shard named by its full path or

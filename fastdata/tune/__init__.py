@@ -7,7 +7,7 @@
 | task | entry point |
 |---|---|
 | workers, prefetch (and, timed, decode threads) at start-up | `choose_loader_settings(spec, ...)` |
-| the same for `ShardDataModule(num_workers="auto")`: quick, cached | `auto_loader_settings(spec, ...)` |
+| the same for `ShardDataModule()` (its default `workers=None`): quick, cached | `auto_loader_settings(spec, ...)` |
 | the same for a shard folder | `tune(root, ...)` |
 | torch intra-op threads at start-up | `choose_threads(requested, processes)` |
 | threads, workers and prefetch again at each epoch end | `recheck(...)`, run by `LoaderMonitor` |
@@ -26,6 +26,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from fastdata.augment.presets import default_preset
 from fastdata.format.manifest import Manifest
 from fastdata.format.manifest_io import load_manifest
 from fastdata.read.base import LoaderSpec
@@ -60,10 +61,6 @@ __all__ = [
     "tune",
     "tuning_spec",
 ]
-
-# Defaults of the photo path, as in ShardDataModule: variable-size photos are cropped to 224.
-DEFAULT_PHOTO_SIZE = 224
-SMALL_IMAGE_SIDE = 64  # raw images at most this size are "cifar"-like
 
 # Batches faster than this are timed mostly by scheduler jitter: their spread says nothing about
 # the data, so it does not raise the prefetch depth.
@@ -113,8 +110,9 @@ def tuning_spec(
 ) -> LoaderSpec:
     """The LoaderSpec (rank 0 of 1, epoch 0, no workers) that tuning measures.
 
-    preset "auto" and image_size None resolve as in ShardDataModule: raw images keep their size
-    ("cifar" preset when at most 64 pixels a side), photos are cropped to 224 ("photo").
+    preset "auto" and image_size None resolve as in ShardDataModule
+    (`fastdata.augment.default_preset`): raw images keep their size ("cifar" preset when small),
+    photos are cropped to 224 ("photo").
     """
     manifest = (
         manifest_or_root
@@ -122,12 +120,9 @@ def tuning_spec(
         else load_manifest(manifest_or_root)
     )
     info = manifest.split(split)
-    fixed = info.raw_shape is not None
-    if image_size is None and not fixed:
-        image_size = DEFAULT_PHOTO_SIZE
+    default, image_size = default_preset(info.raw_shape, image_size)
     if preset == "auto":
-        small = info.raw_shape is not None and max(info.raw_shape[:2]) <= SMALL_IMAGE_SIDE
-        preset = "cifar" if small else "photo"
+        preset = default
     return LoaderSpec(
         manifest=manifest,
         split=split,

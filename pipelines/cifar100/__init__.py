@@ -9,7 +9,7 @@ One machine, one process (CPU or one GPU)::
     python -m pipelines.cifar100 --out runs/c100 --resume    # continue a killed run mid-epoch
 
 What it does: OUT/shards is written from the archive the first time (reused after); a
-`ShardDataModule(preset="cifar")` feeds uint8 batches (random crop + flip on the device); the
+`ShardDataModule(train_transforms="cifar")` feeds uint8 batches (random crop + flip on the device); the
 model is `pipelines.cifar100.model` (``--model resnet9 | resnet18``, ``--width``), trained by
 `fastdata.train.make_trainer` (precision "auto", OUT/checkpoints/last.ckpt every
 ``--checkpoint-every`` steps). It prints one row per epoch (train loss, test top-1, img/s,

@@ -237,6 +237,7 @@ def _loader_monitor() -> pl.Callback | None:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Shard (once), train and evaluate; returns what it writes to OUT/metrics.json."""
     from fastdata.lightning.datamodule import ShardDataModule
+    from fastdata.read import WorkerSettings
     from fastdata.train import TrainPreset, make_trainer
 
     started = process_start()
@@ -259,9 +260,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     dm = ShardDataModule(
         shards,
         batch_size=args.batch_size,
-        num_workers=args.workers,
         backend=args.backend,
-        preset="cifar",
+        train_transforms="cifar",
+        workers=WorkerSettings(num_workers=args.workers, prefetch_factor="auto"),
         seed=args.seed,
         # CIFAR-100 has train and test only; the per-epoch table reports test top-1.
         splits={"train": "train", "val": "test", "test": "test"},

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastdata import ShardDataModule
+from fastdata import ShardDataModule, WorkerSettings
 from fastdata.format.manifest import ManifestError
 from fastdata.write import ShardOptions, write_shards
 from fastdata.write.sources.folder import FolderSource
@@ -24,7 +24,9 @@ def _first_batch_shape(dm: ShardDataModule) -> tuple[int, ...]:
 
 
 def test_before_setup_they_read_the_manifest_only(tiny_shards):
-    dm = ShardDataModule(tiny_shards, batch_size=32, num_workers=0, backend="cpu")
+    dm = ShardDataModule(
+        tiny_shards, batch_size=32, backend="cpu", workers=WorkerSettings(num_workers=0)
+    )
     assert dm.num_classes == 300
     assert dm.classes[:3] == ["c0", "c1", "c2"] and len(dm.classes) == 300
     assert dm.image_shape == (3, 8, 8)
@@ -55,13 +57,15 @@ def _folder_shards(tmp_path: Path, mixed_sizes: bool, size: tuple[int, int]) -> 
 )
 def test_image_shape_is_what_the_model_receives(tmp_path, size, mixed_sizes, options, expected):
     root = _folder_shards(tmp_path, mixed_sizes, size)
-    dm = ShardDataModule(root, batch_size=2, num_workers=0, backend="cpu", **options)
+    dm = ShardDataModule(
+        root, batch_size=2, backend="cpu", workers=WorkerSettings(num_workers=0), **options
+    )
     assert dm.image_shape == expected and dm.num_classes == 2
     assert dm.classes == ["class0", "class1"]
     assert _first_batch_shape(dm) == expected == dm.image_shape
 
 
 def test_a_missing_manifest_is_named(tmp_path):
-    dm = ShardDataModule(tmp_path / "nowhere", num_workers=0)
+    dm = ShardDataModule(tmp_path / "nowhere", workers=WorkerSettings(num_workers=0))
     with pytest.raises(ManifestError, match="nowhere"):
         dm.num_classes  # noqa: B018

@@ -38,7 +38,7 @@ from pytorch_lightning.callbacks import LearningRateMonitor  # noqa: E402
 from pytorch_lightning.loggers import CSVLogger  # noqa: E402
 from torchmetrics.functional import accuracy  # noqa: E402
 
-from fastdata import ShardDataModule  # noqa: E402
+from fastdata import ShardDataModule, WorkerSettings  # noqa: E402
 from fastdata.write import ShardOptions, write_shards  # noqa: E402
 from fastdata.write.sources.arrays import ArraySource  # noqa: E402
 
@@ -190,8 +190,7 @@ def test_tutorial_style_pytorch_lightning_module_fits_and_tests(
     dm = ShardDataModule(
         cifar100_shards,
         batch_size=BATCH_SIZE,
-        num_workers=0,
-        prefetch_factor=2,
+        workers=WorkerSettings(num_workers=0, prefetch_factor=2),
         backend="cpu",
         splits={"val": "test"},  # the tutorial validates on a held-out split
     )

@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch import nn
 
+from fastdata import WorkerSettings
 from fastdata.format.manifest_io import load_manifest
 from fastdata.lightning.datamodule import ShardDataModule
 from fastdata.read.resume import ResumeError, dataset_fingerprint
@@ -49,7 +50,10 @@ class SmallCNN(pl.LightningModule):
 
 def test_contract_of_the_readme(tiny_shards):
     dm = ShardDataModule(
-        tiny_shards, batch_size=32, num_workers=2, prefetch_factor=2, backend="cpu"
+        tiny_shards,
+        batch_size=32,
+        backend="cpu",
+        workers=WorkerSettings(num_workers=2, prefetch_factor=2),
     )
     dm.setup("fit")
     device = torch.device("cpu")
@@ -82,10 +86,9 @@ def test_unchanged_lightning_module_trains_one_epoch(tiny_shards):
     dm = ShardDataModule(
         tiny_shards,
         batch_size=32,
-        num_workers=0,
-        prefetch_factor=2,
+        workers=WorkerSettings(num_workers=0, prefetch_factor=2),
         backend="cpu",
-        preset="cifar",
+        train_transforms="cifar",
         splits={"val": "test"},  # tiny_shards has no val split: validate on test
     )
     model = SmallCNN(num_classes=300)
@@ -107,7 +110,10 @@ def test_unchanged_lightning_module_trains_one_epoch(tiny_shards):
 
 def test_no_val_split_skips_validation_with_a_warning_never_the_training_split(tiny_shards, caplog):
     dm = ShardDataModule(
-        tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="cpu"
+        tiny_shards,
+        batch_size=32,
+        backend="cpu",
+        workers=WorkerSettings(num_workers=0, prefetch_factor=2),
     )
     with caplog.at_level("WARNING", logger="fastdata"):
         assert dm.val_dataloader() == []
@@ -140,9 +146,13 @@ def test_memory_backend_fused_training_batches_with_validation_mid_epoch(tiny_sh
     # middle of the epoch yields plain uint8 batches. The data module must normalize each
     # exactly once (and crop only the plain ones), before and after the validation run.
     dm = ShardDataModule(
-        tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="memory",
-        preset="cifar", splits={"val": "test"},
-    )  # fmt: skip
+        tiny_shards,
+        batch_size=32,
+        backend="memory",
+        train_transforms="cifar",
+        splits={"val": "test"},
+        workers=WorkerSettings(num_workers=0, prefetch_factor=2),
+    )
     model = RangeRecorder(num_classes=300)
     trainer = pl.Trainer(
         max_epochs=1, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
@@ -159,13 +169,19 @@ def test_memory_backend_fused_training_batches_with_validation_mid_epoch(tiny_sh
 
 def test_load_state_dict_resumes_mid_epoch(tiny_shards):
     full = ShardDataModule(
-        tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="cpu"
+        tiny_shards,
+        batch_size=32,
+        backend="cpu",
+        workers=WorkerSettings(num_workers=0, prefetch_factor=2),
     )
     full.setup()
     epoch0 = [y.tolist() for _, y in full.train_dataloader()]
     # Take the state after 4 batches, as a custom loop (no Trainer) would.
     partial = ShardDataModule(
-        tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="cpu"
+        tiny_shards,
+        batch_size=32,
+        backend="cpu",
+        workers=WorkerSettings(num_workers=0, prefetch_factor=2),
     )
     partial.setup()
     device = torch.device("cpu")
@@ -176,7 +192,10 @@ def test_load_state_dict_resumes_mid_epoch(tiny_shards):
     state = partial.state_dict()
     assert state == _state_after(tiny_shards, steps=4)
     resumed = ShardDataModule(
-        tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, backend="cpu"
+        tiny_shards,
+        batch_size=32,
+        backend="cpu",
+        workers=WorkerSettings(num_workers=0, prefetch_factor=2),
     )
     resumed.load_state_dict(state)
     resumed.setup()
@@ -186,7 +205,9 @@ def test_load_state_dict_resumes_mid_epoch(tiny_shards):
 
 
 def test_load_state_dict_refuses_states_it_cannot_honour(tiny_shards):
-    dm = ShardDataModule(tiny_shards, batch_size=32, num_workers=0, prefetch_factor=2, seed=1)
+    dm = ShardDataModule(
+        tiny_shards, batch_size=32, seed=1, workers=WorkerSettings(num_workers=0, prefetch_factor=2)
+    )
     with pytest.raises(ResumeError, match="older fastdata"):
         dm.load_state_dict({"epoch": 0, "batches_seen": 4})
     state = _state_after(tiny_shards, steps=4)
@@ -198,15 +219,17 @@ def test_load_state_dict_refuses_states_it_cannot_honour(tiny_shards):
 
 def test_bad_arguments_are_refused(tiny_shards):
     with pytest.raises(ValueError, match="num_workers"):
-        ShardDataModule(tiny_shards, num_workers=-1)
+        ShardDataModule(tiny_shards, workers=WorkerSettings(num_workers=-1))
     with pytest.raises(ValueError, match="on_error"):
         ShardDataModule(tiny_shards, on_error="ignore")
     with pytest.raises(ValueError, match="backend must be one of"):
-        ShardDataModule(tiny_shards, backend="gpu", num_workers=0, prefetch_factor=2).setup()
+        ShardDataModule(
+            tiny_shards, backend="gpu", workers=WorkerSettings(num_workers=0, prefetch_factor=2)
+        ).setup()
     with pytest.raises(ValueError, match="no manifest.json"):
         ShardDataModule(tiny_shards / "nowhere").setup()
     with pytest.raises(ValueError, match="decode_threads must be an int >= 1 or 'auto'"):
-        ShardDataModule(tiny_shards, decode_threads=0)
+        ShardDataModule(tiny_shards, workers=WorkerSettings(decode_threads=0))
 
 
 def test_decode_threads_auto_takes_the_tuners_choice(tiny_shards, monkeypatch):
@@ -221,12 +244,16 @@ def test_decode_threads_auto_takes_the_tuners_choice(tiny_shards, monkeypatch):
 
     monkeypatch.setattr(tune_module, "auto_loader_settings", fake_auto)
     spec = ShardDataModule(
-        tiny_shards, backend="cpu", num_workers=2, prefetch_factor=2, decode_threads="auto"
+        tiny_shards,
+        backend="cpu",
+        workers=WorkerSettings(num_workers=2, prefetch_factor=2, decode_threads="auto"),
     ).loader_spec("train", train=True)
     assert asked == ["auto"]  # fixed counts stay; only the threads were "auto"
     assert (spec.workers.num_workers, spec.workers.prefetch_factor) == (2, 2)
     assert spec.workers.decode_threads == 3
-    spec = ShardDataModule(tiny_shards, backend="cpu", num_workers=2, prefetch_factor=2)
+    spec = ShardDataModule(
+        tiny_shards, backend="cpu", workers=WorkerSettings(num_workers=2, prefetch_factor=2)
+    )
     assert spec.loader_spec("train", train=True).workers.decode_threads == 1 and asked == ["auto"]
 
 
@@ -238,7 +265,7 @@ DDP_SCRIPT = textwrap.dedent(
     from fastdata.lightning.datamodule import ShardDataModule
     from tests.lightning.test_datamodule import SmallCNN
 
-    from fastdata import LoaderMonitor
+    from fastdata import LoaderMonitor, WorkerSettings
 
     class Recorder(SmallCNN):
         def on_train_epoch_end(self):
@@ -254,7 +281,8 @@ DDP_SCRIPT = textwrap.dedent(
 
     monitor = LoaderMonitor(resize=False, gpu_reader=None)
 
-    dm = ShardDataModule({shards!r}, batch_size=16, num_workers=1, prefetch_factor=2,
+    dm = ShardDataModule({shards!r}, batch_size=16,
+                         workers=WorkerSettings(num_workers=1, prefetch_factor=2),
                          backend={backend!r}, drop_last=False)
     trainer = pl.Trainer(max_epochs=2, accelerator="cpu", devices=2, strategy="ddp", logger=False,
                          enable_checkpointing=False, enable_progress_bar=False,

@@ -28,7 +28,7 @@ import pytest
 import torch
 from torch import nn
 
-from fastdata import ShardDataModule
+from fastdata import ShardDataModule, WorkerSettings
 from fastdata.read.plan import PAD_LABEL
 from fastdata.train.ddp import end_process_group
 
@@ -43,9 +43,12 @@ pytestmark = pytest.mark.slow
 # ----------------------------------------------------------------------------- evaluation script
 def _datamodule(shards: Path, backend: str = "cpu") -> ShardDataModule:
     return ShardDataModule(
-        shards, batch_size=BATCH, num_workers=0, prefetch_factor=2, backend=backend,
+        shards,
+        batch_size=BATCH,
+        backend=backend,
         train_transforms="none",
-    )  # fmt: skip
+        workers=WorkerSettings(num_workers=0, prefetch_factor=2),
+    )
 
 
 class _NearestTemplate(pl.LightningModule):

@@ -7,13 +7,15 @@ from lightning.fabric import Fabric
 from torch import nn
 from torch.utils.data import DataLoader
 
-from fastdata import ShardDataModule
+from fastdata import ShardDataModule, WorkerSettings
 
 
 def test_fabric_setup_dataloaders_takes_the_loader_and_epochs_advance(tiny_shards):
     fabric = Fabric(accelerator="cpu", devices=1)
     fabric.launch()
-    dm = ShardDataModule(tiny_shards, batch_size=32, num_workers=0, backend="cpu")
+    dm = ShardDataModule(
+        tiny_shards, batch_size=32, backend="cpu", workers=WorkerSettings(num_workers=0)
+    )
     dm.setup("fit")
     loader = dm.train_dataloader()
     as_torch = loader.as_dataloader()

@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastdata import DetectionDataModule, SegmentationDataModule, ShardDataModule
+from fastdata import (
+    CacheSettings,
+    DetectionDataModule,
+    SegmentationDataModule,
+    ShardDataModule,
+    WorkerSettings,
+)
 from fastdata.format.manifest_io import load_manifest, manifest_from_dict
 from fastdata.read.backends.cpu import make_cpu_loader
 from fastdata.read.backends.nvjpeg import NvjpegLoader
@@ -45,7 +51,7 @@ def _val_rows(root: Path, backend: str, world: int, **kw) -> list[tuple[str | No
     for rank in range(world):
         dm = ShardDataModule(
             root, batch_size=4, backend=backend, image_size=32, keys=True, rank=rank,
-            world_size=world, **{"num_workers": 0, **kw},
+            world_size=world, **{"workers": WorkerSettings(num_workers=0), **kw},
         )  # fmt: skip
         dm.setup()
         for images, labels, ids in dm.val_dataloader():
@@ -58,7 +64,7 @@ def _val_rows(root: Path, backend: str, world: int, **kw) -> list[tuple[str | No
 def test_classification_batches_name_their_samples_once_across_ranks(
     folder_shards, backend, workers
 ):
-    rows = _val_rows(folder_shards, backend, world=2, num_workers=workers)
+    rows = _val_rows(folder_shards, backend, world=2, workers=WorkerSettings(num_workers=workers))
     real = [r for r in rows if r[0] is not None]
     padding = [r for r in rows if r[0] is None]
     # 9 samples on 2 ranks: 5 rows each, one of them a padding repeat.
@@ -73,7 +79,7 @@ def test_classification_batches_name_their_samples_once_across_ranks(
 def test_every_backend_gives_the_same_keys_for_the_same_plan(folder_shards):
     cpu = _val_rows(folder_shards, "cpu", world=2)
     assert _val_rows(folder_shards, "memory", world=2) == cpu
-    assert _val_rows(folder_shards, "cpu", world=2, num_workers=2) == cpu
+    assert _val_rows(folder_shards, "cpu", world=2, workers=WorkerSettings(num_workers=2)) == cpu
 
 
 def test_nvjpeg_loader_hands_over_the_cpu_loaders_keys(folder_shards):
@@ -89,7 +95,9 @@ def test_nvjpeg_loader_hands_over_the_cpu_loaders_keys(folder_shards):
 
 
 def test_keys_survive_transfer_and_the_device_transforms(folder_shards):
-    dm = ShardDataModule(folder_shards, batch_size=4, num_workers=0, image_size=32, keys=True)
+    dm = ShardDataModule(
+        folder_shards, batch_size=4, image_size=32, keys=True, workers=WorkerSettings(num_workers=0)
+    )
     dm.setup()
     loader = dm.val_dataloader()
     raw = [batch[2] for batch in loader]
@@ -99,7 +107,9 @@ def test_keys_survive_transfer_and_the_device_transforms(folder_shards):
 
 
 def test_without_keys_batches_stay_pairs(folder_shards):
-    dm = ShardDataModule(folder_shards, batch_size=4, num_workers=0, image_size=32)
+    dm = ShardDataModule(
+        folder_shards, batch_size=4, image_size=32, workers=WorkerSettings(num_workers=0)
+    )
     dm.setup()
     assert all(len(batch) == 2 for batch in dm.val_dataloader())
 
@@ -107,9 +117,14 @@ def test_without_keys_batches_stay_pairs(folder_shards):
 def test_training_keys_continue_after_a_resume(folder_shards):
     def module() -> ShardDataModule:
         return ShardDataModule(
-            folder_shards, batch_size=4, num_workers=0, image_size=32, keys=True,
-            drop_last=False, seed=5,
-        )  # fmt: skip
+            folder_shards,
+            batch_size=4,
+            image_size=32,
+            keys=True,
+            drop_last=False,
+            seed=5,
+            workers=WorkerSettings(num_workers=0),
+        )
 
     whole = module()
     whole.setup()
@@ -142,9 +157,15 @@ def test_detection_batches_carry_coco_image_ids(coco_shards, backend):
     rows = []
     for rank in range(2):
         dm = DetectionDataModule(
-            coco_shards, batch_size=3, num_workers=0, backend=backend, image_size=32,
-            keys=True, rank=rank, world_size=2,
-        )  # fmt: skip
+            coco_shards,
+            batch_size=3,
+            backend=backend,
+            image_size=32,
+            keys=True,
+            rank=rank,
+            world_size=2,
+            workers=WorkerSettings(num_workers=0),
+        )
         dm.setup("validate")
         for batch in dm.val_dataloader():
             assert batch["padded"].tolist() == [k is None for k in batch["key"]]
@@ -161,7 +182,12 @@ def test_segmentation_batches_carry_the_image_paths(tmp_path, backend):
     out = tmp_path / "seg-shards"
     write_shards(SegmentationSource(images, masks), out, OPTIONS)
     dm = SegmentationDataModule(
-        out, batch_size=2, num_workers=0, backend=backend, image_size=32, keys=True
+        out,
+        batch_size=2,
+        backend=backend,
+        image_size=32,
+        keys=True,
+        workers=WorkerSettings(num_workers=0),
     )
     dm.setup("validate")
     ids = [
@@ -195,7 +221,9 @@ def test_an_altered_source_id_file_is_refused_by_name(folder_shards):
     data = json.loads(path.read_text())
     data["ids"]["val_00000000"] = "val/class2/elsewhere.jpg"
     path.write_text(json.dumps(data))
-    dm = ShardDataModule(folder_shards, batch_size=4, num_workers=0, image_size=32, keys=True)
+    dm = ShardDataModule(
+        folder_shards, batch_size=4, image_size=32, keys=True, workers=WorkerSettings(num_workers=0)
+    )
     dm.setup()
     with pytest.raises(SourceIdError, match=r"val-source-ids\.json.*sha256"):
         next(iter(dm.val_dataloader()))
@@ -217,7 +245,14 @@ def test_a_field_named_key_is_refused_with_keys(tmp_path):
     fields = data["splits"]["val"]["fields"]
     fields["key"] = fields.pop("caption")  # a dataset whose own field is named "key"
     path.write_text(json.dumps(data))
-    dm = ShardDataModule(root, batch_size=4, num_workers=0, image_size=16, keys=True, backend="cpu")
+    dm = ShardDataModule(
+        root,
+        batch_size=4,
+        image_size=16,
+        keys=True,
+        backend="cpu",
+        workers=WorkerSettings(num_workers=0),
+    )
     dm.setup("validate")
     with pytest.raises(ValueError, match=r"field\(s\) \['key'\].*keys=False"):
         next(iter(dm.val_dataloader()))
@@ -252,7 +287,13 @@ def test_indexed_foreign_shards_carry_their_keys_only(tmp_path):
     manifest = index_shards(out)
     assert manifest.split("val").source_ids is None
     dm = ShardDataModule(
-        out, batch_size=4, num_workers=0, image_size=16, keys=True, backend="cpu", val="val"
+        out,
+        batch_size=4,
+        image_size=16,
+        keys=True,
+        backend="cpu",
+        splits={"val": "val"},
+        workers=WorkerSettings(num_workers=0),
     )
     dm.setup("validate")
     ids = [batch[2] for batch in dm.val_dataloader()]
@@ -266,7 +307,8 @@ def test_source_ids_of_a_remote_dataset_come_over_http(folder_shards):
     server = FileServer(folder_shards)
     try:
         local = _val_rows(folder_shards, "cpu", world=1)
-        remote = _val_rows(server.url, "cpu", world=1, cache_dir=str(folder_shards.parent / "c"))
+        cache = CacheSettings(dir=str(folder_shards.parent / "c"))
+        remote = _val_rows(server.url, "cpu", world=1, cache=cache)
     finally:
         server.stop()
     assert remote == local and all(sid is not None for _, sid, _ in remote)
@@ -322,7 +364,9 @@ def test_a_trainer_hands_the_keys_to_validation_step(folder_shards):
             assert images.dtype == torch.float32 and len(ids["key"]) == len(labels)
             self.seen += zip(ids["key"], ids["source_id"], strict=True)
 
-    dm = ShardDataModule(folder_shards, batch_size=4, num_workers=0, image_size=32, keys=True)
+    dm = ShardDataModule(
+        folder_shards, batch_size=4, image_size=32, keys=True, workers=WorkerSettings(num_workers=0)
+    )
     model = Record()
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,

@@ -46,8 +46,12 @@ def _children() -> list[psutil.Process]:
 
 
 def _dm(root: Path, **kw) -> ShardDataModule:
-    options = dict(batch_size=32, num_workers=2, prefetch_factor=2, backend="cpu")
-    return ShardDataModule(root, **(options | kw))
+    """A cpu-backend module; `WorkerSettings` fields among `kw` (default: 2 workers) go there."""
+    fields = {"num_workers": 2, "prefetch_factor": 2}
+    fields |= {k: kw.pop(k) for k in list(kw) if k in WorkerSettings.__dataclass_fields__}
+    return ShardDataModule(
+        root, batch_size=32, backend="cpu", workers=WorkerSettings(**fields), **kw
+    )
 
 
 def test_train_dataloader_every_epoch_keeps_processes_and_rss_flat(tiny_shards):
@@ -130,7 +134,7 @@ def test_workers_persist_whatever_the_tuner_measured_for_another_count(tiny_shar
 
 def test_default_loader_timeout_is_bounded():
     assert 0 < WorkerSettings().timeout <= 3600
-    assert 0 < ShardDataModule("unused").loader_timeout <= 3600
+    assert 0 < ShardDataModule("unused").workers.timeout <= 3600
 
 
 def test_a_stalled_worker_times_out_with_an_error_naming_worker_and_split(tiny_shards, monkeypatch):
@@ -142,10 +146,10 @@ def test_a_stalled_worker_times_out_with_an_error_naming_worker_and_split(tiny_s
         return load(self, reader, plan, number, skips)
 
     monkeypatch.setattr(ShardBatchDataset, "_load_batch", stall)
-    dm = _dm(tiny_shards, loader_timeout=2.0, mp_context="fork")
+    dm = _dm(tiny_shards, timeout=2.0, mp_context="fork")
     loader = dm.train_dataloader()
     with pytest.raises(
-        LoaderTimeoutError, match=r"worker 1 of the 'train' loader .*loader_timeout"
+        LoaderTimeoutError, match=r"worker 1 of the 'train' loader .*WorkerSettings.timeout"
     ):
         for _ in loader:
             pass
@@ -157,7 +161,7 @@ _PARENT = textwrap.dedent(
     """
     import sys, threading, time
     import psutil
-    from fastdata import ShardDataModule
+    from fastdata import ShardDataModule, WorkerSettings
     from fastdata.read.backends.cpu import ShardBatchDataset
 
     load = ShardBatchDataset._load_batch
@@ -169,8 +173,8 @@ _PARENT = textwrap.dedent(
 
     ShardBatchDataset._load_batch = stuck
     dm = ShardDataModule(
-        sys.argv[1], batch_size=32, num_workers=2, prefetch_factor=2, backend="cpu",
-        mp_context="fork", loader_timeout=0,
+        sys.argv[1], batch_size=32, backend="cpu",
+        workers=WorkerSettings(num_workers=2, prefetch_factor=2, mp_context="fork", timeout=0),
     )
 
     def run():

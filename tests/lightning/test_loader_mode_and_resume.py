@@ -9,7 +9,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from fastdata import ShardDataModule
+from fastdata import ShardDataModule, WorkerSettings
 from fastdata.format.manifest_io import load_manifest
 from fastdata.read.resume import ResumeError, dataset_fingerprint
 from tests.lightning.test_datamodule import SmallCNN
@@ -18,7 +18,9 @@ CPU = torch.device("cpu")
 
 
 def _dm(root: Path, **kw) -> ShardDataModule:
-    options = dict(batch_size=32, num_workers=0, prefetch_factor=2, backend="cpu")
+    options = dict(
+        batch_size=32, workers=WorkerSettings(num_workers=0, prefetch_factor=2), backend="cpu"
+    )
     return ShardDataModule(root, **(options | kw))
 
 
@@ -28,7 +30,9 @@ def _step(dm: ShardDataModule, batch) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _train_batches(root: Path, validate_after: int | None, workers: int) -> tuple[list, int]:
-    dm = _dm(root, num_workers=workers, splits={"val": "test"})
+    dm = _dm(
+        root, workers=WorkerSettings(num_workers=workers, prefetch_factor=2), splits={"val": "test"}
+    )
     out = []
     for step, batch in enumerate(dm.train_dataloader(), start=1):
         out.append(_step(dm, batch)[0])

@@ -1,13 +1,12 @@
-"""`ShardDataModule`'s options: keyword-only after `root`, and grouped (`fastdata.lightning.options`) the
-way MosaicML Streaming groups its own: a `ShardSet` per dataset with its weight, worker and cache
-settings as dataclasses, beside the flat keywords (which keep working)."""
+"""`ShardDataModule`'s options: keyword-only after `root`, one public way each, grouped
+(`fastdata.lightning.options`) the way MosaicML Streaming groups its own where an option carries
+several values: a `ShardSet` per dataset with its weight, worker and cache settings as
+dataclasses."""
 
 from __future__ import annotations
 
 import json
-import logging
 import sys
-import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 import torch
 
 from fastdata import CacheSettings, ShardDataModule, ShardSet, WorkerSettings
+from fastdata.lightning.options import AUTO_WORKERS
 from fastdata.write import ShardOptions, write_shards
 from fastdata.write.sources.arrays import ArraySource
 
@@ -50,7 +50,13 @@ def _epoch(dm: ShardDataModule) -> list[int]:
     return labels
 
 
-COMMON = {"batch_size": 8, "backend": "cpu", "num_workers": 0, "seed": 3, "drop_last": False}
+COMMON = {
+    "batch_size": 8,
+    "backend": "cpu",
+    "workers": WorkerSettings(num_workers=0),
+    "seed": 3,
+    "drop_last": False,
+}
 
 
 # ------------------------------------------------------------------ keyword-only
@@ -66,13 +72,11 @@ def test_arguments_after_root_are_keyword_only(tiny_shards):
 # ------------------------------------------------------------------ ShardSet
 
 
-def test_shardsets_weigh_a_mix_exactly_as_weights_do(two_roots):
+def test_shardsets_weigh_a_mix(two_roots):
     a, b = two_roots
     by_sets = ShardDataModule([ShardSet(a, weight=3), ShardSet(b)], **COMMON)
-    by_weights = ShardDataModule([a, b], weights=[3, 1], **COMMON)
     assert by_sets.weights == [3.0, 1.0] and by_sets.roots == [str(a), str(b)]
     sets_epoch = _epoch(by_sets)
-    assert sets_epoch == _epoch(by_weights)
     # 64 samples drawn 3:1 -> 48 from a (classes 0..39), 16 from b (classes 40..63).
     assert sum(label < 40 for label in sets_epoch) == 48 and len(sets_epoch) == 64
     # Plain roots in the list weigh 1.0 beside ShardSets.
@@ -84,12 +88,6 @@ def test_a_lone_shardset_is_its_root(tiny_shards):
     assert dm.roots == [str(tiny_shards)] and not dm.mixed and dm.weights is None
     with pytest.raises(ValueError, match=r"alone is no mix.*pass a list"):
         ShardDataModule(ShardSet(tiny_shards, weight=2), batch_size=16)
-
-
-def test_shardset_weights_and_weights_keyword_are_refused_together(two_roots):
-    a, b = two_roots
-    with pytest.raises(ValueError, match=r"weights=\[1, 2\] and the ShardSets' weights"):
-        ShardDataModule([ShardSet(a), ShardSet(b)], weights=[1, 2])
 
 
 @pytest.mark.parametrize("weight", [0, -1.0, float("nan"), float("inf"), "2", True])
@@ -106,25 +104,13 @@ def test_shardset_weight_is_keyword_only():
 # ------------------------------------------------------------------ workers=
 
 
-def test_worker_settings_stand_for_the_flat_keywords(tiny_shards):
+def test_worker_settings_reach_the_loader_as_given(tiny_shards):
     group = WorkerSettings(
         num_workers=0, prefetch_factor=3, decode_threads=2, timeout=42.0, mp_context="spawn"
     )
-    grouped = ShardDataModule(tiny_shards, batch_size=16, backend="cpu", workers=group)
-    flat = ShardDataModule(
-        tiny_shards,
-        batch_size=16,
-        backend="cpu",
-        num_workers=0,
-        prefetch_factor=3,
-        decode_threads=2,
-        loader_timeout=42.0,
-        mp_context="spawn",
-    )
-    names = ("num_workers", "prefetch_factor", "decode_threads", "loader_timeout", "mp_context")
-    assert [getattr(grouped, n) for n in names] == [getattr(flat, n) for n in names]
-    assert [getattr(grouped, n) for n in names] == [0, 3, 2, 42.0, "spawn"]
-    assert grouped.loader_spec("train", True).workers == flat.loader_spec("train", True).workers
+    dm = ShardDataModule(tiny_shards, batch_size=16, backend="cpu", workers=group)
+    assert dm.workers == group
+    assert dm.loader_spec("train", True).workers == group
 
 
 def test_worker_settings_carry_pinning_and_persistence(tiny_shards):
@@ -134,36 +120,62 @@ def test_worker_settings_carry_pinning_and_persistence(tiny_shards):
     assert (spec.num_workers, spec.pin_memory, spec.persistent_workers) == (1, False, False)
 
 
+def test_auto_counts_are_measured_and_the_given_settings_kept(tiny_shards, monkeypatch):
+    """`workers=None` measures both counts; "auto" in a group measures that count only, and
+    the group's pinning stands (the tuner's verdict fills only what was not given)."""
+    import fastdata.tune as tune_module
+    from fastdata.tune.sizing import LoaderSettings
+
+    asked = []
+
+    def fake_auto(spec, backend="cpu", ranks_per_node=None, decode_threads=1):
+        asked.append(decode_threads)
+        return LoaderSettings(3, 5, True, True, decode_threads=1)
+
+    monkeypatch.setattr(tune_module, "auto_loader_settings", fake_auto)
+    default = ShardDataModule(tiny_shards, backend="cpu").loader_spec("train", True).workers
+    assert (default.num_workers, default.prefetch_factor, default.pin_memory) == (3, 5, True)
+    group = WorkerSettings(num_workers=2, prefetch_factor="auto", pin_memory=False, timeout=9)
+    dm = ShardDataModule(tiny_shards, backend="cpu", workers=group)
+    spec = dm.loader_spec("train", True).workers
+    assert (spec.num_workers, spec.prefetch_factor) == (2, 5)
+    assert (spec.pin_memory, spec.timeout) == (False, 9) and len(asked) == 2
+
+
 @pytest.mark.parametrize(
-    "flat, field",
+    "group, match",
     [
-        ({"num_workers": 2}, "num_workers"),
-        ({"prefetch_factor": 4}, "prefetch_factor"),
-        ({"decode_threads": "auto"}, "decode_threads"),
-        ({"loader_timeout": 5.0}, "timeout"),
-        ({"mp_context": "fork"}, "mp_context"),
+        (WorkerSettings(num_workers=-1), "WorkerSettings.num_workers must be an int >= 0"),
+        (WorkerSettings(prefetch_factor="many"), "WorkerSettings.prefetch_factor must be"),
+        (WorkerSettings(timeout=-1), "WorkerSettings.timeout must be >= 0"),
     ],
 )
-def test_a_group_and_its_flat_keyword_are_an_error_naming_both(tiny_shards, flat, field):
-    ((keyword, value),) = flat.items()
-    with pytest.raises(ValueError) as info:
-        ShardDataModule(tiny_shards, workers=WorkerSettings(), **flat)
-    message = str(info.value)
-    assert "workers=WorkerSettings(" in message and f"{keyword}={value!r}" in message
-    assert f"WorkerSettings.{field}" in message
+def test_a_bad_worker_setting_is_named(tiny_shards, group, match):
+    with pytest.raises(ValueError, match=match):
+        ShardDataModule(tiny_shards, workers=group)
 
 
-def test_cache_settings_stand_for_cache_dir_and_limit(tmp_path):
+def test_cache_settings_make_the_shard_cache(tmp_path):
     url = "http://127.0.0.1:9/dataset"  # nothing is fetched before setup
-    grouped = ShardDataModule(url, cache=CacheSettings(dir=tmp_path, limit="2GB"))
-    flat = ShardDataModule(url, cache_dir=tmp_path, cache_limit="2GB")
-    assert (grouped.cache_dir, grouped.cache_limit) == (str(tmp_path), "2GB")
+    dm = ShardDataModule(url, cache=CacheSettings(dir=tmp_path, limit="2GB"))
+    assert dm.cache == CacheSettings(dir=str(tmp_path), limit="2GB")
     pytest.importorskip("fsspec")
-    cache = grouped._shard_cache()
-    assert cache.cache_dir == flat._shard_cache().cache_dir == tmp_path
-    assert cache.limit_bytes == 2 * 10**9
-    with pytest.raises(ValueError, match=r"cache=CacheSettings\(.*\) and cache_limit='1GB'"):
-        ShardDataModule(url, cache=CacheSettings(dir=tmp_path), cache_limit="1GB")
+    cache = dm._shard_cache()
+    assert cache.cache_dir == tmp_path and cache.limit_bytes == 2 * 10**9
+
+
+def test_the_cache_environment_fills_what_cache_settings_leave_none(tmp_path, monkeypatch):
+    """$FASTDATA_CACHE_DIR / $FASTDATA_CACHE_LIMIT are the values where none is given, for a
+    `CacheSettings` field left None too (the limit was the built-in 50 GB there)."""
+    pytest.importorskip("fsspec")
+    monkeypatch.setenv("FASTDATA_CACHE_LIMIT", "3GB")
+    monkeypatch.setenv("FASTDATA_CACHE_DIR", str(tmp_path / "env"))
+    url = "http://127.0.0.1:9/dataset"
+    by_dir = ShardDataModule(url, cache=CacheSettings(dir=tmp_path))._shard_cache()
+    assert by_dir.cache_dir == tmp_path and by_dir.limit_bytes == 3 * 10**9
+    by_limit = ShardDataModule(url, cache=CacheSettings(limit="1GB"))._shard_cache()
+    assert by_limit.cache_dir == tmp_path / "env" and by_limit.limit_bytes == 10**9
+    assert ShardDataModule(url)._shard_cache() is None  # the reader's own default: the same
 
 
 def test_a_group_of_the_wrong_type_names_the_type(tiny_shards):
@@ -173,24 +185,6 @@ def test_a_group_of_the_wrong_type_names_the_type(tiny_shards):
         TypeError, match=r"cache= must be a fastdata.lightning.options.CacheSettings"
     ):
         ShardDataModule(tiny_shards, cache=WorkerSettings())  # type: ignore[arg-type]
-
-
-def test_flat_keywords_keep_working_without_a_warning(tiny_shards, caplog, tmp_path):
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        with caplog.at_level(logging.WARNING, logger="fastdata"):
-            dm = ShardDataModule(
-                tiny_shards,
-                batch_size=16,
-                num_workers=0,
-                prefetch_factor=2,
-                decode_threads=1,
-                cache_dir=tmp_path,
-                cache_limit="1GB",
-                loader_timeout=30,
-            )
-    assert not caplog.records and dm.workers is None
-    assert (dm.num_workers, dm.cache_limit, dm.loader_timeout) == (0, "1GB", 30)
 
 
 # ------------------------------------------------------------------ Lightning
@@ -245,8 +239,8 @@ def test_groups_survive_save_hyperparameters_and_a_checkpoint(two_roots, tmp_pat
     assert "datamodule_hyper_parameters" in torch.load(path, weights_only=True)
     again = _SavingModule.load_from_checkpoint(path)
     assert again.roots == dm.roots and again.weights == [3.0, 1.0]
-    assert again.workers == dm.workers and again.decode_threads == 2
-    assert again.cache_limit == "1GB" and again.batch_size == 8
+    assert again.workers == dm.workers and again.workers.decode_threads == 2
+    assert again.cache.limit == "1GB" and again.batch_size == 8
 
 
 def test_lightning_cli_takes_shardsets_and_groups(two_roots, monkeypatch):
@@ -265,15 +259,16 @@ def test_lightning_cli_takes_shardsets_and_groups(two_roots, monkeypatch):
         f"--data.root={root}",
         "--data.workers.num_workers=0",
         "--data.workers.decode_threads=2",
+        "--data.workers.prefetch_factor=auto",
         "--data.cache.limit=1GB",
         "--trainer.logger=false",
     ]
     cli = LightningCLI(Model, ShardDataModule, args=args, run=False, save_config_callback=None)
     dm = cli.datamodule
     assert dm.roots == [str(a), str(b)] and dm.weights == [3.0, 1.0]
-    assert dm.workers == WorkerSettings(num_workers=0, decode_threads=2)
-    assert (dm.num_workers, dm.decode_threads, dm.cache_limit) == (0, 2, "1GB")
+    assert dm.workers == WorkerSettings(num_workers=0, decode_threads=2, prefetch_factor="auto")
+    assert dm.cache == CacheSettings(limit="1GB")
     plain = LightningCLI(
         Model, ShardDataModule, args=[f"--data.root={a}"], run=False, save_config_callback=None
     )
-    assert plain.datamodule.roots == [str(a)] and plain.datamodule.workers is None
+    assert plain.datamodule.roots == [str(a)] and plain.datamodule.workers == AUTO_WORKERS

@@ -11,14 +11,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastdata import ShardDataModule
+from fastdata import ShardDataModule, WorkerSettings
 from tests.lightning.models import PACKAGES, QUIET, lightning_package, small_cnn
 
 pytest.importorskip("pytorch_lightning")
 
 
 def _dm(root: Path, **kwargs) -> ShardDataModule:
-    options = dict(batch_size=32, num_workers=0, prefetch_factor=2, backend="cpu")
+    options = dict(
+        batch_size=32, workers=WorkerSettings(num_workers=0, prefetch_factor=2), backend="cpu"
+    )
     return ShardDataModule(root, splits={"val": "test"}, **(options | kwargs))
 
 
@@ -83,13 +85,14 @@ def test_without_pytorch_lightning_it_is_a_lightning_pytorch_datamodule(tiny_sha
         import sys
         sys.modules["pytorch_lightning"] = None  # as if not installed: import raises ImportError
         import lightning.pytorch as L
-        from fastdata import ShardDataModule
+        from fastdata import ShardDataModule, WorkerSettings
         from fastdata.lightning.compat import DATAMODULE_BASES
         assert DATAMODULE_BASES == (L.LightningDataModule,), DATAMODULE_BASES
         assert "pytorch_lightning" not in [c.__module__.split(".")[0] for c in ShardDataModule.__mro__]
         sys.path.insert(0, {str(Path(__file__).parents[2])!r})
         from tests.lightning.models import QUIET, small_cnn
-        dm = ShardDataModule({str(tiny_shards)!r}, batch_size=32, num_workers=0, backend="cpu")
+        dm = ShardDataModule({str(tiny_shards)!r}, batch_size=32,
+                             workers=WorkerSettings(num_workers=0), backend="cpu")
         model = small_cnn(L)()
         L.Trainer(max_steps=3, limit_val_batches=0, **QUIET).fit(model, dm)
         assert len(model.seen) == 3 and dm.num_classes == 300

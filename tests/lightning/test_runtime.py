@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from fastdata import ShardDataModule
+from fastdata import ShardDataModule, WorkerSettings
 from fastdata.lightning.runtime import rank_and_world
 
 
 def test_loader_timeout_and_start_method_reach_the_dataloader(tiny_shards):
     dm = ShardDataModule(
-        tiny_shards, backend="cpu", num_workers=1, prefetch_factor=2, loader_timeout=30.0,
-        mp_context="spawn", batch_size=50,
-    )  # fmt: skip
+        tiny_shards,
+        backend="cpu",
+        batch_size=50,
+        workers=WorkerSettings(num_workers=1, prefetch_factor=2, timeout=30.0, mp_context="spawn"),
+    )
     dm.setup("fit")
     loader = dm.train_dataloader()
     dataloader = loader.loader.dataloader
@@ -22,7 +24,7 @@ def test_loader_timeout_and_start_method_reach_the_dataloader(tiny_shards):
 
 
 def test_bad_timeout_and_explicit_ranks():
-    with pytest.raises(ValueError, match="loader_timeout must be >= 0"):
-        ShardDataModule("unused", loader_timeout=-1)
+    with pytest.raises(ValueError, match="WorkerSettings.timeout must be >= 0"):
+        ShardDataModule("unused", workers=WorkerSettings(timeout=-1))
     assert rank_and_world(1, 4, None) == (1, 4)
     assert rank_and_world(None, None, None) == (0, 1)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fastdata import ShardDataModule
+from fastdata import ShardDataModule, WorkerSettings
 from tests.lightning.models import PACKAGES, QUIET, lightning_package, small_cnn
 
 pytest.importorskip("pytorch_lightning")
@@ -17,10 +17,9 @@ def _dm(root: Path, batch_size: int = 32) -> ShardDataModule:
     return ShardDataModule(
         root,
         batch_size=batch_size,
-        num_workers=0,
-        prefetch_factor=2,
         backend="cpu",
         splits={"val": "test"},
+        workers=WorkerSettings(num_workers=0, prefetch_factor=2),
     )
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fastdata import ShardDataModule
+from fastdata import ShardDataModule, WorkerSettings
 from fastdata.augment import BatchTransform, image_seed
 from fastdata.read import BACKENDS as ALL_BACKENDS
 from fastdata.write import ShardOptions, write_shards
@@ -59,7 +59,7 @@ def photos(tmp_path_factory) -> Path:
 
 def _dm(root: Path, backend: str, **kw) -> ShardDataModule:
     kw.setdefault("batch_size", 10)
-    kw.setdefault("num_workers", 0)
+    kw.setdefault("workers", WorkerSettings(num_workers=0))
     dm = ShardDataModule(root, backend=backend, **kw)
     dm.setup("fit")
     return dm
@@ -188,10 +188,10 @@ def test_a_resumed_run_repeats_the_per_image_draws(raw8):
     kw = dict(train_transforms=coin_flip, mean=(0,) * 3, std=(1,) * 3, seed=4)
     dm = _dm(raw8, "cpu", **kw)
     batches = list(itertools.islice(dm.prepared(dm.train_dataloader(), CPU), 3))
-    state = ShardDataModule(raw8, num_workers=0, batch_size=10, **kw)
+    state = ShardDataModule(raw8, batch_size=10, workers=WorkerSettings(num_workers=0), **kw)
     state.setup("fit")
     list(itertools.islice(state.prepared(state.train_dataloader(), CPU), 2))
-    resumed = ShardDataModule(raw8, num_workers=0, batch_size=10, **kw)
+    resumed = ShardDataModule(raw8, batch_size=10, workers=WorkerSettings(num_workers=0), **kw)
     resumed.load_state_dict(state.state_dict())
     resumed.setup("fit")
     raw, y = next(iter(resumed.train_dataloader()))

@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from fastdata import WorkerSettings
 from fastdata.cli import main
 from fastdata.format.carve import Carve, carve_ids
 from fastdata.format.manifest_io import load_manifest
@@ -29,7 +30,9 @@ N_TRAIN = 300  # tiny_shards: 300 train samples, label == sample id, in shards o
 
 
 def _module(root: Path, **kwargs) -> ShardDataModule:
-    options = dict(batch_size=16, num_workers=0, prefetch_factor=2, backend="cpu")
+    options = dict(
+        batch_size=16, workers=WorkerSettings(num_workers=0, prefetch_factor=2), backend="cpu"
+    )
     return ShardDataModule(root, **{**options, **kwargs})
 
 
@@ -103,7 +106,13 @@ def test_val_fraction_never_trains_on_the_carved_samples(tiny_shards, backend):
 
 def test_dali_backend_honours_the_carve(tiny_shards):
     pytest.importorskip("nvidia.dali")
-    dm = _module(tiny_shards, val=0.2, backend="dali", num_workers=1, drop_last=False)
+    dm = _module(
+        tiny_shards,
+        val=0.2,
+        backend="dali",
+        workers=WorkerSettings(num_workers=1, prefetch_factor=2),
+        drop_last=False,
+    )
     train, val = _labels(dm, "train"), _labels(dm, "val")
     assert len(train) == len(set(train)) == 240 and len(val) == len(set(val)) == 60
     assert set(val) == set(_labels(_module(tiny_shards, val=0.2), "val"))  # as the cpu backend
@@ -119,11 +128,11 @@ def test_val_fraction_over_a_dataset_with_a_val_split_says_which_it_uses(tmp_pat
     assert "has a 'val' split, but val=0.1" in caplog.text and len(val) == 24  # 10 % of 240
 
 
-def test_val_accepts_a_split_name_and_refuses_what_it_cannot_do(tiny_shards):
-    dm = _module(tiny_shards, val="test")
+def test_val_splits_and_carves_refuse_what_they_cannot_do(tiny_shards):
+    dm = _module(tiny_shards, splits={"val": "test"})
     assert len(_labels(dm, "val")) == 50
     with pytest.raises(ValueError, match="'nope' is not in"):
-        _module(tiny_shards, val="nope").setup()
+        _module(tiny_shards, splits={"val": "nope"}).setup()
     with pytest.raises(ValueError, match="disagree"):
         _module(tiny_shards, val=0.1, splits={"val": "test"}).setup()
     with pytest.raises(ValueError, match="cannot carve a mix"):
@@ -235,7 +244,9 @@ def test_shard_cli_val_fraction_on_a_folder(tmp_path, capsys):
     manifest = load_manifest(out)
     assert {n: s.num_samples for n, s in manifest.splits.items()} == {"train": 9, "val": 3}
     assert sum(manifest.splits["val"].class_counts) == 3
-    dm = ShardDataModule(out, batch_size=4, num_workers=0, backend="cpu", image_size=32)
+    dm = ShardDataModule(
+        out, batch_size=4, backend="cpu", image_size=32, workers=WorkerSettings(num_workers=0)
+    )
     dm.setup()
     assert dm.split_names["val"] == "val"
     # A source that has a val split already, and a bad fraction, are refused with the reason.
@@ -301,7 +312,10 @@ def test_decoded_cache_dir_option_and_environment(tiny_shards, tmp_path, monkeyp
     assert len(list((tmp_path / "env").glob("test-*.json"))) == 1
     chosen = tmp_path / "chosen"
     clear_device_cache()  # the process keeps placed splits: decode (load) the split again
-    _labels(_module(tiny_shards, backend="memory", decoded_cache_dir=chosen, val="test"), "val")
+    _labels(
+        _module(tiny_shards, backend="memory", decoded_cache_dir=chosen, splits={"val": "test"}),
+        "val",
+    )
     assert len(list(chosen.glob("test-*.json"))) == 1
     assert not any(p.name.startswith(".fastdata") for p in tiny_shards.iterdir())
     assert os.access(tiny_shards, os.W_OK)  # nothing above needed a read-only folder

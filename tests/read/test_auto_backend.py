@@ -6,6 +6,7 @@ import logging
 
 import pytest
 
+from fastdata import WorkerSettings
 from fastdata.augment import get_preset
 from fastdata.format.manifest import Manifest, ShardInfo, SplitInfo
 from fastdata.read.backends.auto import backend_available, choose_backend, free_device_memory
@@ -181,7 +182,9 @@ def test_auto_on_a_dataset_without_a_training_split(tmp_path, stage, role):
 
     splits = {"val": rectangles(6, 3, fixed=(20, 20)), "test": rectangles(9, 4, fixed=(20, 20))}
     root = write_field_shards(tmp_path / "eval-only", splits)
-    dm = DetectionDataModule(root, backend="auto", image_size=16, batch_size=4, num_workers=0)
+    dm = DetectionDataModule(
+        root, backend="auto", image_size=16, batch_size=4, workers=WorkerSettings(num_workers=0)
+    )
     dm.setup(stage)
     assert dm.backend_name == "memory"  # 9 x 20 x 20 x (3 + 1) bytes fit; no crop to run
     loader = {"validate": dm.val_dataloader, "test": dm.test_dataloader}.get(

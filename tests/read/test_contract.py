@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastdata import ShardDataModule
+from fastdata import ShardDataModule, WorkerSettings
 from fastdata.augment import Preset, get_preset
 from fastdata.read import BACKENDS
 from fastdata.read.plan import PAD_LABEL
@@ -24,7 +24,7 @@ CPU = torch.device("cpu")
 
 def _dm(root: Path, backend: str, **kw) -> ShardDataModule:
     kw.setdefault("batch_size", 10)
-    kw.setdefault("num_workers", 0)
+    kw.setdefault("workers", WorkerSettings(num_workers=0))
     kw.setdefault("seed", 7)
     dm = ShardDataModule(root, backend=backend, **kw)
     dm.setup("fit")
@@ -83,9 +83,15 @@ def test_elastic_resume_without_a_trainer(tiny_shards, before, after, backend):
     resumed = []
     for r in range(world):
         dm = ShardDataModule(
-            tiny_shards, backend=backend, batch_size=batch, num_workers=0, seed=7, rank=r,
-            world_size=world, drop_last=False,
-        )  # fmt: skip
+            tiny_shards,
+            backend=backend,
+            batch_size=batch,
+            seed=7,
+            rank=r,
+            world_size=world,
+            drop_last=False,
+            workers=WorkerSettings(num_workers=0),
+        )
         dm.load_state_dict(state)
         dm.setup("fit")
         loader = dm.train_dataloader()
@@ -101,12 +107,18 @@ def test_elastic_resume_without_a_trainer(tiny_shards, before, after, backend):
 def test_resume_refuses_another_seed_or_dataset(tiny_shards, tmp_path):
     _, state = _consume(tiny_shards, 1, 10, k=2)
     with pytest.raises(ResumeError, match="seed=7"):
-        ShardDataModule(tiny_shards, seed=8, num_workers=0).load_state_dict(state)
+        ShardDataModule(tiny_shards, seed=8, workers=WorkerSettings(num_workers=0)).load_state_dict(
+            state
+        )
     other = dict(state, dataset="0" * 16)
     with pytest.raises(ResumeError, match="another dataset"):
-        ShardDataModule(tiny_shards, seed=7, num_workers=0).load_state_dict(other)
+        ShardDataModule(tiny_shards, seed=7, workers=WorkerSettings(num_workers=0)).load_state_dict(
+            other
+        )
     with pytest.raises(ResumeError, match="older fastdata"):
-        ShardDataModule(tiny_shards, num_workers=0).load_state_dict({"epoch": 0, "batches_seen": 3})
+        ShardDataModule(tiny_shards, workers=WorkerSettings(num_workers=0)).load_state_dict(
+            {"epoch": 0, "batches_seen": 3}
+        )
 
 
 def test_eval_padding_is_marked_and_every_sample_counted_once(tiny_shards):
@@ -165,7 +177,9 @@ def test_a_wide_image_keeps_its_edge_box_on_every_backend(tmp_path, backend):
 
     rects = [Rect("wide", (150, 300), (0, 50, 40, 90), 1), Rect("square", (200, 200), (50, 50, 100, 100), 2)]  # fmt: skip
     root = write_field_shards(tmp_path / "d", {"train": rects, "val": rects})
-    dm = DetectionDataModule(root, backend=backend, image_size=128, batch_size=2, num_workers=0)
+    dm = DetectionDataModule(
+        root, backend=backend, image_size=128, batch_size=2, workers=WorkerSettings(num_workers=0)
+    )
     dm.setup("validate")
     boxes = {
         m["key"]: b.cpu()

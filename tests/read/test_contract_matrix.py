@@ -27,7 +27,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fastdata import ShardDataModule
+from fastdata import ShardDataModule, WorkerSettings
 from fastdata.augment import PadCrop, Preset
 from fastdata.read import BACKENDS
 from fastdata.write import ShardOptions, write_shards
@@ -177,10 +177,17 @@ def run(root: Path, backend: str, transforms, image_size, world: int, batch: int
     for rank in range(world):
         try:  # construction: the only place a combination may be refused
             dm = ShardDataModule(
-                root, backend=backend, batch_size=batch, num_workers=0, seed=3, rank=rank,
-                world_size=world, image_size=image_size, train_transforms=transforms,
+                root,
+                backend=backend,
+                batch_size=batch,
+                seed=3,
+                rank=rank,
+                world_size=world,
+                image_size=image_size,
+                train_transforms=transforms,
                 drop_last=False,
-            )  # fmt: skip
+                workers=WorkerSettings(num_workers=0),
+            )
             dm.setup("fit")
             train, val = dm.train_dataloader(), dm.val_dataloader()
         except ValueError as exc:
@@ -254,7 +261,7 @@ def _dict_module(root: Path, backend: str, module: str, **options) -> ShardDataM
     from fastdata import DetectionDataModule, SegmentationDataModule
 
     kind, _, preset = module.partition("-")
-    options |= dict(backend=backend, num_workers=0, seed=5, drop_last=False)
+    options |= dict(backend=backend, workers=WorkerSettings(num_workers=0), seed=5, drop_last=False)
     if kind == "detection":
         return DetectionDataModule(root, train_transforms=preset or None, **options)
     return SegmentationDataModule(root, train_transforms=preset, **options)

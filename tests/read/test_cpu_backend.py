@@ -240,7 +240,10 @@ def test_fixed_size_png_split_keeps_its_size(tmp_path):
         ShardOptions(encoding="png", workers=1, progress=False),
     )
     dm = ShardDataModule(
-        tmp_path / "png", batch_size=8, num_workers=0, prefetch_factor=2, backend="cpu"
+        tmp_path / "png",
+        batch_size=8,
+        backend="cpu",
+        workers=WorkerSettings(num_workers=0, prefetch_factor=2),
     )
     dm.setup()
     x, y = next(iter(dm.train_dataloader()))

@@ -22,6 +22,7 @@ import torch
 import fastdata.read.backends.cpu as cpu
 from fastdata.format.manifest_io import load_manifest
 from fastdata.lightning.datamodule import ShardDataModule
+from fastdata.lightning.options import ShardSet
 from fastdata.read.backends.cpu import make_cpu_loader
 from fastdata.read.base import LoaderSpec, WorkerSettings
 from fastdata.read.plan import PAD_LABEL
@@ -118,13 +119,12 @@ def test_gathered_mix_of_two_datasets_equals_the_per_sample_path(tmp_path, monke
 
     def make():
         dm = ShardDataModule(
-            roots,
-            weights=[3, 1],
+            [ShardSet(roots[0], weight=3), ShardSet(roots[1])],
             batch_size=12,
             seed=5,
-            num_workers=0,
             drop_last=False,
             backend="cpu",
+            workers=WorkerSettings(num_workers=0),
         )
         dm.setup("fit")
         loader = dm.train_dataloader()
@@ -328,9 +328,11 @@ def test_photo_batches_decoded_into_the_slots_equal_main_process_batches(tmp_pat
         dm = ShardDataModule(
             root,
             batch_size=8,
-            num_workers=workers,
-            prefetch_factor=prefetch if workers else "auto",
-            mp_context="fork",  # the patches above reach the workers
+            workers=WorkerSettings(
+                num_workers=workers,
+                prefetch_factor=prefetch if workers else "auto",
+                mp_context="fork",  # the patches above reach the workers
+            ),
             backend="cpu",
             image_size=32,
             seed=3,

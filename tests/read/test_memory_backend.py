@@ -15,6 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
+from fastdata import WorkerSettings
 from fastdata.augment import get_preset
 from fastdata.format.manifest import Manifest
 from fastdata.read.backends import memory
@@ -280,6 +281,7 @@ import sys
 import lightning as L
 import torch
 from fastdata.lightning.datamodule import ShardDataModule
+from fastdata.read import WorkerSettings
 from fastdata.train import end_process_group
 
 root, out = sys.argv[1], sys.argv[2]
@@ -306,8 +308,8 @@ class Probe(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 if __name__ == "__main__":
-    dm = ShardDataModule(root, batch_size=4, num_workers=0, prefetch_factor=2, backend="memory",
-                         preset="none", drop_last=True)
+    dm = ShardDataModule(root, batch_size=4, backend="memory", train_transforms="none",
+                         workers=WorkerSettings(num_workers=0, prefetch_factor=2), drop_last=True)
     trainer = L.Trainer(strategy="ddp", accelerator="cpu", devices=2, max_epochs=1,
                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0)
@@ -518,7 +520,11 @@ def test_real_photos_keep_every_box_and_the_store_is_their_frames(tmp_path):
     batches = {}
     for backend in ("cpu", "memory"):
         dm = DetectionDataModule(
-            manifest.root, backend=backend, image_size=96, batch_size=5, num_workers=0
+            manifest.root,
+            backend=backend,
+            image_size=96,
+            batch_size=5,
+            workers=WorkerSettings(num_workers=0),
         )
         dm.setup("validate")
         loader = dm.val_dataloader()

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from fastdata import ShardDataModule
+from fastdata import ShardDataModule, ShardSet, WorkerSettings
 from fastdata.format.manifest_io import load_manifest
 from fastdata.read import BACKENDS
-from fastdata.read.mix import map_row_labels, mix_manifests, share_counts
+from fastdata.read.mix import map_row_labels, mix_manifests, mix_roots, share_counts
 from fastdata.read.resume import ResumeError
 from fastdata.write import ShardOptions, write_shards
 from fastdata.write.sources.arrays import ArraySource
@@ -47,11 +47,18 @@ def two_roots(tmp_path_factory) -> list[Path]:
     return [_write(base / "a", "a", N_A, 10, 1), _write(base / "b", "b", N_B, 10, 2)]
 
 
-def _dm(roots, backend="cpu", **kw) -> ShardDataModule:
-    kw.setdefault("weights", [3, 1])
+def _weighted(roots, weights) -> list[ShardSet]:
+    """The mix of `roots` weighted by `weights` (a `ShardSet` each)."""
+    return [ShardSet(root, weight=w) for root, w in zip(roots, weights, strict=True)]
+
+
+def _dm(roots, backend="cpu", weights=(3, 1), **kw) -> ShardDataModule:
+    roots = _weighted(roots, weights)
     kw.setdefault("batch_size", 10)
     kw.setdefault("seed", 5)
-    dm = ShardDataModule(roots, backend=backend, num_workers=0, drop_last=False, **kw)
+    dm = ShardDataModule(
+        roots, backend=backend, drop_last=False, workers=WorkerSettings(num_workers=0), **kw
+    )
     dm.setup("fit")
     return dm
 
@@ -124,9 +131,15 @@ def test_resume_mid_mixed_epoch_is_exact_and_elastic(two_roots, before, after, b
     resumed = []
     for r in range(after[0]):
         dm = ShardDataModule(
-            two_roots, weights=[3, 1], backend=backend, batch_size=after[1], num_workers=0,
-            seed=5, rank=r, world_size=after[0], drop_last=False,
-        )  # fmt: skip
+            _weighted(two_roots, [3, 1]),
+            backend=backend,
+            batch_size=after[1],
+            seed=5,
+            rank=r,
+            world_size=after[0],
+            drop_last=False,
+            workers=WorkerSettings(num_workers=0),
+        )
         dm.load_state_dict(state)
         dm.setup("fit")
         resumed += _epochs(dm)[0]
@@ -140,13 +153,19 @@ def test_state_from_another_weighting_or_dataset_is_refused(two_roots):
     with pytest.raises(
         ResumeError, match=r"weights 3:1 .*this DataModule reads a mix \(weights 1:1"
     ):
-        ShardDataModule(two_roots, weights=[1, 1], seed=5, num_workers=0).load_state_dict(state)
+        ShardDataModule(
+            _weighted(two_roots, [1, 1]), seed=5, workers=WorkerSettings(num_workers=0)
+        ).load_state_dict(state)
     with pytest.raises(ResumeError, match="epoch size 200"):
-        ShardDataModule(two_roots, weights=[3, 1], epoch_samples=200, seed=5).load_state_dict(state)
+        ShardDataModule(_weighted(two_roots, [3, 1]), epoch_samples=200, seed=5).load_state_dict(
+            state
+        )
     with pytest.raises(ResumeError, match="reads a single dataset"):
-        ShardDataModule(two_roots[0], seed=5, num_workers=0).load_state_dict(state)
-    ShardDataModule(two_roots, weights=[3.0, 1.0], seed=5).load_state_dict(state)  # the same mix
-    ShardDataModule(two_roots, weights=[3, 1], epoch_samples=160, seed=5).load_state_dict(state)
+        ShardDataModule(
+            two_roots[0], seed=5, workers=WorkerSettings(num_workers=0)
+        ).load_state_dict(state)
+    ShardDataModule(_weighted(two_roots, [3.0, 1.0]), seed=5).load_state_dict(state)  # the same mix
+    ShardDataModule(_weighted(two_roots, [3, 1]), epoch_samples=160, seed=5).load_state_dict(state)
 
 
 def _test_labels(dm: ShardDataModule) -> list[int]:
@@ -155,7 +174,10 @@ def _test_labels(dm: ShardDataModule) -> list[int]:
 
 def test_eval_splits_are_the_concatenation_once_each(two_roots):
     mixed = _test_labels(_dm(two_roots, weights=[1, 9]))  # weights do not apply to evaluation
-    a, b = (_test_labels(ShardDataModule(r, num_workers=0, backend="cpu")) for r in two_roots)
+    a, b = (
+        _test_labels(ShardDataModule(r, backend="cpu", workers=WorkerSettings(num_workers=0)))
+        for r in two_roots
+    )
     assert mixed == a + [N_A + y for y in b]  # A's rows, then B's, each once, merged labels
     assert sorted(mixed) == list(range(10)) + list(range(N_A, N_A + 10))
 
@@ -188,11 +210,11 @@ def test_classes_are_merged_by_name_in_first_seen_order(tmp_path, backend):
 
 def test_arguments_and_datasets_that_cannot_mix_are_refused(two_roots):
     with pytest.raises(ValueError, match="2 weights for 1 roots"):
-        ShardDataModule([two_roots[0]], weights=[1, 2])
+        mix_roots([two_roots[0]], [1, 2])
     with pytest.raises(ValueError, match=f"the weight of {two_roots[1]} must be finite and > 0"):
-        ShardDataModule(two_roots, weights=[1, 0])
+        mix_roots(two_roots, [1, 0])
     with pytest.raises(ValueError, match="pass root as a list"):
-        ShardDataModule(two_roots[0], weights=[1])
+        ShardDataModule(two_roots[0], epoch_samples=10)
     a, b = (load_manifest(r) for r in two_roots)
     with pytest.raises(ValueError, match="no class names"):
         mix_manifests([a, replace(b, classes=[])])

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fastdata import WorkerSettings
 from fastdata.format import manifest_io
 from fastdata.format.manifest import ManifestError
 from fastdata.format.manifest_io import load_manifest
@@ -271,7 +272,11 @@ def test_the_datamodule_passes_verify_samples_down(tiny_shards, backend):
     offset, size, _ = _component(tiny_shards, 4, "rgb")
     _flip(tiny_shards / "train-000000.tar", offset + size // 2)
     dm = ShardDataModule(
-        tiny_shards, batch_size=32, num_workers=0, backend=backend, verify_samples=True
+        tiny_shards,
+        batch_size=32,
+        backend=backend,
+        verify_samples=True,
+        workers=WorkerSettings(num_workers=0),
     )
     dm.setup("fit")
     with pytest.raises(ShardReadError, match="differ from the digest"):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from fastdata import ShardDataModule
+from fastdata import CacheSettings, ShardDataModule, WorkerSettings
 from fastdata.format.manifest import Manifest
 from fastdata.format.manifest_io import load_manifest
 from fastdata.read.shardio import ShardReader, pins_needed
@@ -61,9 +61,14 @@ def need_of(manifest: Manifest) -> int:
 
 def module(url: str, cache_dir: Path, limit: int, rank: int = 0) -> ShardDataModule:
     return ShardDataModule(
-        url, batch_size=10, num_workers=WORKERS, prefetch_factor=2, backend="cpu",
-        cache_dir=str(cache_dir), cache_limit=limit, rank=rank, world_size=RANKS,
-    )  # fmt: skip
+        url,
+        batch_size=10,
+        backend="cpu",
+        rank=rank,
+        world_size=RANKS,
+        workers=WorkerSettings(num_workers=WORKERS, prefetch_factor=2),
+        cache=CacheSettings(dir=str(cache_dir), limit=limit),
+    )
 
 
 def rank_main(results: multiprocessing.Queue, url: str, runs: list[tuple[str, int]], rank: int):

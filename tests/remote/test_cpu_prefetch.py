@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fastdata import ShardDataModule
+from fastdata import CacheSettings, ShardDataModule, WorkerSettings
 from fastdata.format.manifest_io import load_manifest
 from fastdata.read.backends.cpu import make_cpu_loader
 from fastdata.read.base import LoaderSpec
@@ -43,9 +43,12 @@ def test_cpu_loader_prefetches_in_plan_order(
 
 def test_a_mix_reads_a_remote_and_a_local_dataset(http_server: FileServer, dataset: Path) -> None:
     dm = ShardDataModule(
-        [http_server.url, dataset], weights=[1, 1], batch_size=50, num_workers=0, backend="cpu",
-        cache_dir=dataset.parent / "cache", cache_limit="10MB",
-    )  # fmt: skip
+        [http_server.url, dataset],  # plain roots weigh 1 each
+        batch_size=50,
+        backend="cpu",
+        workers=WorkerSettings(num_workers=0),
+        cache=CacheSettings(dir=dataset.parent / "cache", limit="10MB"),
+    )
     dm.setup("fit")
     counts = Counter(y for _, batch in dm.train_dataloader() for y in batch.tolist())
     # The same dataset twice: one class list, so each sample's label comes up once per copy.

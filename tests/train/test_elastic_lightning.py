@@ -30,6 +30,8 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 
+from fastdata import WorkerSettings
+
 ROOT = Path(__file__).resolve().parents[2]
 NUM_SAMPLES = 121  # odd: resuming on 2 ranks pads the remainder with one repeat
 STEPS = 3  # the checkpoint's step (K)
@@ -85,9 +87,15 @@ def train(
     from fastdata import ShardDataModule
 
     dm = ShardDataModule(
-        shards, batch_size=batch_size, num_workers=0, prefetch_factor=2, backend="cpu",
-        train_transforms="none", seed=seed, drop_last=False, splits={"val": "test"},
-    )  # fmt: skip
+        shards,
+        batch_size=batch_size,
+        backend="cpu",
+        train_transforms="none",
+        seed=seed,
+        drop_last=False,
+        splits={"val": "test"},
+        workers=WorkerSettings(num_workers=0, prefetch_factor=2),
+    )
     checkpoint = ModelCheckpoint(
         dirpath=out / "ckpt", filename="{step}", every_n_train_steps=None if validate else STEPS,
         save_top_k=-1, save_last=True,

@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fastdata import WorkerSettings
+
 ROOT = Path(__file__).resolve().parents[2]
 NUM_SAMPLES, BATCH, EPOCHS, EVERY = (
     48,
@@ -72,11 +74,10 @@ def _train(args: argparse.Namespace) -> None:
     dm = ShardDataModule(
         args.shards,
         batch_size=BATCH,
-        num_workers=args.workers,
-        prefetch_factor=2,
         backend=args.backend,
-        preset="none",
+        train_transforms="none",
         seed=3,
+        workers=WorkerSettings(num_workers=args.workers, prefetch_factor=2),
     )
     trainer = make_trainer(
         TrainPreset(precision="32-true", checkpoint_dir=args.ckpt, checkpoint_every_n_steps=EVERY),

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastdata import ShardDataModule
+from fastdata import ShardDataModule, WorkerSettings
 from fastdata.format.manifest_io import load_manifest
 from fastdata.write import ShardOptions, write_shards
 from fastdata.write.images import UnreadableImage, open_image, to_rgb
@@ -128,7 +128,12 @@ def test_every_backend_yields_three_channel_batches(zoo, backend):
         pytest.importorskip("nvidia.dali", reason="NVIDIA DALI is not installed")
     _, out, images = zoo
     dm = ShardDataModule(
-        out, batch_size=4, backend=backend, image_size=32, num_workers=0, drop_last=False
+        out,
+        batch_size=4,
+        backend=backend,
+        image_size=32,
+        drop_last=False,
+        workers=WorkerSettings(num_workers=0),
     )
     dm.setup("fit")
     seen = 0

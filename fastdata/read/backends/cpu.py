@@ -510,9 +510,9 @@ class CpuLoader(PlannedLoader):
         worker = f"worker {task[0]}" if task else "a worker"
         return LoaderTimeoutError(
             f"no batch from {worker} of the {self.spec.split!r} loader "
-            f"({self.spec.manifest.root}) within {self.spec.workers.timeout:g} s (loader_timeout):"
+            f"({self.spec.manifest.root}) within {self.spec.workers.timeout:g} s (WorkerSettings.timeout):"
             " the worker is stuck or far slower than expected (a stalled remote read, an "
-            "overloaded machine); raise loader_timeout, or pass 0 to wait forever"
+            "overloaded machine); raise WorkerSettings.timeout, or pass 0 to wait forever"
         )
 
     def close(self) -> None:

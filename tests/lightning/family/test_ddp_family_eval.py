@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import nn
 
-from fastdata import DetectionDataModule, SegmentationDataModule
+from fastdata import DetectionDataModule, SegmentationDataModule, WorkerSettings
 
 ROOT = Path(__file__).resolve().parents[3]
 pytestmark = pytest.mark.slow
@@ -47,7 +47,9 @@ class _Record(pl.LightningModule):
 
 def evaluate(shards: Path, out: Path, devices: int, backend: str, task: str) -> None:
     module = SegmentationDataModule if task == "segmentation" else DetectionDataModule
-    dm = module(shards, batch_size=4, num_workers=0, backend=backend, image_size=20)
+    dm = module(
+        shards, batch_size=4, workers=WorkerSettings(num_workers=0), backend=backend, image_size=20
+    )
     trainer = pl.Trainer(
         accelerator="cpu", devices=devices, strategy="ddp" if devices > 1 else "auto",
         logger=False, enable_progress_bar=False, enable_model_summary=False,

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastdata import DetectionDataModule, SegmentationDataModule, ShardDataModule
+from fastdata import DetectionDataModule, SegmentationDataModule, ShardDataModule, WorkerSettings
 from fastdata.augment import Preset
 from fastdata.format.manifest import ManifestError
 from fastdata.read.decoders.dict_batch import EvalSample, TrainSample
@@ -47,7 +47,13 @@ def datasets(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
 
 def _dm(root: Path, backend: str, case: str, **kw) -> ShardDataModule:
     preset, size, _ = CASES[case]
-    options = dict(batch_size=8, num_workers=0, backend=backend, image_size=size, drop_last=False)
+    options = dict(
+        batch_size=8,
+        workers=WorkerSettings(num_workers=0),
+        backend=backend,
+        image_size=size,
+        drop_last=False,
+    )
     if case == "detection":
         return DetectionDataModule(root, **(options | kw))
     return SegmentationDataModule(root, train_transforms=preset, **(options | kw))
@@ -158,6 +164,37 @@ def test_evaluation_padding_is_marked_per_target_and_each_sample_counts_once(dat
 
 
 @pytest.mark.parametrize("backend", ["cpu", "memory"])
+def test_ignore_index_is_an_option_of_the_base_module(datasets, backend):
+    """`ShardDataModule(ignore_index=)` (not only the segmentation member) marks a pad-crop's
+    outside pixels in training and every pixel of an evaluation padding sample."""
+    root, _ = datasets["(28, 28)"]
+    marks = {"train": 0, "padding": 0}
+    for rank in (0, 1):  # 13 val samples on 2 ranks: one padding sample
+        dm = ShardDataModule(
+            root, backend=backend, batch_size=8, train_transforms="cifar", ignore_index=7,
+            workers=WorkerSettings(num_workers=0), rank=rank, world_size=2, drop_last=False,
+        )  # fmt: skip
+        assert dm.loader_spec("val", train=False).ignore_index == 7
+        for batch in dm.prepared(dm.train_dataloader()):
+            mask = torch.stack(list(_cpu(batch)["mask"]))
+            assert IGNORE not in mask.unique().tolist()
+            marks["train"] += int((mask == 7).sum())
+        for batch in dm.prepared(dm.val_dataloader()):
+            batch = _cpu(batch)
+            for mask, padded in zip(batch["mask"], batch["padded"], strict=True):
+                assert (mask == 7).all() if padded else not (mask == 7).any()
+                marks["padding"] += int(padded)
+    assert marks["train"] > 0 and marks["padding"] == 1  # 4 px pads: drawn on some images
+
+
+def test_ignore_index_out_of_range_is_refused(datasets):
+    root, _ = datasets["None"]
+    for bad in (-1, 65536):
+        with pytest.raises(ValueError, match=f"ignore_index must be in 0..65535, got {bad}"):
+            ShardDataModule(root, ignore_index=bad)
+
+
+@pytest.mark.parametrize("backend", ["cpu", "memory"])
 def test_a_mid_epoch_resume_gives_exactly_the_remaining_samples(datasets, backend):
     root, rects = datasets["None"]
     dm = _dm(root, backend, "photo", seed=3)
@@ -174,7 +211,9 @@ def test_a_mid_epoch_resume_gives_exactly_the_remaining_samples(datasets, backen
 
 
 def test_classification_batches_stay_tuples(tiny_shards):
-    dm = ShardDataModule(tiny_shards, batch_size=16, num_workers=0, backend="cpu")
+    dm = ShardDataModule(
+        tiny_shards, batch_size=16, backend="cpu", workers=WorkerSettings(num_workers=0)
+    )
     x, y = next(iter(dm.prepared(dm.train_dataloader())))
     assert x.shape == (16, 3, 8, 8) and y.shape == (16,)
 
@@ -182,9 +221,13 @@ def test_classification_batches_stay_tuples(tiny_shards):
 def test_a_preset_with_a_user_callable_is_refused_for_a_dict_split(datasets):
     root, _ = datasets["None"]
     dm = SegmentationDataModule(
-        root, batch_size=4, num_workers=0, backend="cpu", image_size=16,
+        root,
+        batch_size=4,
+        backend="cpu",
+        image_size=16,
         train_transforms=lambda x: x,
-    )  # fmt: skip
+        workers=WorkerSettings(num_workers=0),
+    )
     with pytest.raises(ValueError, match="moves only the images"):
         next(iter(dm.train_dataloader()))
     assert Preset  # a Preset of built-in ops is the way
@@ -194,7 +237,9 @@ def test_worker_processes_give_the_same_dict_batches_as_the_training_process(dat
     root, _ = datasets["None"]
 
     def epochs(workers: int) -> list:
-        dm = _dm(root, "cpu", "photo", num_workers=workers, prefetch_factor=2)
+        dm = _dm(
+            root, "cpu", "photo", workers=WorkerSettings(num_workers=workers, prefetch_factor=2)
+        )
         return [list(dm.prepared(dm.train_dataloader())) for _epoch in range(2)]
 
     for one, other in zip(epochs(0), epochs(2), strict=True):  # epoch 2: the look-ahead batch
@@ -218,7 +263,9 @@ def test_a_mix_of_dict_datasets_keeps_fields_and_merges_classes(tmp_path: Path) 
     (b / "manifest.json").write_text(json.dumps(manifest))
     # Mask pixels are a dataset's own class indices, never remapped: such a mix is refused...
     with pytest.raises(ManifestError, match="mask pixels are not remapped"):
-        SegmentationDataModule([a, b], batch_size=8, num_workers=0, backend="cpu").setup("fit")
+        SegmentationDataModule(
+            [a, b], batch_size=8, backend="cpu", workers=WorkerSettings(num_workers=0)
+        ).setup("fit")
     for root in (a, b):  # ...so this test reads the other targets only
         data = json.loads((root / "manifest.json").read_text())
         for split in data["splits"].values():
@@ -226,7 +273,12 @@ def test_a_mix_of_dict_datasets_keeps_fields_and_merges_classes(tmp_path: Path) 
         (root / "manifest.json").write_text(json.dumps(data))
     rects = {r.key: r for s in (21, 23) for r in rectangles(16, s)}
     dm = DetectionDataModule(
-        [a, b], batch_size=8, num_workers=0, backend="cpu", image_size=16, drop_last=False
+        [a, b],
+        batch_size=8,
+        backend="cpu",
+        image_size=16,
+        drop_last=False,
+        workers=WorkerSettings(num_workers=0),
     )
     seen = 0
     for batch in dm.prepared(dm.train_dataloader()):

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fastdata import DetectionDataModule, SegmentationDataModule
+from fastdata import DetectionDataModule, SegmentationDataModule, WorkerSettings
 from fastdata.format.fields import FieldSpec
 from fastdata.read.decoders.dict_batch import TrainSample
 from tests.lightning.family.conftest import ALL_FIELDS, NUM_CLASSES, rectangles, write_field_shards
@@ -86,7 +86,11 @@ def _trainer(**kw) -> pl.Trainer:
 @pytest.mark.parametrize("backend", ["cpu", "memory"])
 def test_fit_a_tiny_segmenter(rect_shards: Path, backend: str) -> None:
     dm = SegmentationDataModule(
-        rect_shards, batch_size=8, num_workers=0, backend=backend, image_size=24
+        rect_shards,
+        batch_size=8,
+        backend=backend,
+        image_size=24,
+        workers=WorkerSettings(num_workers=0),
     )
     model = TinySegmenter()
     before = [p.detach().clone() for p in model.parameters()]
@@ -99,7 +103,9 @@ def test_fit_a_tiny_segmenter(rect_shards: Path, backend: str) -> None:
 
 @pytest.mark.parametrize("backend", ["cpu", "memory"])
 def test_fit_a_tiny_detector(rect_shards: Path, backend: str) -> None:
-    dm = DetectionDataModule(rect_shards, batch_size=8, num_workers=0, backend=backend)
+    dm = DetectionDataModule(
+        rect_shards, batch_size=8, backend=backend, workers=WorkerSettings(num_workers=0)
+    )
     trainer = _trainer()
     trainer.fit(TinyDetector(), datamodule=dm)
     assert trainer.global_step == 4
@@ -116,14 +122,18 @@ def test_a_split_without_the_target_is_refused_saying_what_it_holds(
 ) -> None:
     fields = {n: f for n, f in ALL_FIELDS.items() if n != drop}
     root = write_field_shards(tmp_path / "x", {"train": rectangles(8, 4)}, fields)
-    dm = module(root, batch_size=4, num_workers=0, backend="cpu", image_size=16)
+    dm = module(
+        root, batch_size=4, workers=WorkerSettings(num_workers=0), backend="cpu", image_size=16
+    )
     with pytest.raises(ValueError, match=f"needs a {target} field") as info:
         dm.setup("fit")
     assert "image (image)" in str(info.value) and "caption (text)" in str(info.value)
 
 
 def test_a_classification_split_is_refused_by_the_segmentation_module(tiny_shards: Path) -> None:
-    dm = SegmentationDataModule(tiny_shards, batch_size=4, num_workers=0, backend="cpu")
+    dm = SegmentationDataModule(
+        tiny_shards, batch_size=4, backend="cpu", workers=WorkerSettings(num_workers=0)
+    )
     with pytest.raises(
         ValueError,
         match=r"holds image \(image\), label \(label\)|holds label \(label\), image \(image\)",

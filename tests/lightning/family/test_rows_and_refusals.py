@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fastdata import ShardDataModule
+from fastdata import ShardDataModule, WorkerSettings
 from fastdata.format.manifest_io import load_manifest
 from fastdata.read.backends.cpu import make_cpu_loader
 from fastdata.read.base import LoaderSpec
@@ -94,7 +94,13 @@ def test_datamodule_refuses_a_gpu_decoder_for_a_dict_split_at_setup(rect_shards,
     import fastdata.lightning.datamodule as datamodule
 
     monkeypatch.setattr(datamodule, "pick_backend", lambda *a, **k: "dali")
-    dm = ShardDataModule(rect_shards, batch_size=4, num_workers=0, backend="dali", image_size=16)
+    dm = ShardDataModule(
+        rect_shards,
+        batch_size=4,
+        backend="dali",
+        image_size=16,
+        workers=WorkerSettings(num_workers=0),
+    )
     with pytest.raises(ValueError, match=r"use backend='cpu' or 'memory'"):
         dm.setup("fit")
     assert torch  # imported for the type of the batches elsewhere
@@ -126,11 +132,11 @@ def test_class_indices_outside_the_classes_are_named_never_wrapped(tmp_path, bac
         dm = ShardDataModule(
             root,
             batch_size=8,
-            num_workers=0,
             backend=backend,
             train_transforms="none",
             drop_last=False,
             on_error=on_error,
+            workers=WorkerSettings(num_workers=0),
         )
         dm.setup("fit")
         return dm

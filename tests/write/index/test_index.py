@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastdata import ShardDataModule
+from fastdata import ShardDataModule, WorkerSettings
 from fastdata.cli import main
 from fastdata.format.manifest_io import load_manifest
 from fastdata.read.plan import PAD_LABEL
@@ -39,7 +39,13 @@ def _check_every_sample_once(dm: ShardDataModule, role: str, n: int) -> None:
 
 
 def _module(out: Path, **kwargs) -> ShardDataModule:
-    options = dict(batch_size=5, num_workers=0, backend="cpu", verify_samples=True, val="test")
+    options = dict(
+        batch_size=5,
+        workers=WorkerSettings(num_workers=0),
+        backend="cpu",
+        verify_samples=True,
+        splits={"val": "test"},
+    )
     dm = ShardDataModule(out, **{**options, **kwargs})
     dm.setup("fit")
     return dm

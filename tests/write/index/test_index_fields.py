@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from fastdata import ShardDataModule
+from fastdata import ShardDataModule, WorkerSettings
 from fastdata.write.index import index_shards
 from tests.write.index.conftest import caption, colour, meta, sha256s
 
@@ -21,7 +21,7 @@ def _check_epochs(out: Path, backend: str, num_workers: int = 0) -> None:
     dm = ShardDataModule(
         out,
         batch_size=4,
-        num_workers=num_workers,
+        workers=WorkerSettings(num_workers=num_workers),
         backend=backend,
         verify_samples=backend == "cpu",
         image_size=16,

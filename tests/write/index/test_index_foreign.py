@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fastdata import ShardDataModule
+from fastdata import ShardDataModule, WorkerSettings
 from fastdata.format.manifest_io import load_manifest
 from fastdata.write.foreign import ForeignTarError
 from fastdata.write.index import IndexingError, index_shards
@@ -38,7 +38,12 @@ def png(pixels: np.ndarray) -> bytes:
 
 def _epoch(out: Path, backend: str = "cpu", **kwargs) -> list:
     dm = ShardDataModule(
-        out, batch_size=4, num_workers=0, backend=backend, drop_last=False, **kwargs
+        out,
+        batch_size=4,
+        backend=backend,
+        drop_last=False,
+        workers=WorkerSettings(num_workers=0),
+        **kwargs,
     )
     dm.setup("fit")
     batches = list(dm.train_dataloader())
@@ -192,7 +197,9 @@ def test_image_less_split_is_refused_by_image_backends_naming_those_that_can(tmp
         for i in range(3):
             sink.write(_gz_sample(i, image=False))
     index_shards(src, tmp_path / "out")
-    dm = ShardDataModule(tmp_path / "out", batch_size=2, num_workers=0, backend=backend)
+    dm = ShardDataModule(
+        tmp_path / "out", batch_size=2, backend=backend, workers=WorkerSettings(num_workers=0)
+    )
     with pytest.raises(ValueError, match="'cpu' or 'memory'"):
         dm.setup("fit")
 
@@ -277,7 +284,9 @@ def test_small_foreign_images_keep_their_native_size_by_default(tmp_path):
     info = manifest.split("train")
     assert info.raw_shape == [28, 28, 3]
     assert info.image_stats["max_width"] == 28 and info.image_stats["mean_height"] == 28
-    dm = ShardDataModule(tmp_path / "out", batch_size=4, num_workers=0, backend="cpu")
+    dm = ShardDataModule(
+        tmp_path / "out", batch_size=4, backend="cpu", workers=WorkerSettings(num_workers=0)
+    )
     assert dm.image_shape == (3, 28, 28)  # not upsampled to 224
     dm.setup("fit")
     x, _ = next(iter(dm.train_dataloader()))

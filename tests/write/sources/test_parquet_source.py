@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fastdata import ShardDataModule
+from fastdata import ShardDataModule, WorkerSettings
 from fastdata.cli import main
 from fastdata.format.manifest_io import load_manifest
 from fastdata.write import ShardingError, ShardOptions, write_shards
@@ -98,12 +98,12 @@ def _loaded(out: Path, split: str) -> dict[int, dict[str, Any]]:
     dm = ShardDataModule(
         out,
         batch_size=4,
-        num_workers=0,
         backend="cpu",
         train_transforms="none",
         eval_transforms="none",
         drop_last=False,
         splits={"val": split} if split != "train" else None,
+        workers=WorkerSettings(num_workers=0),
     )
     dm.setup("fit")
     loader = dm.train_dataloader() if split == "train" else dm.val_dataloader()
