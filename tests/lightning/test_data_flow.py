@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import fastdata.lightning.datamodule as datamodule_module
 import fastdata.lightning.epoch_loader as epoch_loader_module
-from fastdata import ShardDataModule
+from fastdata import ShardDataModule, WorkerSettings
 from fastdata.format.manifest_io import load_manifest
 from fastdata.lightning.epoch_loader import EpochLoader, EpochPosition, TrainBatch
 from fastdata.read import LoaderSpec, get_backend
@@ -71,7 +71,11 @@ def test_the_module_asks_its_loaders_which_yielded_last(tiny_shards: Path):
     that yielded last, asked of the loaders themselves; a batch that outlives its loader still
     gets what the last loader made for its mode said of its batches."""
     dm = ShardDataModule(
-        tiny_shards, batch_size=32, num_workers=0, backend="cpu", splits={"val": "test"}
+        tiny_shards,
+        batch_size=32,
+        workers=WorkerSettings(num_workers=0),
+        backend="cpu",
+        splits={"val": "test"},
     )
     train, val = dm.train_dataloader(), dm.val_dataloader()
     val_x, val_y = next(iter(val))
