@@ -407,12 +407,8 @@ def test_a_ten_header_claiming_more_than_its_bytes_is_refused():
 
 
 def test_a_killed_runs_inflated_copies_are_removed_by_the_next_run(tmp_path):
-    import os
-    import signal
-    import subprocess
-    import sys
 
-    from tests.write.index.test_index_interrupted import _KILLED_RUN, _temporaries
+    from tests.write.index.test_index_interrupted import _temporaries, run_killed_index
 
     src = tmp_path / "src"
     src.mkdir()
@@ -420,14 +416,7 @@ def test_a_killed_runs_inflated_copies_are_removed_by_the_next_run(tmp_path):
         for i in range(8):
             sink.write({"__key__": f"s{i:04d}", "txt": f"t{i}", "cls": str(i % 2)})
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    child = subprocess.run(
-        [sys.executable, "-c", _KILLED_RUN, str(src), str(out)],
-        env=env,
-        capture_output=True,
-        timeout=120,
-    )
-    assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+    run_killed_index(src, out)
     left = _temporaries(out)
     assert sorted(n.split(".tmp-")[0] for n in left) == [
         "train-000000.idx",

@@ -25,16 +25,21 @@ def _temporaries(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.rglob("*") if ".tmp-" in p.name)
 
 
-def test_the_next_run_removes_a_killed_runs_temporaries(cls_shards: Path, tmp_path: Path):
-    out = tmp_path / "out"
+def run_killed_index(src: Path, out: Path) -> None:
+    """`fastdata index SRC OUT` in a child that SIGKILLs itself at its first rename."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     child = subprocess.run(
-        [sys.executable, "-c", _KILLED_RUN, str(cls_shards), str(out)],
+        [sys.executable, "-c", _KILLED_RUN, str(src), str(out)],
         env=env,
         capture_output=True,
         timeout=120,
     )
     assert child.returncode == -signal.SIGKILL, child.stderr.decode()
+
+
+def test_the_next_run_removes_a_killed_runs_temporaries(cls_shards: Path, tmp_path: Path):
+    out = tmp_path / "out"
+    run_killed_index(cls_shards, out)
     left = _temporaries(out)
     assert len(left) == 10, left  # 5 tars: an .idx and a .sum each
     assert len({_pid_of(name) for name in left}) == 1  # the killed child's PID
