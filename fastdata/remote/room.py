@@ -133,9 +133,10 @@ class CacheFolder:
         if self.limit_bytes >= need:
             return
         raise ValueError(
-            f"cache_limit of {self.limit_bytes:,} bytes for the shard cache {self.cache_dir} "
+            f"the limit of {self.limit_bytes:,} bytes of the shard cache {self.cache_dir} "
             f"cannot hold what its readers pin: {readers} readers ({who}) keep {why} open. "
-            f'Set cache_limit to at least {need:,} (e.g. cache_limit="{-(-need // 10**6)}MB"), '
+            f"Set the limit to at least {need:,} bytes (e.g. cache=CacheSettings(limit="
+            f'"{-(-need // 10**6)}MB")), '
             "or use fewer loader workers (each reads through its own reader)"
         )
 
@@ -143,8 +144,9 @@ class CacheFolder:
         log.warning(
             "shard cache %s: its limit is %d bytes, the shards that open readers pin or "
             "download hold %d, and %s (%s) needs %d more: it is read over the limit and "
-            "prefetching pauses while the cache is full. Raise cache_limit above "
-            "(readers on this node) x (shards each keeps open) x shard size.",
+            "prefetching pauses while the cache is full. Raise the cache limit above "
+            "(readers on this node) x (shards each keeps open) x shard size "
+            "(cache=CacheSettings(limit=...), or $FASTDATA_CACHE_LIMIT).",
             self.cache_dir,
             self.limit_bytes,
             used,

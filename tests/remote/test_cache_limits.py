@@ -119,5 +119,5 @@ def test_a_limit_too_small_for_the_pins_warns_once_with_the_numbers(
         pin.release()
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1, warnings
-    assert str(limit) in warnings[0] and "raise cache_limit" in warnings[0].lower()
+    assert str(limit) in warnings[0] and "raise the cache limit" in warnings[0].lower()
     assert f"{http_server.url}/{shards[0].name}" in warnings[0]
