@@ -82,7 +82,7 @@ class LockFile:
                     f"the shard cache's folder {self.path.parent} is on a file system without "
                     f"flock ({exc.strerror}: NFS without lockd, Lustre without -o flock, ...), "
                     "so ranks and workers cannot share it safely",
-                    "Set cache_dir= (or $FASTDATA_CACHE_DIR) to a folder on a local disk",
+                    "Set cache=CacheSettings(dir=...) (or $FASTDATA_CACHE_DIR) to a folder on a local disk",
                 ) from exc
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise

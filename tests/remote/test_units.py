@@ -125,7 +125,9 @@ def test_a_cache_folder_without_flock_says_where_to_put_the_cache(
     monkeypatch.setattr(fcntl, "flock", no_locks)
     lock = LockFile(tmp_path / "abc.lock")
     try:
-        with pytest.raises(LockUnsupported, match=r"without flock.*cache_dir=.*local disk") as err:
+        with pytest.raises(
+            LockUnsupported, match=r"without flock.*CacheSettings\(dir=.*local disk"
+        ) as err:
             lock.try_lock(fcntl.LOCK_EX)
         assert str(tmp_path) in str(err.value)
         assert isinstance(err.value, RemoteError)  # a reader marks the shard failed, with this text
