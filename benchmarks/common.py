@@ -23,6 +23,32 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # run as `python benchmarks/x.py` from a checkout
 
+
+def _pipelines_importable() -> None:
+    """Make `fastdata_pipelines` importable from a checkout that was never `pip install`-ed.
+
+    `pip install -e .` maps the repository's pipelines/ folder to that name (pyproject); on a bare
+    machine (the GPU machine runs a copied tree) a link in a per-user temporary folder does the
+    same, on `sys.path` and on PYTHONPATH for the trainer subprocesses.
+    """
+    import importlib.util
+    import tempfile
+
+    if importlib.util.find_spec("fastdata_pipelines") is not None:
+        return
+    shim = Path(tempfile.gettempdir()) / f"fastdata-pipelines-{os.getuid()}"
+    shim.mkdir(exist_ok=True)
+    link = shim / "fastdata_pipelines"
+    if not link.exists():
+        link.symlink_to(REPO / "pipelines", target_is_directory=True)
+    sys.path.insert(0, str(shim))
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(shim), str(REPO), os.environ.get("PYTHONPATH", "")) if p
+    )
+
+
+_pipelines_importable()
+
 __all__ = [
     "REPO",
     "environment",

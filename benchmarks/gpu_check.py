@@ -357,7 +357,7 @@ def trainer_figures(path: Path) -> dict[str, Any]:
     rows = metrics.get("epochs") or [{}]
     return {
         "test_top1": metrics.get("final_test_top1"),
-        "train_s": rows[-1].get("train_s"),
+        "train_s": sum(row.get("train_s") or 0.0 for row in rows),  # the whole fit, all epochs
         "epochs": len(metrics.get("epochs") or []),
         "precision": metrics.get("precision"),
     }

@@ -160,6 +160,15 @@ def device_run(args: argparse.Namespace) -> None:
     wholes = json.loads((REPO / PARTS / "parts.json").read_text())
     wholes = {k: assemble(v) for k, v in wholes.items()}
     env = {**os.environ, "FASTDATA_DATA_DIR": str(DEVICE_DATA), "PYTHONUNBUFFERED": "1"}
+    # The machine has the tree, not an install: `fastdata_pipelines` (pipelines/ under the name
+    # pyproject gives it) comes from a link, for the check and for the tests' conftest alike.
+    shim = DEVICE_DATA / "shim"
+    shim.mkdir(parents=True, exist_ok=True)
+    if not (shim / "fastdata_pipelines").exists():
+        (shim / "fastdata_pipelines").symlink_to(REPO / "pipelines", target_is_directory=True)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(shim), str(REPO), env.get("PYTHONPATH", "")) if p
+    )
     if (REPO / DATA / "clothing-small").exists():
         DEVICE_DATA.mkdir(parents=True, exist_ok=True)
         link = DEVICE_DATA / "clothing-small"

@@ -358,10 +358,15 @@ def test_fused_cifar_batches_on_the_gpu(raw_shards):
     manifest, _ = raw_shards
     fused, plain = _cifar_and_plain(manifest, device="cuda")
     assert fused.images.data.is_cuda
+    cifar = get_preset("cifar")
     for b, ((x, y), (raw, raw_y)) in enumerate(zip(fused, plain, strict=True)):
-        assert x.is_cuda and x.dtype == torch.float32 and torch.equal(y, raw_y)
-        expected = get_preset("cifar").apply(raw, True, fused.batch_generator(fused.plan.seeds[b]))
-        assert torch.equal(x, expected)
+        # As on the CPU: the crop is fused into the gather (uint8), the rest is the preset's.
+        assert x.is_cuda and x.dtype == torch.uint8 and x.shape == raw.shape
+        assert torch.equal(y, raw_y)
+        expected = cifar.apply(
+            raw, train=True, generator=fused.batch_generator(fused.plan.seeds[b])
+        )
+        assert torch.equal(cifar.apply(x, train=True, skip=1), expected)
 
 
 @pytest.mark.realdata

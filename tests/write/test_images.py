@@ -18,7 +18,10 @@ from fastdata.format.manifest_io import load_manifest
 from fastdata.write import ShardOptions, write_shards
 from fastdata.write.images import UnreadableImage, open_image, to_rgb
 from fastdata.write.sources.folder import FolderSource
-from tests.write.image_zoo import BROKEN, make_zoo, valid_images
+
+# The zoo writes TIFF/WebP cases with imagecodecs (a test extra; the GPU machine lacks it).
+pytest.importorskip("imagecodecs", reason="the image zoo writes TIFF/WebP cases with it")
+from tests.write.image_zoo import BROKEN, make_zoo, valid_images  # noqa: E402
 
 # The zoo is a third broken files on purpose: no max_bad stop.
 OPTS = ShardOptions(max_count=8, workers=1, progress=False, max_bad=1.0)
