@@ -33,7 +33,7 @@ else
     "${PIP[@]}" install "$PIL_DIST>=9.0"
 fi
 # moto[server]: the S3-compatible server the remote tests start on loopback (no Docker).
-"${PIP[@]}" install -e ".[test,dali,remote]" "moto[server]>=5.0"
+"${PIP[@]}" install -e ".[test,dali,remote,ray,docs]" "moto[server]>=5.0"
 .venv/bin/python -m pip --disable-pip-version-check check
 FASTDATA_PIL="$PIL_DIST" .venv/bin/python - <<'PY'
 import importlib.metadata as md
@@ -43,7 +43,7 @@ import sys
 names = {d.metadata["Name"].lower() for d in md.distributions()}
 needed = {"torch", "lightning", "webdataset", os.environ["FASTDATA_PIL"], "psutil", "fastdata",
           "pytest", "pytest-timeout", "import-linter", "nvidia-dali-cuda120", "fsspec", "s3fs", "gcsfs", "aiohttp",
-          "moto"}
+          "moto", "ray", "mkdocs-material", "mkdocstrings"}
 if missing := needed - names:
     sys.exit(f"install failed: missing {sorted(missing)}")
 import torch
