@@ -8,6 +8,7 @@ backend, from the same plan.
 from __future__ import annotations
 
 import io
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -200,3 +201,34 @@ def test_status_never_raises(monkeypatch):
     ok, reason = nvjpeg_status()
     assert not ok and "libnvjpeg" in reason
     assert nvjpeg.nvjpeg_available() is False
+
+
+def test_boxes_drawn_in_the_read_thread_match_the_draws_after_decoding(photo_shards):
+    spec = _spec(photo_shards)
+    loader = NvjpegLoader(spec, decoder=FakeDecoder())
+    plan = spec.plan(0)
+    from fastdata.read.shardio import ShardReader
+
+    reader = ShardReader(load_manifest(photo_shards), spec.split)
+    early = nvjpeg.read_batch(reader, spec, plan, 0, loader.geometry)
+    late = nvjpeg.read_batch(reader, spec, plan, 0)
+    assert not late.draws and len(early.draws) == len(early.payloads)
+    for ext, data, drawn in zip(early.exts, early.payloads, early.draws, strict=True):
+        assert (drawn is None) == (ext == "png")  # PNG sizes come from decoding
+        if drawn is not None:
+            assert drawn[0] == Image.open(io.BytesIO(data)).size[::-1]
+    # Same pixels whether the boxes came early or were drawn after decoding.
+    x_early, y_early = loader.decode_batch(early, 0, reader)
+    x_late, y_late = loader.decode_batch(late, 0, reader)
+    assert torch.equal(x_early, x_late) and torch.equal(y_early, y_late)
+    # A header size the decoder disagrees with is not trusted: the box is drawn again.
+    wrong = [None if d is None else ((1, 1), (0, 0, 1, 1), False) for d in early.draws]
+    x_wrong, _ = loader.decode_batch(replace(early, draws=wrong), 0, reader)
+    assert torch.equal(x_wrong, x_late)
+    reader.close()
+
+
+def test_crop_resize_checks_its_flips():
+    image = torch.zeros((3, 5, 7), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="2 images but 1 flips"):
+        crop_resize([image, image], [(0, 0, 5, 7)] * 2, (5, 7), [False])
