@@ -238,6 +238,10 @@ def loader_run(
     return result
 
 
+#: Fewer batches an epoch than this and the rate after the first batch is the prefetched backlog.
+STEADY_MIN_BATCHES = 24
+
+
 def time_epochs(
     loader: Any, ready: Callable[[Any], torch.Tensor], device: torch.device, s: RunSettings,
     probe: MemoryProbe,
@@ -246,7 +250,10 @@ def time_epochs(
 
     The DataModule's loader advances the epoch itself each time it is iterated. CUDA is
     synchronized at the start and end of every epoch and after its first batch, so "steady"
-    excludes the pipeline's start-up.
+    excludes the pipeline's start-up. An epoch of fewer than `STEADY_MIN_BATCHES` batches has no
+    steady rate: loader workers decode the batches after the first while the first is awaited
+    (the H200 run of 2026-12-04 reported 200,595 "steady" images/s for the cpu backend on six
+    128-photo batches), so "steady" is None there and says why.
     """
     timed, epochs_run = [], 0
     for epoch in range(s.warmup + s.epochs):
@@ -271,11 +278,18 @@ def time_epochs(
         timed.append((images, time.perf_counter() - t0, first_s or 0.0, first_images))
     n, secs = sum(t[0] for t in timed), sum(t[1] for t in timed)
     steady_n, steady_s = n - sum(t[3] for t in timed), secs - sum(t[2] for t in timed)
+    batches = timed[0][0] / max(timed[0][3], 1)  # per epoch, from the first batch's size
+    steady = round(steady_n / steady_s, 1) if steady_s > 0 else None
+    if batches < STEADY_MIN_BATCHES:
+        steady = None
     return {
         "epochs_run": epochs_run,
         "images": n,
         "images_per_s": round(n / secs, 1) if secs else None,
-        "steady_images_per_s": round(steady_n / steady_s, 1) if steady_s > 0 else None,
+        "steady_images_per_s": steady,
+        "steady_note": None
+        if steady is not None or batches >= STEADY_MIN_BATCHES
+        else f"{batches:.0f} batches an epoch: too few for a steady rate (workers prefetch)",
         "epoch_s": [round(t[1], 3) for t in timed],
         "first_batch_s": [round(t[2], 3) for t in timed],
     }
