@@ -23,7 +23,7 @@ never the end of the check; the report is rewritten after every step and at exit
 
 Each loader row holds the memory figures of `gpu_steps.MemoryProbe` (each labelled for what it
 measures) and, with NVML, the GPU energy per 1,000 images. Targets (pass / fail / not measured):
-memory backend >= 1,000,000 img/s on CIFAR-100; GPU decode (dali, else nvjpeg) >= 5x the cpu
+memory backend >= 1,000,000 img/s on CIFAR-100; GPU decode (the faster of dali and nvjpeg) >= 5x the cpu
 backend on photos; ResNet-9 CIFAR-100 >= 70% test top-1 in <= 60 s of training; energy per 1,000
 samples reported.
 

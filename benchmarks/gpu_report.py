@@ -19,7 +19,7 @@ __all__ = ["TARGETS", "Report", "evaluate_targets"]
 #: name -> what it checks (the figures come from the rows, see `evaluate_targets`).
 TARGETS = {
     "memory_cifar_1m": "memory backend >= 1,000,000 img/s on CIFAR-100 train (steady)",
-    "gpu_decode_5x": "GPU decode (dali, else nvjpeg) >= 5x the cpu backend on photos",
+    "gpu_decode_5x": "GPU decode (the faster of dali and nvjpeg) >= 5x the cpu backend on photos",
     "trainer_70_in_60": "ResNet-9 CIFAR-100 >= 70% test top-1 in <= 60 s of training",
     "energy_per_1k": "GPU energy per 1,000 samples (NVML) reported",
 }
@@ -138,14 +138,20 @@ def evaluate_targets(rows: list[dict[str, Any]], device_type: str) -> dict[str, 
     off_gpu = "no GPU" if device_type != "cuda" else None
     out: dict[str, dict[str, Any]] = {}
     mem = _find(rows, "cifar", "memory")
-    if mem is None or not mem.get("steady_images_per_s"):
+    # The steady rate; for epochs too short to have one, whole epochs (start-up included: lower).
+    rate = mem and (mem.get("steady_images_per_s") or mem.get("images_per_s"))
+    if not rate:
         out["memory_cifar_1m"] = {"result": "not measured (no memory row on CIFAR)"}
     else:
         synthetic = "synthetic data" if "synthetic" in str(mem.get("data")) else None
-        rate = mem["steady_images_per_s"]
         out["memory_cifar_1m"] = _judge(rate >= 1e6, f"{rate:,.0f} img/s", off_gpu or synthetic)
     cpu = _find(rows, "photo", "cpu")
-    gpu = _find(rows, "photo", "dali") or _find(rows, "photo", "nvjpeg")
+    # The faster GPU decoder measured (a user picks it): on the H200 of 2026-12-04 DALI built a
+    # pipeline per epoch (1.7 s) and ran at 0.09x cpu on 800 photos, nvjpeg at 3x.
+    gpus = [
+        r for b in ("dali", "nvjpeg") if (r := _find(rows, "photo", b)) and r.get("images_per_s")
+    ]
+    gpu = max(gpus, key=lambda r: r["images_per_s"]) if gpus else None
     if cpu is None or gpu is None or not cpu.get("images_per_s"):
         out["gpu_decode_5x"] = {"result": "not measured (needs cpu and dali or nvjpeg photo rows)"}
     else:

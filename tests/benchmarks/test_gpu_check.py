@@ -196,3 +196,40 @@ def test_parts_round_trip_and_md5_check(tmp_path, monkeypatch):
     assert joined is not None and joined.read_bytes() == whole.read_bytes()
     (tmp_path / "stash" / "cifar.part01").write_bytes(b"corrupt")
     assert gpu_parts.assemble(entry) is None
+
+
+def test_the_faster_gpu_decoder_is_judged_and_short_epochs_fall_back_to_whole_ones():
+    rows = [
+        _row("cifar", "memory", steady_images_per_s=None, images_per_s=1.1e6, data="real: x"),
+        _row("photo", "cpu", images_per_s=1000.0),
+        _row("photo", "dali", images_per_s=90.0),  # a pipeline built per epoch
+        _row("photo", "nvjpeg", images_per_s=5200.0),
+    ]
+    t = gpu_report.evaluate_targets(rows, "cuda")
+    assert t["gpu_decode_5x"] == {"result": "pass", "figure": "nvjpeg 5.20x cpu"}
+    assert t["memory_cifar_1m"] == {"result": "pass", "figure": "1,100,000 img/s"}
+
+
+def test_no_steady_rate_for_an_epoch_of_prefetched_batches():
+    import torch
+    from gpu_steps import STEADY_MIN_BATCHES, RunSettings, time_epochs
+
+    class Loader:
+        def __init__(self, batches):
+            self.batches = batches
+
+        def __iter__(self):
+            for _ in range(self.batches):
+                yield torch.zeros(4, 1)
+
+    class Probe:
+        def sample(self, **_):
+            pass
+
+    settings = RunSettings(4, "none", None, 0, epochs=1, warmup=0, deadline=float("inf"),
+                           loader_timeout_s=10.0)  # fmt: skip
+    cpu = torch.device("cpu")
+    short = time_epochs(Loader(6), lambda b: b, cpu, settings, Probe())
+    assert short["steady_images_per_s"] is None and "too few" in short["steady_note"]
+    long = time_epochs(Loader(STEADY_MIN_BATCHES), lambda b: b, cpu, settings, Probe())
+    assert long["steady_images_per_s"] > 0 and long["steady_note"] is None
