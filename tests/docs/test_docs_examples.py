@@ -100,7 +100,8 @@ def test_page_examples_run_as_written(page_path, tmp_path, monkeypatch, capsys):
         assert not page.expects, f"{page.name} expects output but runs no block"
         pytest.skip(f"{page.name} has no python or bash block to run")
     real = data_dir()
-    if page.needs_real_data and not (real / "cifar-100-python.tar.gz").exists():
+    have_data = (real / "cifar-100-python.tar.gz").exists() and (real / "clothing-small").is_dir()
+    if page.needs_real_data and not have_data:
         pytest.skip(f"{page.name} uses ../shared/data, not found at {real} (FASTDATA_DATA_DIR)")
     project = _project(tmp_path)
     output = ""
