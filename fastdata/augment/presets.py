@@ -109,8 +109,8 @@ class BatchTransform:
     image's index (`image_seed`): every image gets its own random draws (a v2 transform called
     on a whole batch draws once for all of it), and a resumed run repeats them. With
     ``per_sample=False`` it is called once on the whole batch, seeded with the batch's seed: for
-    callables that already draw per image (e.g. kornia's, or the README's ``jitter_and_erase``),
-    which then run without the per-image loop.
+    callables that already draw per image (e.g. kornia's, or the transforms guide's
+    ``jitter_and_erase``), which then run without the per-image loop.
 
     Args:
         fn: the callable.

@@ -18,7 +18,7 @@ mode (grey, CMYK, progressive, MPO): DALI's CPU decoder and Pillow read them to 
 
 Why "raw" for small images: a 32x32 CIFAR sample is 3,072 bytes raw and 2,277 as PNG, but decoding
 the PNG costs 162 us of CPU against 1 us for a reshape, and the loader's CPU is the bottleneck the
-library exists to remove (measured by benchmarks/bench_shard.py; the figures are in the README).
+library exists to remove (measured by benchmarks/bench_shard.py; the figures are in docs/results).
 Every file sample is fully decoded once at shard time, so a corrupt or truncated image is found
 here, not in the middle of a training run.
 """

@@ -254,15 +254,15 @@ def test_float_noise_at_an_edge_pulls_in_no_padding():
     assert (out["mask"] == 1).all()
 
 
-# The README's "Targets that move with the image" example, verbatim (the coordinator places it).
+# The docs' "Targets that move with the image" example, verbatim (docs/guides/transforms.md).
 def _readme_example() -> str:
-    """The README's `warp_sample` / `warp_batch` example (section "Beyond classification")."""
+    """The `warp_sample` / `warp_batch` example of docs/guides/transforms.md."""
     import re
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "guides" / "transforms.md").read_text()
     blocks = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "warp_batch(" in b]
-    assert len(blocks) == 1, "the README has one warp_batch example"
+    assert len(blocks) == 1, "the transforms page has one warp_batch example"
     return blocks[0]
 
 
