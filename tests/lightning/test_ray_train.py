@@ -22,6 +22,8 @@ About 60 s on a loaded 2-core CPU (two Ray Train runs; Ray's start-up is most of
 
 from __future__ import annotations
 
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +51,7 @@ from fastdata import ShardDataModule, WorkerSettings  # noqa: E402
 from fastdata.lightning.ray import RayStepCheckpoint, ray_checkpoint_path  # noqa: E402
 from fastdata.read.plan import PAD_LABEL  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[2]
 SIZES = {"train": 192, "val": 45}
 BATCH, WORLD = 8, 2
 EVERY, CRASH_AFTER = 3, 4  # a Ray checkpoint every 3 steps; a crash after step 4
@@ -240,6 +243,31 @@ def test_two_ray_workers_split_the_epoch_evaluate_exactly_and_resume_mid_epoch(
     assert result.metrics["step"] == STEPS
 
 
+@pytest.mark.slow
+def test_the_guide_example_runs(tmp_path: Path) -> None:
+    """docs/guides/ray-train.md's python block, run as written (its own local Ray cluster)."""
+    page = (ROOT / "docs" / "guides" / "ray-train.md").read_text()
+    assert page.startswith(f"<!-- docs-test: covered-by {Path(__file__).relative_to(ROOT)}::")
+    blocks = re.findall(r"^```python\n(.*?)^```", page, flags=re.S | re.M)
+    assert len(blocks) == 1, "the guide has one python block"
+    script = tmp_path / "guide.py"
+    script.write_text(blocks[0])
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+    }
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert re.search(r"val accuracy \d\.\d{3} on 99 samples, 8 steps", done.stdout), done.stdout
+
+
 # ----------------------------------------------------------------------------- fast checks
 def test_auto_workers_are_sized_for_every_ray_worker_on_the_node(
     tiny_shards: Path, monkeypatch: pytest.MonkeyPatch
@@ -278,3 +306,63 @@ def test_fastdata_imports_no_ray() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "False"
+
+
+class _SaveAtEpochEnd(pl.Callback):
+    """Saves where `RayTrainReportCallback` does: at each training epoch's end."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        trainer.save_checkpoint(self.path)
+
+
+@pytest.mark.parametrize(
+    ("stop_at", "resume_steps", "steps", "warned"),
+    [(3, -1, 9, True), (-1, -1, 9, False), (3, 5, 2, False)],
+)
+def test_an_epoch_end_checkpoint_of_a_cut_epoch_warns_of_the_samples_left(
+    tiny_shards: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    stop_at: int,
+    resume_steps: int,
+    steps: int,
+    warned: bool,
+) -> None:
+    """A checkpoint saved at the end of an epoch that max_steps cut short (after 3 of its 9
+    batches: 300 samples, batch 32), resumed with max_steps=-1: Lightning starts epoch 1 (9
+    batches), so the 6 batches left of epoch 0 are never trained, which is said once. A
+    checkpoint of a whole epoch resumes epoch 1 silently. Resumed with max_steps=5, Lightning
+    stays in epoch 0 and the DataModule continues it: its batches 4 and 5, no warning."""
+    from tests.lightning.test_datamodule import SmallCNN
+
+    def trainer(**options: Any) -> pl.Trainer:
+        options = {"max_epochs": 2, **options}
+        return pl.Trainer(
+            accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+            enable_model_summary=False, limit_val_batches=0, enable_checkpointing=False,
+            **options,
+        )  # fmt: skip
+
+    def dm() -> ShardDataModule:
+        workers = WorkerSettings(num_workers=0, prefetch_factor=2)
+        return ShardDataModule(tiny_shards, batch_size=32, backend="cpu", workers=workers)
+
+    path = tmp_path / "end.ckpt"
+    first = SmallCNN(300)
+    cut = trainer(max_steps=stop_at, max_epochs=1, callbacks=[_SaveAtEpochEnd(path)])
+    cut.fit(first, datamodule=dm())
+    model = SmallCNN(300)
+    with caplog.at_level("WARNING", logger="fastdata"):
+        trainer(max_steps=resume_steps).fit(model, datamodule=dm(), ckpt_path=path)
+    assert len(model.seen) == steps * 32
+    said = "the 6 batches left of epoch 0 are not trained" in caplog.text
+    assert said == warned, caplog.text
+    if warned:
+        assert "epoch 0 after 96 of its samples" in caplog.text
+    if resume_steps == 5:  # the next planned batches of epoch 0 (labels == sample ids)
+        whole = SmallCNN(300)
+        trainer(max_steps=5).fit(whole, datamodule=dm())
+        assert model.seen == whole.seen[3 * 32 :]
