@@ -74,8 +74,8 @@ class RayStepCheckpoint(pl.Callback):
     ) -> None:
         step = trainer.global_step
         # global_step counts optimizer steps: with gradient accumulation several batches end on
-        # one step, which is reported once.
-        if step == self._last_step or step % self.every_n_steps != 0:
+        # one step (the first ones on step 0), which is reported once, after the batch that made it.
+        if step == 0 or step == self._last_step or step % self.every_n_steps != 0:
             return
         self._last_step = step
         self.report(trainer)
