@@ -63,6 +63,8 @@ class EpochPosition:
                 restored_steps,
             )
             steps = restored_steps
+        if self.resume is not None and self.resume.epoch < trainer_epoch:
+            _warn_unfinished(spec, self.resume, trainer_epoch)
         self.resume = None
         self.epoch, self.batches = trainer_epoch, steps
         self.plan = spec.plan(trainer_epoch, consumed, steps)
@@ -111,3 +113,24 @@ class EpochPosition:
         if self.plan is not None:
             return self.plan.consumed_after(self.batches - self.plan.steps_before)
         return self.resume.consumed if self.resume is not None else 0
+
+
+def _warn_unfinished(spec: LoaderSpec, state: ResumeState, trainer_epoch: int) -> None:
+    """Warn when a Trainer resumes at a later epoch than a restored position whose epoch still
+    had batches left: those samples are never trained in that epoch."""
+    left = len(spec.plan(state.epoch, state.consumed, state.steps)) - state.steps
+    if left == 0:
+        return  # a checkpoint of a finished epoch: the next one starts afresh, as it should
+    log.warning(
+        "the checkpoint holds the data position of epoch %d after %d of its samples, but the "
+        "Trainer resumes at epoch %d: the %d batches left of epoch %d are not trained. "
+        "Lightning counts a checkpoint saved at an epoch's end (on_train_epoch_end, e.g. Ray "
+        "Train's RayTrainReportCallback) as a finished epoch even when max_steps ended it "
+        "early; save mid-epoch checkpoints (ModelCheckpoint(every_n_train_steps=...), "
+        "fastdata.lightning.ray.RayStepCheckpoint) to resume inside the epoch.",
+        state.epoch,
+        state.consumed,
+        trainer_epoch,
+        left,
+        state.epoch,
+    )

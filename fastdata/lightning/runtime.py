@@ -7,6 +7,7 @@ Each reads the Trainer when there is one (None without: Fabric, custom loops, be
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Protocol
@@ -24,6 +25,7 @@ __all__ = [
     "check_options",
     "pick_backend",
     "rank_and_world",
+    "ranks_per_node",
     "size_workers",
     "training_device",
     "warn_unit_scale",
@@ -86,6 +88,14 @@ def rank_and_world(
     return 0, 1
 
 
+def ranks_per_node(trainer: pl.Trainer) -> int:
+    """Training processes sharing this machine: the Trainer's devices, or $LOCAL_WORLD_SIZE where
+    a launcher set more. Under Ray Train each worker runs its own Trainer, of one device on a
+    CPU (`devices="auto"`), while the node runs several workers; Ray Train and torchrun export
+    their count per node as $LOCAL_WORLD_SIZE, which Lightning does not read."""
+    return max(trainer.num_devices, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+
+
 def training_device(trainer: pl.Trainer | None) -> torch.device:
     """The Trainer's root device, else the current CUDA device when there is one, else the CPU."""
     if trainer is not None:
@@ -119,7 +129,7 @@ def pick_backend(
         str(training_device(trainer)),
         image_size,
         preset=preset,
-        ranks_per_node=trainer.num_devices if trainer is not None else 1,
+        ranks_per_node=ranks_per_node(trainer) if trainer is not None else 1,
     )
     if trainer is not None and trainer.world_size > 1:
         # Free memory differs between ranks; all ranks must use rank 0's choice.
@@ -146,9 +156,9 @@ def size_workers(
         from fastdata.tune import auto_loader_settings
 
         # Ranks on one node share its cores; Lightning's launcher does not export that count.
-        ranks_per_node = trainer.num_devices if trainer is not None else None
+        ranks = ranks_per_node(trainer) if trainer is not None else None
         auto = auto_loader_settings(
-            spec, backend=backend, ranks_per_node=ranks_per_node, decode_threads=decode_threads
+            spec, backend=backend, ranks_per_node=ranks, decode_threads=decode_threads
         )
         workers = auto.num_workers if workers == "auto" else workers
         prefetch = auto.prefetch_factor if prefetch == "auto" else prefetch
