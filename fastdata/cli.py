@@ -214,8 +214,8 @@ def _add_shard_engine(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--address",
         default=None,
-        help="ray: the cluster to join (e.g. auto, ray://head:10001); default: start a local "
-        "one on the usable cores, shut down at the end",
+        help="ray: the cluster to join (e.g. auto, ray://head:10001); default: $RAY_ADDRESS, "
+        "else a local one on the usable cores, shut down at the end",
     )
     p.add_argument(
         "--tasks",

@@ -375,6 +375,7 @@ def _run_jobs(context: WriteContext, jobs: list[ShardJob], engine: Engine) -> No
     finally:
         bar.close()
         context.bad = None
+        _WORKER_STATE.clear()  # a task run in this process (one worker) let go of the source
     # A worker that died mid-write (its task retried by the engine) left its partial files.
     _remove_partial(out_dir, jobs)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 from collections.abc import Callable, Iterator, Sequence
 from types import ModuleType
 from typing import Any, TypeVar
@@ -45,8 +46,9 @@ class RayEngine:
     """Runs the writer's tasks as Ray tasks (one CPU each).
 
     Args:
-        address: the cluster to join (e.g. "auto", "ray://head:10001"); None starts a local
-            cluster on the usable cores (no dashboard), shut down by `close`. When Ray is
+        address: the cluster to join (e.g. "auto", "ray://head:10001"); None joins the one
+            $RAY_ADDRESS names, else starts a local cluster on the usable cores (no dashboard),
+            shut down by `close`. When Ray is
             already initialized in this process, that cluster is used and left running.
         tasks: how many tasks to cut the plan into; None: four per CPU Ray reports.
         max_retries: how many times Ray runs a task again whose worker died.
@@ -81,10 +83,12 @@ class RayEngine:
             return self._ray
         ray = import_ray()
         if not ray.is_initialized():
-            if self.address is None:
-                ray.init(num_cpus=usable_cores(), include_dashboard=False)
-            else:
+            if self.address is not None:
                 ray.init(address=self.address)
+            elif os.environ.get("RAY_ADDRESS"):  # Ray's own way to name the cluster to join
+                ray.init()
+            else:
+                ray.init(num_cpus=usable_cores(), include_dashboard=False)
             self._owned = True
         self._ray = ray
         return ray
