@@ -275,7 +275,8 @@ def run_plan(
     total = _total_inputs(source if source_losses else None, jobs)
     if len(bad) > allowance(options.max_bad, total):  # the source's own losses are too many
         raise TooManyBadSamplesError(too_many_message(len(bad), total, options.max_bad, bad))
-    context = WriteContext(source, out_dir, encoding, options, bad, total)
+    # Absolute: a task may run in a process whose working folder is not ours (a Ray worker).
+    context = WriteContext(source, out_dir.absolute(), encoding, options, bad, total)
     _run_jobs(context, todo, engine or LocalEngine(options.workers))
     return len(jobs) - len(todo)
 
