@@ -231,6 +231,7 @@ def test_a_local_cluster_is_started_on_the_usable_cores_and_shut_down(monkeypatc
 
     monkeypatch.setitem(sys.modules, "ray", FakeRay)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
     engine = RayEngine()
     engine.start()
     engine.close()
@@ -245,3 +246,32 @@ def test_without_ray_the_option_says_how_to_install_it(monkeypatch, tmp_path, ca
     with pytest.raises(SystemExit, match=r'--engine ray: .*pip install "fastdata\[ray\]"'):
         main(["shard", "folder", str(images), str(tmp_path / "out"), "--engine", "ray"])
     assert not (tmp_path / "out").exists()  # refused before anything is written
+
+
+GUIDE = ROOT / "docs" / "guides" / "cluster.md"
+
+
+def test_the_cluster_guide_runs(hooks, tmp_path, monkeypatch, capsys):
+    """~20 s. Every ```bash and ```python block of docs/guides/cluster.md, as written, in a
+    folder holding `images/`; the commands join this module's cluster through $RAY_ADDRESS."""
+    import re
+
+    blocks = re.findall(r"```(bash|python)\n(.*?)```", GUIDE.read_text(), flags=re.S)
+    assert [kind for kind, _ in blocks] == ["bash", "python", "bash"]
+    write_jpeg_folder(tmp_path / "images", classes=3, per_class=4)
+    monkeypatch.chdir(tmp_path)
+    env = {
+        **os.environ,
+        "RAY_ADDRESS": ray.get_runtime_context().gcs_address,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+        "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    for kind, code in blocks:
+        if kind == "bash":
+            subprocess.run(["bash", "-e", "-c", code], env=env, check=True, timeout=300)
+        else:
+            exec(compile(code, str(GUIDE), "exec"), {})
+    assert capsys.readouterr().out.strip() == "12"
+    for folder in ("out", "out-py", "parts"):
+        assert digests(tmp_path / folder)["manifest.json"]
+    assert digests(tmp_path / "out") == digests(tmp_path / "parts")
