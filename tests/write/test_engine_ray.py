@@ -119,6 +119,38 @@ def test_engine_writes_the_bytes_of_one_machine(hooks, tmp_path, kind):
     assert not (tmp_path / "ray" / ".fastdata-work").exists()
 
 
+def _other_source(kind: str, root: Path) -> list[str]:
+    """The inputs of a small dataset of `kind` written under `root`."""
+    from tests.write.sources.family_data import write_coco, write_segmentation
+
+    if kind == "coco":
+        return [str(p) for p in write_coco(root)]
+    if kind == "segmentation":
+        return [str(p) for p in write_segmentation(root, count=5)]
+    images = write_jpeg_folder(root / "images", classes=2, per_class=4)
+    files = sorted(p.relative_to(root) for p in images.rglob("*.*"))
+    if kind == "list":
+        lines = [f"{path},{path.parent.name},caption {i}" for i, path in enumerate(files)]
+        (root / "list.csv").write_text("path,label,caption\n" + "\n".join(lines) + "\n")
+        return [str(root / "list.csv")]
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    table = {"image": [(root / p).read_bytes() for p in files], "label": [0, 1] * 4}
+    pq.write_table(pa.table(table), root / "part.parquet")
+    return [str(root / "part.parquet")]
+
+
+@pytest.mark.parametrize("kind", ["list", "coco", "segmentation", "parquet"])
+def test_every_other_source_goes_through_the_engine(hooks, tmp_path, kind):
+    """~3 s each. No source-specific code: the same bytes with and without the engine."""
+    inputs = _other_source(kind, tmp_path / "data")
+    shard_cli(kind, *inputs, str(tmp_path / "local"), "--max-count", "2")
+    shard_cli(kind, *inputs, str(tmp_path / "ray"), "--max-count", "2", "--engine", "ray")
+    local = digests(tmp_path / "local")
+    assert sum(name.endswith(".tar") for name in local) >= 2
+    assert digests(tmp_path / "ray") == local
+
+
 @pytest.mark.realdata
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["cifar100", "folder"])
