@@ -160,6 +160,7 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:
         "run every part, then `fastdata merge OUT`",
     )
     _add_shard_limits(p)
+    _add_shard_engine(p)
     p.set_defaults(func=_shard)
     merge = sub.add_parser("merge", help="check that every --part finished, write the manifest")
     merge.add_argument("out", help="output folder the parts wrote into")
@@ -198,6 +199,30 @@ def _add_shard_limits(p: argparse.ArgumentParser) -> None:
         default=0.0,
         metavar="S",
         help="wait up to S seconds for another run writing into OUT (default 0: refuse at once)",
+    )
+
+
+def _add_shard_engine(p: argparse.ArgumentParser) -> None:
+    """Where the shards are written (`fastdata.write.engines`)."""
+    p.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="local: processes on this machine (default); ray: tasks on a Ray cluster "
+        '(pip install "fastdata[ray]"), OUT on a file system every node reaches',
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="ray: the cluster to join (e.g. auto, ray://head:10001); default: $RAY_ADDRESS, "
+        "else a local one on the usable cores, shut down at the end",
+    )
+    p.add_argument(
+        "--tasks",
+        type=int,
+        default=None,
+        metavar="N",
+        help="ray: cut the plan into N tasks (default: four per CPU the cluster reports)",
     )
 
 
@@ -241,6 +266,7 @@ def _shard(args: argparse.Namespace) -> int:
         lock_timeout=args.lock_timeout,
         max_side=args.max_side,
     )
+    engine = _engine(args)
     try:
         if args.part is not None:
             return _shard_part(args, source, options)
@@ -248,16 +274,42 @@ def _shard(args: argparse.Namespace) -> int:
             from fastdata.write.upload import staged_upload
 
             with staged_upload(args.out) as local:
-                manifest = write_shards(source, local, options)
+                manifest = write_shards(source, local, options, engine=engine)
             manifest = replace(manifest, root=args.out)  # name the uploaded copy, not staging
         else:
-            manifest = write_shards(source, args.out, options)
+            manifest = write_shards(source, args.out, options, engine=engine)
     except TooManyBadSamplesError as exc:  # the input, not the tool, failed: exit 1
         print(f"fastdata shard: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if engine is not None:
+            engine.close()
     print(summarize(manifest))
     print(f"wrote {args.out}/{MANIFEST_NAME}")
     return 0
+
+
+def _engine(args: argparse.Namespace) -> Any:
+    """The `--engine` (None: local), after checking the options that go with it."""
+    if args.engine == "local":
+        if args.address is not None or args.tasks is not None:
+            raise ValueError("--address and --tasks are for --engine ray")
+        return None
+    if args.part is not None:
+        raise ValueError(
+            "--part and --engine ray are two ways to split a run over machines: use one"
+        )
+    if "://" in args.out and args.address is not None:
+        raise ValueError(
+            "--engine ray with --address writes into a folder every node reaches, not to a URL: "
+            "shard into a shared folder, then `python -m fastdata.write.upload FOLDER URL`"
+        )
+    from fastdata.write.engines import EngineUnavailableError, open_engine
+
+    try:
+        return open_engine(args.engine, address=args.address, tasks=args.tasks)
+    except EngineUnavailableError as exc:
+        raise SystemExit(f"fastdata shard: --engine ray: {exc}") from None
 
 
 def _split_paths(args: argparse.Namespace) -> list[str | None]:

@@ -15,9 +15,10 @@ import logging
 import multiprocessing as mp
 import os
 import shutil
+import time
 import zlib
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,8 @@ from fastdata.format.fields import fields_to_json
 from fastdata.format.manifest import Manifest
 from fastdata.write.carve import carve_source
 from fastdata.write.encode import DEFAULT_MAX_PIXELS, BadSampleError, encode_item, resolve_encoding
+from fastdata.write.engine import Engine, LocalEngine
+from fastdata.write.engines import open_engine
 from fastdata.write.errors import (
     ShardingError,
     TooManyBadSamplesError,
@@ -150,12 +153,25 @@ class ShardJob:
 
 
 def write_shards(
-    source: Source, out: str | os.PathLike[str], options: ShardOptions = ShardOptions()
+    source: Source,
+    out: str | os.PathLike[str],
+    options: ShardOptions = ShardOptions(),
+    engine: Engine | str | None = None,
 ) -> Manifest:
     """Shard `source` into `out` and return the manifest (see module docstring).
 
     Only one run writes into `out` at a time: it holds `out/.fastdata.lock` (see
     `fastdata.write.lock`) until it returns.
+
+    Args:
+        source: the dataset.
+        out: the output folder (on a cluster: one that every node reaches at the same path).
+        options: how to shard.
+        engine: where the shards are written (`fastdata.write.engine`): None or "local" forks
+            `options.workers` processes here; "ray" runs the same tasks on a local Ray
+            cluster sized to the usable cores (started and shut down here); an `Engine` such
+            as `RayEngine(address=...)` is used as it is (and left open). The bytes written
+            are the same.
 
     Raises:
         ShardingError: `out` holds a different dataset (pass `overwrite=True`), or a bad sample was
@@ -173,7 +189,7 @@ def write_shards(
         if existing is not None:
             log.info("%s already holds this dataset with these options; nothing to do", out_dir)
             return existing
-        run_plan(source, jobs, out_dir, identity["options"]["encoding"], options)
+        _run_on(engine, source, jobs, out_dir, identity["options"]["encoding"], options)
         work = out_dir / WORK_DIR
         results = [load_result(work, job.stem) for job in jobs] + lost_results(
             source_skipped(source)
@@ -185,6 +201,25 @@ def write_shards(
         manifest.save(out_dir)
         shutil.rmtree(work, ignore_errors=True)
     return manifest
+
+
+def _run_on(
+    engine: Engine | str | None,
+    source: Source,
+    jobs: list[ShardJob],
+    out_dir: Path,
+    encoding: str,
+    options: ShardOptions,
+) -> None:
+    """`run_plan` on `engine`, opened (and closed after) when it is given by name."""
+    if not isinstance(engine, str):
+        run_plan(source, jobs, out_dir, encoding, options, engine=engine)
+        return
+    opened = open_engine(engine, workers=options.workers)
+    try:
+        run_plan(source, jobs, out_dir, encoding, options, engine=opened)
+    finally:
+        opened.close()
 
 
 def _total_inputs(source: Source | None, jobs: list[ShardJob]) -> int:
@@ -213,6 +248,7 @@ def run_plan(
     encoding: str,
     options: ShardOptions,
     source_losses: bool = True,
+    engine: Engine | None = None,
 ) -> int:
     """Write the jobs that are not done yet (see `results.is_done`); returns how many were done.
 
@@ -220,6 +256,7 @@ def run_plan(
         source_losses: count what the source found unusable while opening towards `max_bad`
             (False for one part of a `--part` run: every part sees all of them, so `fastdata
             merge` counts them once, against the whole run).
+        engine: where the jobs run (None: `LocalEngine(options.workers)`).
     """
     if options.strict:  # what the source found unusable is a bad input like a bad image
         for origin, reason in (s for found in source_skipped(source).values() for s in found):
@@ -238,7 +275,9 @@ def run_plan(
     total = _total_inputs(source if source_losses else None, jobs)
     if len(bad) > allowance(options.max_bad, total):  # the source's own losses are too many
         raise TooManyBadSamplesError(too_many_message(len(bad), total, options.max_bad, bad))
-    _run_jobs(source, todo, out_dir, encoding, options, bad, total)
+    # Absolute: a task may run in a process whose working folder is not ours (a Ray worker).
+    context = WriteContext(source, out_dir.absolute(), encoding, options, bad, total)
+    _run_jobs(context, todo, engine or LocalEngine(options.workers))
     return len(jobs) - len(todo)
 
 
@@ -293,57 +332,106 @@ SUMS_SUFFIX = ".sum"  # per-sample digests beside each shard (fastdata.format.in
 
 # ----------------------------------------------------------------------------- parallel writing
 
-# The source is handed to forked workers through this global: forking shares its arrays
-# copy-on-write, where pickling a 150 MB CIFAR array to every process would not.
+# The state of the process that writes shards (set by `_write_task` in each worker).
 _WORKER_STATE: dict[str, Any] = {}
 
 
-def _run_jobs(
-    source: Source,
-    jobs: list[ShardJob],
-    out_dir: Path,
-    encoding: str,
-    options: ShardOptions,
-    bad_before: list[list[str]],
-    total: int,
-) -> None:
+@dataclass
+class WriteContext:
+    """What every shard task needs besides its jobs; sent once to each worker.
+
+    `bad` is the run's shared bad-sample counter when the engine forks workers from the
+    driver (the run stops as soon as the whole run is certain to exceed max_bad); None on a
+    cluster, where each task counts its own and the driver checks the whole run at the end.
+    """
+
+    source: Source
+    out: Path
+    encoding: str
+    options: ShardOptions
+    bad_before: list[list[str]]
+    total: int
+    bad: Any = field(default=None, repr=False)
+
+
+def _run_jobs(context: WriteContext, jobs: list[ShardJob], engine: Engine) -> None:
     if not jobs:
         return
-    workers = options.workers or _usable_cores()
-    workers = max(1, min(workers, len(jobs)))
-    # The bad-sample count is shared by the forked workers: the run stops as soon as the whole
-    # run is certain to exceed max_bad, not after writing a manifest of skips.
-    bad = mp.get_context("fork").Value("q", len(bad_before))
-    _WORKER_STATE.update(source=source, out=out_dir, encoding=encoding, options=options)
-    _WORKER_STATE.update(bad=bad, bad_before=bad_before, total=total)
+    out_dir, options = context.out, context.options
+    if engine.shared_memory:
+        context.bad = mp.get_context("fork").Value("q", len(context.bad_before))
+    count = max(1, min(engine.tasks_for(len(jobs)), len(jobs)))
+    tasks = [jobs[number::count] for number in range(count)]  # each a slice of the plan
     total = sum(len(job.sample_ids) for job in jobs)
     bar = tqdm(total=total, unit="img", desc=f"sharding -> {out_dir}", disable=not options.progress)
     try:
-        if workers == 1:
-            for job in jobs:
-                bar.update(_write_job(job))
-        else:
-            with mp.get_context("fork").Pool(workers) as pool:
-                for done in pool.imap_unordered(_write_job, jobs):
-                    bar.update(done)
+        for done in engine.run(_write_task, context, tasks):
+            bar.update(done)
     except BaseException:
         # A failed or interrupted run: workers killed by the pool's terminate() could not remove
         # their partial files. Finished shards (with done records) stay for a resume. Only this
         # run's shards: other parts may be writing theirs into the same folder.
-        for job in jobs:
-            for tmp in out_dir.glob(f"{job.stem}.*.tmp-*"):
-                tmp.unlink(missing_ok=True)
+        _remove_partial(out_dir, jobs)
         raise
     finally:
         bar.close()
-        _WORKER_STATE.clear()
+        context.bad = None
+        _WORKER_STATE.clear()  # a task run in this process (one worker) let go of the source
+    # A worker that died mid-write (its task retried by the engine) left its partial files.
+    _remove_partial(out_dir, jobs)
 
 
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+def _remove_partial(out_dir: Path, jobs: list[ShardJob]) -> None:
+    for job in jobs:
+        for tmp in out_dir.glob(f"{job.stem}.*.tmp-*"):
+            tmp.unlink(missing_ok=True)
+
+
+def _write_task(context: WriteContext, jobs: list[ShardJob]) -> int:
+    """Write a task's shards (in a worker); returns the number of source samples processed.
+
+    Idempotent: a shard already done (a retried task, a resumed run) is not written again.
+    """
+    bad = context.bad
+    if bad is None:  # not forked from the driver: this task's own count
+        bad = mp.get_context("fork").Value("q", len(context.bad_before))
+    _WORKER_STATE.update(source=context.source, out=context.out, encoding=context.encoding)
+    _WORKER_STATE.update(options=context.options, bad=bad, bad_before=context.bad_before)
+    _WORKER_STATE.update(total=context.total)
+    processed = 0
+    work = context.out / WORK_DIR
+    for job in jobs:
+        if not is_done(context.out, work, job.stem):
+            _test_hooks(job)
+            processed += _write_job(job)
+        else:
+            processed += len(job.sample_ids)
+    return processed
+
+
+def _test_hooks(job: ShardJob) -> None:
+    """Tests only: with FASTDATA_TEST_HOOKS=DIR, log each shard written to DIR/written.log,
+    sleep DIR/delay's seconds first when it exists (a slow run to kill), and when
+    DIR/kill-once exists (and DIR/killed does not), SIGKILL this process in the middle of
+    writing the shard (a worker that dies mid-write)."""
+    folder = os.environ.get("FASTDATA_TEST_HOOKS")
+    if not folder:
+        return
+    hooks = Path(folder)
+    if (hooks / "delay").exists():
+        time.sleep(float((hooks / "delay").read_text()))
+    with open(hooks / "written.log", "a") as log_file:
+        log_file.write(f"{job.stem}\n")
+    if (hooks / "kill-once").exists() and not (hooks / "killed").exists():
+        global ShardTarWriter
+
+        class _Dying(ShardTarWriter):  # type: ignore[valid-type,misc]
+            def write(self, key: str, components: dict[str, bytes]) -> None:
+                super().write(key, components)
+                (hooks / "killed").write_text(f"{os.getpid()} {job.stem}")
+                os.kill(os.getpid(), 9)
+
+        ShardTarWriter = _Dying  # type: ignore[misc]  # this process dies with it
 
 
 def _write_job(job: ShardJob) -> int:
