@@ -4,12 +4,15 @@ shards a step reads, and class-ordered shards still give mixed batches. (~3 s)""
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 
 from fastdata.read.plan import EpochMix, PlanConfig, epoch_order, plan_epoch, rows_to_refs
 from fastdata.read.resume import ResumeError, ResumeState
-from fastdata.read.shuffle import check_shuffle, shuffle_rows, size_window
+from fastdata.read.shardio import ShardReader
+from fastdata.read.shuffle import READER_OPEN_SHARDS, check_shuffle, shuffle_rows, size_window
 
 SIZES = [37, 50, 50, 13, 50, 49, 50, 1, 50, 50]  # uneven, one single-sample shard
 MODES = [("window", 1), ("window", 20), ("window", 64), ("window", 10_000), ("full", None)]
@@ -139,15 +142,28 @@ def test_a_mix_is_shuffled_by_the_window_in_each_dataset():
 
 def test_size_window_from_memory_cache_and_backend():
     sizes, nbytes = [100] * 50, [100 * 1000] * 50  # 1000 bytes per sample, 5000 samples
-    # Local: a share of the free memory.
-    assert size_window(sizes, nbytes, available_bytes=10_000_000, share=0.2) == 2000
+
+    def size(available, **kw):
+        return size_window(sizes, nbytes, available, **({"open_shards": None} | kw))
+
+    assert size(10_000_000, share=0.2) == 2000  # local: a share of the free memory
     # Never below a shard (the shard order's reach), never above the split.
-    assert size_window(sizes, nbytes, available_bytes=1000) == 100
-    assert size_window(sizes, nbytes, available_bytes=10**12) == 5000
+    assert size(1000) == 100
+    assert size(10**12) == 5000
     # Remote: the cache limit bounds it (and the free memory still does).
-    assert size_window(sizes, nbytes, 10**12, cache_limit=1_000_000, share=0.2) == 200
+    assert size(10**12, cache_limit=1_000_000, share=0.2) == 200
     # The memory backend holds the split: the whole split (a full permutation).
-    assert size_window(sizes, nbytes, available_bytes=1000, resident=True) == 5000
+    assert size(1000, resident=True) == 5000
+
+
+def test_size_window_keeps_a_steps_shards_open_in_one_reader():
+    """More shards than a reader keeps open: blocks of at most (open / 2 - 1) shards, so the
+    two blocks a step touches stay open; a split of few shards is not bounded."""
+    assert READER_OPEN_SHARDS == inspect.signature(ShardReader).parameters["max_open"].default
+    many, few = [100] * 50, [100] * 8
+    assert size_window(many, [10**5] * 50, 10**12) == 300  # 8 open: 3 shards
+    assert size_window(many, [10**5] * 50, 10**12, open_shards=2) == 100  # remote: 2 pinned
+    assert size_window(few, [10**5] * 8, 10**12) == 800  # all 8 stay open: the whole split
 
 
 def test_shuffle_option_is_checked():
