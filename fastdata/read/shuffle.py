@@ -116,8 +116,9 @@ def size_window(
         open_shards: shards a reader keeps open at once (local: `READER_OPEN_SHARDS`; remote:
             the shards it pins in the cache). A split of more shards gets a window of at most
             ``(open_shards / 2 - 1)`` median shards, so the two blocks a step can touch stay
-            open together: a larger window re-opens shards for nearly every batch (measured
-            ~20x slower on CIFAR-100 in 10 shards). None: no such bound.
+            open together: a larger window re-opens (and re-scans) shards for nearly every
+            batch (CIFAR-100 in 10 shards: an epoch of 7 s took over a minute). None: no
+            such bound.
 
     Returns:
         A window between the largest shard's size (the "shard" order's reach: never less) and
