@@ -67,6 +67,7 @@ from fastdata.read.backends.memory_dict import finish_sample
 from fastdata.read.decoders.dict_batch import EvalSample, TrainSample
 from fastdata.read.mix import epoch_mix, epoch_size, load_mix
 from fastdata.read.resume import ResumeState, dataset_fingerprint, mix_description
+from fastdata.read.shuffle import check_shuffle, node_window
 
 __all__ = ["ShardDataModule"]
 
@@ -116,6 +117,13 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         std: per-channel std on the 0..255 scale; None: as for `mean`.
         image_size: output side of photos (default 224); None keeps fixed-size data's size.
         seed: base seed of shuffling and augmentation.
+        shuffle: the training order (`fastdata.read.shuffle`): "window" (default: rows permuted
+            within blocks spanning many shards, sized from what this node holds: a share of the
+            free memory for local shards, of the cache limit for remote ones, the whole split
+            for the memory backend; rank 0's size is used on every rank and recorded in
+            `state_dict`), a window size in samples, "shard" (shard by shard: the cheapest
+            reads, for shards shuffled when written, as `fastdata shard` writes them) or
+            "full" (a permutation of the split: random reads).
         on_error: "raise" at a corrupt sample, or "skip" it (counted, logged with its key).
         drop_last: drop each epoch's last short training step (all ranks alike).
         splits: split names per role, e.g. {"train": "train", "val": "validation"}, or
@@ -171,6 +179,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         std: Sequence[float] | None = None,
         image_size: int | None = None,
         seed: int = 0,
+        shuffle: Literal["window", "shard", "full"] | int = "window",
         on_error: Literal["raise", "skip"] = "raise",
         drop_last: bool = True,
         splits: dict[str, str] | None = None,
@@ -189,6 +198,8 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         self.workers, self.cache = resolve_groups(workers, cache)
         self.verify_samples, self.keys, self.ignore_index = verify_samples, keys, ignore_index
         self.batch_size, self.seed, self.on_error = batch_size, seed, on_error
+        self.shuffle = shuffle
+        self._shuffle_mode, self._window = check_shuffle(shuffle)  # window None: sized at setup
         self.backend, self.image_size, self.drop_last = backend, image_size, drop_last
         self.rank, self.world_size = rank, world_size
         check_options(self)
@@ -361,8 +372,21 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             verify_samples=self.verify_samples,
             ignore_index=self.ignore_index,
             keys=self.keys,
+            shuffle=self._shuffle_mode,
+            window=self._train_window(split) if train else None,
         )
         return self._size_workers(spec)
+
+    def _train_window(self, split: str) -> int | None:
+        """The "window" shuffle's size: given, restored, else sized on rank 0 for every rank."""
+        if self._shuffle_mode == "window" and self._window is None:
+            resident = self.backend_name == "memory"
+            window = node_window(self.manifest, split, self._shard_cache(), resident)
+            trainer = self._trainer_or_none()
+            if trainer is not None and trainer.world_size > 1:
+                window = int(trainer.strategy.broadcast(window, src=0))  # part of the order
+            self._window = window
+        return self._window
 
     def _loader(self, role: str, train: bool, slot: str | None = None) -> BatchLoader:
         spec = self.loader_spec(role, train)
@@ -525,6 +549,9 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             num_samples=self._epoch_size(self.manifest, split),
             dataset=carve_fingerprint(dataset_fingerprint(self.manifest, split), self._carve()),
             mix=mix_description(self.manifest, split),
+            shuffle=f"window:{self._train_window(split)}"
+            if self._shuffle_mode == "window"
+            else self._shuffle_mode,
         )
         return state.to_dict()
 
@@ -537,6 +564,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         """
         state = ResumeState.from_dict(state_dict)
         self._check_resume(state)
+        self._window = state.resumed_window(self._shuffle_mode, self._window)
         self._position.restore(state)
 
     def _check_resume(self, state: ResumeState) -> None:

@@ -17,6 +17,7 @@ from fastdata.augment import Preset, get_preset
 from fastdata.format.carve import Carve
 from fastdata.format.manifest import Manifest
 from fastdata.read.plan import EpochMix, EpochPlan, PlanConfig, plan_epoch
+from fastdata.read.shuffle import ShuffleMode, check_shuffle, node_window
 
 __all__ = [
     "DEFAULT_LOADER_TIMEOUT",
@@ -117,6 +118,11 @@ class LoaderSpec:
             the image after a pad-crop and of evaluation padding samples.
         keys: hand each batch's sample keys over with it (`fastdata.read.source_ids`): a dict
             batch's ``key`` list, a classification batch's third element (None: padding).
+        shuffle: the training shuffle (plan rule 1, `fastdata.read.shuffle`): "window" (blocks
+            spanning many shards), "shard" (shard by shard) or "full" (a permutation).
+        window: the "window" shuffle's size in samples; None: sized from this node once, when
+            the spec is made (`fastdata.read.shuffle.node_window`). Ranks must agree on it
+            (it is part of the epoch order): a `ShardDataModule` gives every rank rank 0's.
     """
 
     manifest: Manifest
@@ -142,8 +148,17 @@ class LoaderSpec:
     verify_samples: bool = False
     ignore_index: int = 255
     keys: bool = False
+    shuffle: ShuffleMode = "window"
+    window: int | None = None
 
     def __post_init__(self) -> None:
+        check_shuffle(self.shuffle)
+        if self.window is not None:
+            check_shuffle(self.window)
+        elif self.train and self.shuffle == "window":
+            # Resolved once: workers get this value with the spec, not their own measure.
+            window = node_window(self.manifest, self.split, self.cache)
+            object.__setattr__(self, "window", window)
         if isinstance(self.preset, str):
             object.__setattr__(self, "preset", get_preset(self.preset, self.image_size))
         if self.batch_size < 1:
@@ -198,6 +213,8 @@ class LoaderSpec:
             drop_last=self.drop_last and self.train,
             mix=self.mix if self.train else None,
             carve=self.carve,
+            shuffle_mode=self.shuffle,
+            window=self.window,
         )
         return plan_epoch(self.shard_sizes, config, epoch, consumed, steps_before)
 

@@ -20,8 +20,12 @@ The rules:
    up to sampling noise while each stream still reads its shards one or two at a time. The
    result is the epoch order; rules 2-6 apply to it unchanged.
 1. Epoch order. Training (no mix): the shards are put in a random order and the rows inside each
-   shard permuted, both drawn from (seed, epoch). Shards were pre-shuffled at write time, so this
-   gives a fresh order every epoch while a batch stays within one or two shards (local reads).
+   shard permuted, both drawn from (seed, epoch): the shard-by-shard order. `PlanConfig.shuffle_mode`
+   then picks (`fastdata.read.shuffle`): "shard" keeps it (a batch stays within one or two
+   shards: right for fastdata's own shards, shuffled when written); "window" permutes it within
+   consecutive blocks of at most `PlanConfig.window` samples spanning many shards (a batch draws
+   from all of them, so shards written in class order still give mixed batches, while the shards
+   read at once stay bounded); "full" permutes the whole split. All from (seed, epoch, window).
    Evaluation: row order (a mix's evaluation too: every row once).
    Carve (`PlanConfig.carve`, `fastdata.format.carve`): the order keeps only the rows of the
    carve's side (training: the rows not carved; val: the carved ones), in the same order; the
@@ -55,6 +59,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastdata.format.carve import Carve
+from fastdata.read.shuffle import SHUFFLES, ShuffleMode, check_shuffle, shuffle_rows
 
 __all__ = [
     "PAD_LABEL",
@@ -100,15 +105,23 @@ def epoch_order(
     epoch: int,
     shuffle: bool,
     stream: tuple[int, ...] = (),
+    mode: ShuffleMode = "shard",
+    window: int | None = None,
 ) -> np.ndarray:
-    """The epoch's order of rows (int64, rule 1); `stream` draws an independent order (rule 0)."""
+    """The epoch's order of rows (int64, rule 1); `stream` draws an independent order (rule 0).
+
+    `mode` and `window` pick the training shuffle (`fastdata.read.shuffle.shuffle_rows`); the
+    shard-by-shard order is drawn first in every mode, so "shard" is the order it always was.
+    """
     sizes = np.asarray(shard_sizes, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]) if len(sizes) else sizes
     if not shuffle:
         return np.arange(int(sizes.sum()), dtype=np.int64)
     rng = _rng(seed, epoch, *stream)
     parts = [starts[s] + rng.permutation(sizes[s]) for s in rng.permutation(len(sizes))]
-    return np.concatenate(parts).astype(np.int64) if parts else np.zeros(0, dtype=np.int64)
+    if not parts:
+        return np.zeros(0, dtype=np.int64)
+    return shuffle_rows(np.concatenate(parts).astype(np.int64), mode, window, rng)
 
 
 @dataclass(frozen=True)
@@ -138,9 +151,17 @@ _MIX, _ORDER, _SUBSET, _OWNER = 0x313, 1, 2, 3
 
 
 def mixed_order(
-    shard_sizes: list[int] | tuple[int, ...], mix: EpochMix, seed: int, epoch: int
+    shard_sizes: list[int] | tuple[int, ...],
+    mix: EpochMix,
+    seed: int,
+    epoch: int,
+    mode: ShuffleMode = "shard",
+    window: int | None = None,
 ) -> np.ndarray:
-    """The epoch's rows of a mix (int64, rule 0): `sum(mix.samples)` rows, repeats allowed."""
+    """The epoch's rows of a mix (int64, rule 0): `sum(mix.samples)` rows, repeats allowed.
+
+    Each dataset's copies are shuffled by `mode` and `window` (rule 1) before the interleave.
+    """
     sizes = np.asarray(shard_sizes, dtype=np.int64)
     bounds = np.cumsum((0, *mix.shards))
     if bounds[-1] != len(sizes):
@@ -152,9 +173,12 @@ def mixed_order(
         if wanted and not held:
             raise ValueError(f"dataset {i} of the mix has no samples to draw {wanted} from")
         copies, extra = divmod(wanted, held) if held else (0, 0)
-        parts = [epoch_order(own, seed, epoch, True, (_MIX, i, c, _ORDER)) for c in range(copies)]
+        parts = [
+            epoch_order(own, seed, epoch, True, (_MIX, i, c, _ORDER), mode, window)
+            for c in range(copies)
+        ]
         if extra:
-            order = epoch_order(own, seed, epoch, True, (_MIX, i, copies, _ORDER))
+            order = epoch_order(own, seed, epoch, True, (_MIX, i, copies, _ORDER), mode, window)
             chosen = _rng(seed, epoch, _MIX, i, copies, _SUBSET).choice(held, extra, replace=False)
             parts.append(order[np.sort(chosen)])  # a uniform subset, read in shard order
         streams.append(first + np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
@@ -225,9 +249,14 @@ class PlanConfig:
         mix: the datasets of a training mix and the rows each epoch takes from each (rule 0);
             None: every row once.
         carve: keep only one side of a carved val split (rule 1); None: every row.
+        shuffle_mode: the training shuffle (rule 1, `fastdata.read.shuffle`): "shard",
+            "window" or "full".
+        window: the "window" shuffle's block size in samples (None: the whole split). Every rank
+            must use the same one: it is part of the epoch order.
 
     Raises:
-        ValueError: a batch size below 1, a rank outside [0, world_size), or a carve with a mix.
+        ValueError: a batch size below 1, a rank outside [0, world_size), a carve with a mix, an
+            unknown shuffle mode or a window below 1.
     """
 
     seed: int
@@ -238,8 +267,14 @@ class PlanConfig:
     drop_last: bool = False
     mix: EpochMix | None = None
     carve: Carve | None = None
+    shuffle_mode: ShuffleMode = "shard"
+    window: int | None = None
 
     def __post_init__(self) -> None:
+        if self.shuffle_mode not in SHUFFLES:
+            raise ValueError(f"shuffle_mode must be one of {SHUFFLES}, got {self.shuffle_mode!r}")
+        if self.window is not None:
+            check_shuffle(self.window)
         if self.mix is not None and self.carve is not None:
             raise ValueError("a carved val split and a mix cannot be combined")
         if self.batch_size < 1:
@@ -271,10 +306,11 @@ def plan_epoch(
     batch_size, shuffle, drop_last, mix = (
         config.batch_size, config.shuffle, config.drop_last, config.mix
     )  # fmt: skip
+    mode, window = config.shuffle_mode, config.window
     if mix is not None and shuffle:
-        order = mixed_order(shard_sizes, mix, seed, epoch)
+        order = mixed_order(shard_sizes, mix, seed, epoch, mode, window)
     else:
-        order = epoch_order(shard_sizes, seed, epoch, shuffle)
+        order = epoch_order(shard_sizes, seed, epoch, shuffle, (), mode, window)
     if config.carve is not None:
         order = config.carve.select(order, int(sum(shard_sizes)))
     total = len(order)

@@ -40,6 +40,7 @@ _MINIMUM = {
     "num_samples": 0,
 }
 _FINGERPRINT = re.compile(r"[0-9a-f]{16}")
+_SHUFFLE = re.compile(r"shard|full|window:[1-9][0-9]*")
 
 
 class ResumeError(ValueError):
@@ -94,6 +95,10 @@ class ResumeState:
         num_samples: samples in the training split.
         dataset: `dataset_fingerprint` of the training split.
         mix: `mix_description` of the training split ("" for one dataset).
+        shuffle: the training shuffle that made the epoch order (`fastdata.read.shuffle`):
+            "shard", "full" or "window:N" with the window N in samples. A default window is
+            sized from the node's free memory, so the resumed run must reuse this one to see
+            the same order. "": not recorded (a state from before shuffles were chosen).
     """
 
     epoch: int
@@ -105,12 +110,15 @@ class ResumeState:
     num_samples: int
     dataset: str
     mix: str = ""
+    shuffle: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """The checkpointable form (plain ints and strings, with a version)."""
         state = {"version": STATE_VERSION, **asdict(self)}
         if not self.mix:
             del state["mix"]  # one dataset: the same state as before mixes existed
+        if not self.shuffle:
+            del state["shuffle"]
         return state
 
     @classmethod
@@ -146,14 +154,17 @@ class ResumeState:
             if value < least:
                 raise ResumeError(f"data position field {name!r} must be >= {least}, got {value}")
             values[name] = int(value)
-        for name, pattern in (("dataset", _FINGERPRINT), ("mix", None)):
-            value = state.get(name, "") if name == "mix" else state.get(name)
-            if not isinstance(value, str) or (pattern and not pattern.fullmatch(value)):
-                raise ResumeError(
-                    f"data position field {name!r} must be "
-                    + ("16 hex digits" if pattern else "a string")
-                    + f", got {value!r}"
-                )
+        for name, pattern, words in (
+            ("dataset", _FINGERPRINT, "16 hex digits"),
+            ("mix", None, "a string"),
+            ("shuffle", _SHUFFLE, "'shard', 'full' or 'window:N'"),
+        ):
+            value = state.get(name) if name == "dataset" else state.get(name, "")
+            optional = name == "shuffle" and value == ""  # not recorded: an older state
+            if not isinstance(value, str) or (
+                pattern is not None and not optional and not pattern.fullmatch(value)
+            ):
+                raise ResumeError(f"data position field {name!r} must be {words}, got {value!r}")
             values[name] = value
         result = cls(**values)  # no "mix": one dataset
         result._check_consistent()
@@ -205,6 +216,30 @@ class ResumeState:
                 f"skipped; pass seed={self.seed}"
             )
         self._check_consistent()
+
+    def resumed_window(self, mode: str, window: int | None) -> int | None:
+        """The window the resumed run must use: the recorded one (a default window depends on
+        the node's free memory, so it is not sized again); `window` if none is recorded.
+
+        Args:
+            mode: the resuming DataModule's shuffle ("window", "shard", "full").
+            window: its given window (None: sized from the node).
+
+        Raises:
+            ResumeError: the state was taken with another shuffle or another given window.
+        """
+        if not self.shuffle:
+            return window
+        recorded_mode, _, size = self.shuffle.partition(":")
+        recorded = int(size) if size else None
+        if recorded_mode != mode or (window is not None and recorded != window):
+            own = window if window is not None else mode
+            raise ResumeError(
+                f"the checkpoint's data position was taken with shuffle {self.shuffle!r}, this "
+                f"DataModule has shuffle={own!r}: the epoch order differs, so the consumed "
+                f"samples cannot be skipped; pass shuffle={recorded or recorded_mode!r}"
+            )
+        return recorded
 
 
 def _mix_words(mix: str) -> str:

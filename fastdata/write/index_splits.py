@@ -159,8 +159,8 @@ def warn_ordered(order_of: dict[str, float | None], scanned: dict[str, list[Scan
             log.warning(
                 "split %r: its labels look ordered within its tars (label_order %.2f; 0 is as "
                 "shuffled, 1 sorted; e.g. %s): a loader that reads each batch from one or two "
-                "tars sees few classes per batch; re-shard shuffled (`fastdata shard`) or train "
-                "with a shuffle that spans many tars",
+                "tars sees few classes per batch; train with ShardDataModule(shuffle='window') "
+                "(the default: batches span many tars) or shuffle='full', not shuffle='shard'",
                 split,
                 order,
                 scanned[split][0].name,

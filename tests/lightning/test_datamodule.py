@@ -79,6 +79,8 @@ def _state_after(root: Path, steps: int, batch_size: int = 32) -> dict:
         "batch_size": batch_size,
         "num_samples": manifest.split("train").num_samples,
         "dataset": dataset_fingerprint(manifest, "train"),
+        # The default window: the whole (small) split, which the node holds many times over.
+        "shuffle": f"window:{manifest.split('train').num_samples}",
     }
 
 

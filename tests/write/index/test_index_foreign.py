@@ -329,6 +329,7 @@ def test_ordered_labels_are_reported(tmp_path, caplog, capsys, ordered):
     warned = [r for r in caplog.records if "look ordered" in r.getMessage()]
     if ordered:
         assert order > 0.9 and len(warned) == 1 and "(ordered" in printed
+        assert "shuffle='window'" in warned[0].getMessage()  # names the option that mixes
     else:
         assert order < 0.2 and not warned and "(ordered" not in printed
     assert f"label_order {order:.2f}" in printed
