@@ -43,7 +43,8 @@ from pathlib import Path
 
 from fastdata._util.version import __version__
 from fastdata.format.manifest import MANIFEST_NAME, Manifest
-from fastdata.format.manifest_io import check_name, load_manifest
+from fastdata.format.manifest_io import load_manifest
+from fastdata.format.manifest_paths import check_name
 from fastdata.write.foreign import ForeignTarError, ScannedTar, scan_tar
 from fastdata.write.index_splits import ORDERED_LABELS, label_order, split_info, warn_ordered
 from fastdata.write.locate import (
