@@ -21,7 +21,7 @@ shards then see few classes per batch.
 
 Splits come from the file names (`train-000000.tar` -> `train`, as `fastdata shard` names
 them; a single prefix that names no split is `train`) or from `--split NAME=PATTERN`; fields
-from the components the samples hold (`fastdata.format.fields.infer_fields`); classes from the `cls`
+from the components the samples hold (`fastdata.format.field_inference.infer_fields`); classes from the `cls`
 values (0..max) or from a file of names. Everything is written under temporary names and renamed
 into place at the end, the manifest last: a failure leaves nothing half-written, and the
 temporaries of a run killed outright (SIGKILL) are removed by the next run into OUT
