@@ -43,7 +43,7 @@ from fastdata_pipelines.env import data_dir
 from fastdata.format.integrity import scan_shard
 from fastdata.format.manifest import Manifest
 from fastdata.format.manifest_io import load_manifest
-from fastdata.read import shardio
+from fastdata.read import shard_index, shardio
 from fastdata.read.backends.cpu import make_cpu_loader
 from fastdata.read.base import LoaderSpec, WorkerSettings
 from fastdata.write import ShardOptions, write_shards
@@ -71,15 +71,17 @@ def cpu_model() -> str:
 def unchecked() -> Iterator[None]:
     """The every-read checks switched off in this process (and in workers forked inside)."""
     reader = shardio.ShardReader
-    saved = (shardio.check_header, reader._check_label, reader._suspects, shardio.read_checked)
+    saved = (shardio.check_header, reader._check_label, reader._suspects, shard_index.read_checked)
     shardio.check_header = lambda *args: None
     reader._check_label = lambda *args: None
     reader._suspects = lambda *args: set()  # no shard scan, and no sample checked when read
-    shardio.read_checked = lambda path, sha256, what: saved[3](path, None, what)
+    shard_index.read_checked = lambda path, sha256, what: saved[3](path, None, what)
     try:
         yield
     finally:
-        shardio.check_header, reader._check_label, reader._suspects, shardio.read_checked = saved
+        shardio.check_header, reader._check_label, reader._suspects, shard_index.read_checked = (
+            saved
+        )
 
 
 def shard_open_cost(manifest: Manifest, repeats: int = 5) -> dict[str, Any]:
@@ -88,7 +90,7 @@ def shard_open_cost(manifest: Manifest, repeats: int = 5) -> dict[str, Any]:
     per_shard = []
     for info in manifest.split("train").shards:
         text = Path(manifest.index_url(info)).read_bytes()
-        index = shardio.parse_index(text.decode(), info.name)
+        index = shard_index.parse_index(text.decode(), info.name)
         data = np.frombuffer(Path(manifest.shard_url(info)).read_bytes(), dtype=np.uint8)
         times = []
         for _ in range(repeats):
@@ -99,18 +101,18 @@ def shard_open_cost(manifest: Manifest, repeats: int = 5) -> dict[str, Any]:
         per_shard.append(min(times))
         del data
     opens = 0
-    original = shardio._load_index
+    original = shardio.load_index
 
     def counting(*args: Any) -> Any:
         nonlocal opens
         opens += 1
         return original(*args)
 
-    shardio._load_index = counting
+    shardio.load_index = counting
     try:
         epoch(manifest, 0)
     finally:
-        shardio._load_index = original
+        shardio.load_index = original
     return {"seconds_per_shard_open": statistics.median(per_shard), "opens_per_epoch": opens}
 
 

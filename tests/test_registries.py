@@ -15,7 +15,8 @@ import pytest
 import fastdata.read as read
 from fastdata.augment import get_preset
 from fastdata.cli import build_parser
-from fastdata.format.fields import FIELD_KINDS, infer_fields
+from fastdata.format.field_inference import infer_fields
+from fastdata.format.fields import FIELD_KINDS
 from fastdata.format.manifest import Manifest, ShardInfo, SplitInfo
 from fastdata.lightning.runtime import check_options
 from fastdata.read import BACKENDS, Backend, WorkerSettings, backend_choices, field_backends

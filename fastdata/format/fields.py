@@ -49,7 +49,6 @@ __all__ = [
     "gunzip_bounded",
     "fields_from_json",
     "fields_to_json",
-    "infer_fields",
     "is_classification",
 ]
 
@@ -412,24 +411,6 @@ FIELD_KINDS: dict[str, FieldKind] = {
     )
 }
 
-# Components a foreign shard's member may carry -> the field they become (`infer_fields`).
-_INFER: tuple[tuple[str, str, str], ...] = (
-    # (component, field name, kind), first match wins per field name
-    ("jpg", "image", "image"),
-    ("jpeg", "image", "image"),
-    ("png", "image", "image"),
-    ("webp", "image", "image"),
-    ("rgb", "image", "image"),
-    ("cls", "label", "label"),
-    ("lid", "label", "label"),
-    ("labels.npy", "labels", "labels"),
-    ("mask.png", "mask", "mask"),
-    ("txt", "text", "text"),
-    ("json", "json", "json"),
-    ("npy", "array", "array"),
-    ("ten", "tensors", "tensors"),
-)
-
 
 def default_fields(image_components: Iterable[str]) -> dict[str, FieldSpec]:
     """The fields of a split written before fields existed: its image and its label."""
@@ -442,36 +423,6 @@ def default_fields(image_components: Iterable[str]) -> dict[str, FieldSpec]:
 def is_classification(fields: Mapping[str, FieldSpec]) -> bool:
     """True when a split holds exactly an image and one label: its batches are `(x, y)`."""
     return sorted(f.kind for f in fields.values()) == ["image", "label"]
-
-
-def infer_fields(components: Iterable[str]) -> dict[str, FieldSpec]:
-    """The fields a foreign shard's samples hold, from the components seen in them.
-
-    Components are matched case-insensitively (webdataset lower-cases them: `x.JPG` is a `jpg`)
-    and a `*.gz` component by its inner extension (`txt.gz` is a text field, decompressed when
-    read); images are never read compressed (`jpg.gz` is left out). Images in several encodings
-    (`jpg` in some samples, `png` in others) are one field; `boxes.npy` with `box_labels.npy` is a
-    boxes field; every other component becomes an `array`, `text` or `json` field when its
-    extension says so, and is otherwise left out (returned nowhere).
-    """
-    seen: dict[str, list[str]] = {}  # inner lower-case component -> the components spelled so
-    for comp in sorted(set(components)):
-        inner = comp.lower()
-        if inner.endswith(GZ_SUFFIX):
-            inner = inner[: -len(GZ_SUFFIX)]
-            if inner in ("jpg", "jpeg", "png", "webp", "rgb", "mask.png"):
-                continue
-        seen.setdefault(inner, []).append(comp)
-    found: dict[str, list[str]] = {}
-    kinds: dict[str, str] = {}
-    for comp, name, kind in _INFER:
-        if comp in seen:
-            found.setdefault(name, []).extend(seen[comp])
-            kinds[name] = kind
-    if "boxes.npy" in seen and "box_labels.npy" in seen:
-        found["boxes"] = [seen["boxes.npy"][0], seen["box_labels.npy"][0]]
-        kinds["boxes"] = "boxes"
-    return {name: FieldSpec(name, kinds[name], tuple(comps)) for name, comps in found.items()}
 
 
 def fields_to_json(fields: Mapping[str, FieldSpec]) -> dict[str, Any]:

@@ -182,7 +182,7 @@ def check_header(data: bytes | memoryview, offset: int, size: int, member: str) 
 def uniform_layout(text: str, n: int) -> dict[str, tuple[np.ndarray, np.ndarray]] | None:
     """ext -> (offsets, sizes) of a DALI index whose lines all list the same components.
 
-    None when the index is not like that (`fastdata.read.shardio.parse_index` then reads it line
+    None when the index is not like that (`fastdata.read.shard_index.parse_index` then reads it line
     by line and says what is wrong).
     """
     return layout_of_tokens(text.split(), n)

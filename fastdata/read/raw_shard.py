@@ -27,7 +27,8 @@ from fastdata.format.integrity import (
     scan_shard,
 )
 from fastdata.format.manifest import Manifest, SplitInfo
-from fastdata.read.shardio import ShardReader, ShardReadError, parse_index
+from fastdata.read.shard_index import parse_index
+from fastdata.read.shardio import ShardReader, ShardReadError
 
 __all__ = ["gather_raw_batch", "read_raw_shard"]
 

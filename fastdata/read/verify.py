@@ -25,14 +25,8 @@ from fastdata.format.summary import summarize
 from fastdata.read.decoders.dict_batch import SampleSpec, decode_fields
 from fastdata.read.decoders.image import Geometry, decode_image, decode_raw
 from fastdata.read.rows import RowReader
-from fastdata.read.shardio import (
-    ShardReader,
-    ShardReadError,
-    _close,
-    _open_bytes,
-    check_index_count,
-    read_index_file,
-)
+from fastdata.read.shard_index import check_index_count, read_index_file
+from fastdata.read.shardio import ShardReader, ShardReadError, _close, _open_bytes
 
 __all__ = ["VerifyReport", "inspect_findings", "summarize", "verify"]
 

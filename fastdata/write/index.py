@@ -21,10 +21,11 @@ shards then see few classes per batch.
 
 Splits come from the file names (`train-000000.tar` -> `train`, as `fastdata shard` names
 them; a single prefix that names no split is `train`) or from `--split NAME=PATTERN`; fields
-from the components the samples hold (`fastdata.format.fields.infer_fields`); classes from the `cls`
+from the components the samples hold (`fastdata.format.field_inference.infer_fields`); classes from the `cls`
 values (0..max) or from a file of names. Everything is written under temporary names and renamed
 into place at the end, the manifest last: a failure leaves nothing half-written, and the
-temporaries of a run killed outright (SIGKILL) are removed by the next run into OUT.
+temporaries of a run killed outright (SIGKILL) are removed by the next run into OUT
+(`fastdata.write.index_output`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ import logging
 import multiprocessing as mp
 import os
 import re
-from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -43,8 +43,10 @@ from pathlib import Path
 
 from fastdata._util.version import __version__
 from fastdata.format.manifest import MANIFEST_NAME, Manifest
-from fastdata.format.manifest_io import check_name, load_manifest
+from fastdata.format.manifest_io import load_manifest
+from fastdata.format.manifest_paths import check_name
 from fastdata.write.foreign import ForeignTarError, ScannedTar, scan_tar
+from fastdata.write.index_output import remove_stale_temporaries, write_index_files
 from fastdata.write.index_splits import ORDERED_LABELS, label_order, split_info, warn_ordered
 from fastdata.write.locate import (
     IndexingError,
@@ -106,6 +108,29 @@ def _prefix(name: str) -> str:
     `000000.tar`."""
     stem = stored_name(name.rsplit("/", 1)[-1]).removesuffix(".tar")
     return re.sub(r"[-_.]?\d+$", "", stem)
+
+
+def _by_split(names: list[str], patterns: dict[str, str], text: str) -> dict[str, list[str]]:
+    """The tars of each split, by `--split` pattern or file-name prefix (`_split_of`).
+
+    Raises:
+        IndexingError: a `--split` pattern matches no tar.
+    """
+    prefixes = {_prefix(n) for n in names}
+    by_split: dict[str, list[str]] = {}
+    for name in names:
+        split = _split_of(name, patterns, prefixes)
+        if split is None:
+            log.warning("%s matches no --split pattern: left out", name)
+            continue
+        by_split.setdefault(split, []).append(name)
+    for split in patterns:
+        if split not in by_split:
+            raise IndexingError(
+                f"--split {split}={patterns[split]!r} matches none of the {len(names)} "
+                f"tars in {text}"
+            )
+    return by_split
 
 
 def _scan(
@@ -213,20 +238,7 @@ def index_shards(
         located = _without_own_copies(located, out_dir)
     for name in located.names:  # what the manifest's loader would refuse, before any read
         check_name(located.data_root, name, f"{text}: tar")
-    prefixes = {_prefix(n) for n in located.names}
-    by_split: dict[str, list[str]] = {}
-    for name in located.names:
-        split = _split_of(name, options.splits, prefixes)
-        if split is None:
-            log.warning("%s matches no --split pattern: left out", name)
-            continue
-        by_split.setdefault(split, []).append(name)
-    for split in options.splits:
-        if split not in by_split:
-            raise IndexingError(
-                f"--split {split}={options.splits[split]!r} matches none of the {len(located.names)} "
-                f"tars in {text}"
-            )
+    by_split = _by_split(located.names, options.splits, text)
     order = [name for names in by_split.values() for name in names]
     copies = _copies(located, order, out_dir, in_place, text)
     try:
@@ -252,7 +264,9 @@ def index_shards(
             data_root=None if in_place or copies else located.data_root.rstrip("/"),
         )
         tars = [t for tars in scanned.values() for t in tars]
-        _write(out_dir, tars, manifest, {stored_name(n): Path(c) for n, c in copies.items()})
+        write_index_files(
+            out_dir, tars, manifest, {stored_name(n): Path(c) for n, c in copies.items()}
+        )
     finally:  # copies not renamed into place (a failed scan or write) are removed
         for copy in copies.values():
             Path(copy).unlink(missing_ok=True)
@@ -284,7 +298,7 @@ def _copies(
             ".tgz); keep one of them"
         )
     # Before this run writes a temporary of its own: an earlier run's may carry this PID.
-    _remove_stale_temporaries({out_dir} | {(out_dir / name).parent for name in stored})
+    remove_stale_temporaries({out_dir} | {(out_dir / name).parent for name in stored})
     suffix = f".tmp-{os.getpid()}"
     for name in compressed:
         (out_dir / stored_name(name)).parent.mkdir(parents=True, exist_ok=True)
@@ -342,75 +356,6 @@ def _classes(scanned: dict[str, list[ScannedTar]], given: list[str] | None) -> l
                 "of --classes; fix the class file or the tar"
             )
     return list(given)
-
-
-def _write(
-    out_dir: Path, tars: list[ScannedTar], manifest: Manifest, copies: dict[str, Path]
-) -> None:
-    """Every index and digest file under a temporary name, then renamed with the inflated
-    tars' copies (`copies`: stored name -> temporary path); the manifest last."""
-    suffix = f".tmp-{os.getpid()}"
-    pending: list[tuple[Path, Path]] = [(tmp, out_dir / name) for name, tmp in copies.items()]
-    out_dir.mkdir(parents=True, exist_ok=True)
-    try:
-        for tar in tars:
-            stem = tar.name.removesuffix(".tar")
-            for ext, text in ((".idx", tar.index_text), (".sum", tar.sums_text)):
-                final = out_dir / (stem + ext)
-                final.parent.mkdir(parents=True, exist_ok=True)
-                tmp = final.with_name(final.name + suffix)
-                tmp.write_text(text)
-                pending.append((tmp, final))
-        for tmp, final in pending:
-            os.replace(tmp, final)
-        manifest.save(out_dir)
-    finally:
-        for tmp, _ in pending:
-            tmp.unlink(missing_ok=True)
-
-
-# What `_write` and `Manifest.save` name their temporaries: `<file>.tmp-<pid>`.
-_TEMPORARY = re.compile(r"(?:.+\.idx|.+\.sum|.+\.tar|manifest\.json)\.tmp-([0-9]{1,10})")
-
-
-def _remove_stale_temporaries(folders: Iterable[Path]) -> None:
-    """Remove the temporaries of an earlier run killed while writing (a SIGKILL runs no `finally`).
-
-    Only fastdata's own names (`<tar>.idx.tmp-PID`, `<tar>.sum.tmp-PID`, `<tar>.tar.tmp-PID` (an
-    inflated copy), `manifest.json.tmp-PID`)
-    whose PID is no running process: another run writing into OUT now keeps its files, and a
-    user's file of any other name is never touched.
-    """
-    removed = []
-    for folder in folders:
-        try:
-            entries = list(os.scandir(folder))
-        except OSError:  # not there yet, or unreadable: nothing of ours to find
-            continue
-        for entry in entries:
-            match = _TEMPORARY.fullmatch(entry.name)
-            if match is None or _running(int(match.group(1))):
-                continue
-            if entry.is_file(follow_symlinks=False):
-                Path(entry.path).unlink(missing_ok=True)
-                removed.append(entry.name)
-    if removed:
-        log.info("removed %d temporary files of an interrupted run: %s", len(removed), removed[:3])
-
-
-def _running(pid: int) -> bool:
-    """Whether `pid` may be a running process (an unknown answer counts as running)."""
-    if pid == os.getpid():  # an earlier run's PID, now ours: this run has written nothing yet
-        return False
-    if pid <= 0:
-        return True
-    try:
-        os.kill(pid, 0)  # POSIX: a probe, no signal sent
-    except ProcessLookupError:
-        return False
-    except (OSError, OverflowError):  # another user's process, or a PID the OS cannot hold
-        return True
-    return True
 
 
 def register(sub: argparse._SubParsersAction) -> None:

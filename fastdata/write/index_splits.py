@@ -1,7 +1,7 @@
 """What `fastdata index` records about one split: its fields, image sizes and label order.
 
 `split_info` turns a split's scanned tars (`fastdata.write.foreign.ScannedTar`) into its
-manifest entry: the fields its components hold (`fastdata.format.fields.infer_fields`; a split without
+manifest entry: the fields its components hold (`fastdata.format.field_inference.infer_fields`; a split without
 images is one too), `image_stats` and `raw_shape` from the sizes read from the images' headers
 (as `fastdata shard` records them, so the DataModule's default size is the same for foreign and
 own shards), and the checks that every reader of the split would otherwise fail later.
@@ -14,7 +14,8 @@ import hashlib
 import logging
 from collections.abc import Iterable
 
-from fastdata.format.fields import FieldSpec, infer_fields, is_classification
+from fastdata.format.field_inference import infer_fields
+from fastdata.format.fields import FieldSpec, is_classification
 from fastdata.format.manifest import ShardInfo, SplitInfo
 from fastdata.format.schema import IMAGE_EXTS
 from fastdata.write.foreign import ScannedTar

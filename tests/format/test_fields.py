@@ -7,13 +7,13 @@ import json
 import numpy as np
 import pytest
 
+from fastdata.format.field_inference import infer_fields
 from fastdata.format.fields import (
     FIELD_KINDS,
     FieldError,
     FieldSpec,
     fields_from_json,
     fields_to_json,
-    infer_fields,
     is_classification,
 )
 from fastdata.format.manifest_io import manifest_from_dict

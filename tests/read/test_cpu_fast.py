@@ -26,7 +26,8 @@ from fastdata.lightning.options import ShardSet
 from fastdata.read.backends.cpu import make_cpu_loader
 from fastdata.read.base import LoaderSpec, WorkerSettings
 from fastdata.read.plan import PAD_LABEL
-from fastdata.read.shardio import ShardReadError, parse_index
+from fastdata.read.shard_index import parse_index
+from fastdata.read.shardio import ShardReadError
 from fastdata.read.transport.slots import BatchSlots, SlotError
 from fastdata.write import ShardOptions, write_shards
 from fastdata.write.sources.arrays import ArraySource

@@ -12,7 +12,7 @@ from PIL import Image
 from fastdata._util import threads as _threads
 from fastdata.augment import rrc_params
 from fastdata.read.decoders import image as decode
-from fastdata.read.decoders import jpeg_region
+from fastdata.read.decoders import jpeg_region, pillow_path
 from fastdata.read.decoders.image import Geometry, decode_batch, decode_image, jpeg_region_decoder
 
 # Mean absolute difference (uint8 levels) allowed between a region decode and a full Pillow decode
@@ -106,7 +106,7 @@ def pillow_path_forbidden(monkeypatch) -> None:
     def forbidden(*args, **kwargs):
         raise AssertionError("the Pillow path ran where the region decoder should have")
 
-    monkeypatch.setattr(decode, "_crop_resize", forbidden)
+    monkeypatch.setattr(pillow_path, "crop_resize", forbidden)
 
 
 @needs_region_decoder

@@ -2,7 +2,7 @@
 
 A crop whose box has at least twice the output size per side is decoded by Pillow-SIMD's draft
 mode at the DCT scale 1/2, 1/4 or 1/8 that still covers the output, then resized
-(fastdata.read.decoders.image._crop_resize). The reference is what a user's per-sample pipeline computes:
+(fastdata.read.decoders.pillow_path.crop_resize). The reference is what a user's per-sample pipeline computes:
 a full decode, then ``crop(box).resize(size, BILINEAR)`` (torchvision's `resized_crop` on a PIL
 image), then the flip.
 

@@ -21,9 +21,10 @@ given their decode-time geometry here, because it is cheaper to shrink while dec
 - "none": decode at the stored size (every image of the split must then share one size).
 
 PNG, WebP, CMYK JPEGs, JPEGs that do not end in an EOI marker (for fastdata's extension), and
-every JPEG where no region decoder is available, take the Pillow-SIMD path. A preset's decode-time flip (`Geometry.flip_p`, "photo") is a PIL transpose after the
-resize. Pad-crops, other flips and normalization happen later, batched on the device
-(fastdata.augment).
+every JPEG where no region decoder is available, take the Pillow-SIMD path
+(`fastdata.read.decoders.pillow_path`). A preset's decode-time flip (`Geometry.flip_p`,
+"photo") is a PIL transpose after the resize. Pad-crops, other flips and normalization happen
+later, batched on the device (fastdata.augment).
 
 `decode_batch` decodes a batch in a persistent per-process thread pool (both decoders release the
 GIL while they work); every image draws from its own generator, so the pixels do not depend on
@@ -44,6 +45,7 @@ from PIL import Image
 
 from fastdata._util.threads import process_pool
 from fastdata.format.manifest import SplitInfo
+from fastdata.read.decoders import pillow_path
 from fastdata.read.decoders.jpeg_region import (
     JpegStream,
     RegionDecoder,
@@ -177,7 +179,7 @@ def decode_image(
         pixels = _region_pixels([job], 1)[0] if job.region else None
         return _finish(job, pixels, data, geometry.size)
     except Exception as exc:
-        raise _readable(exc, data) from exc
+        raise pillow_path.readable(exc, data) from exc
 
 
 def decode_batch(
@@ -243,7 +245,7 @@ def decode_batch(
                     pixels = _region_pixels([job], 1)[0]
                 return _finish(job, pixels, payloads[i], geometry.size, slot)
             except Exception as exc:
-                raise _readable(exc, payloads[i]) from exc
+                raise pillow_path.readable(exc, payloads[i]) from exc
         except ValueError as exc:
             return exc
 
@@ -361,10 +363,8 @@ def _finish(
     without Pillow's RGB -> RGBX -> RGB conversions: ~0.1 ms an image less at 224 px.
     """
     if pixels is None:
-        resized = _crop_resize(Image.open(io.BytesIO(data)), job.box, size)
-        if job.flip:
-            resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-        return _place(_to_array(resized), slot)
+        image = Image.open(io.BytesIO(data))
+        return _place(pillow_path.crop_resize_flip(image, job.box, size, job.flip), slot)
     # (1, C, H, W) in the channels-last layout, the kernel's vectorized uint8 path.
     region = torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)[None]
     target = None if slot is None else torch.from_numpy(slot)
@@ -378,63 +378,9 @@ def _decode_pillow(
     """Pillow-SIMD decode with the geometry (draft mode for JPEG crops)."""
     image = Image.open(io.BytesIO(data))  # reads the header only
     if geometry.kind == "none":
-        return _to_array(_maybe_flip(image, geometry.flip_p, rng))
+        return pillow_path.to_array(pillow_path.maybe_flip(image, geometry.flip_p, rng))
     if geometry.kind == "cover":
-        return _to_array(_maybe_flip(cover(image, geometry.hw), geometry.flip_p, rng))
+        covered = cover(image, geometry.hw)
+        return pillow_path.to_array(pillow_path.maybe_flip(covered, geometry.flip_p, rng))
     box, flip = _draw(image.size, geometry, rng)
-    resized = _crop_resize(image, box, geometry.size)
-    if flip:
-        resized = resized.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return _to_array(resized)
-
-
-def _readable(exc: Exception, data: memoryview | bytes) -> ValueError:
-    """A ValueError that says why the image could not be decoded (re-raises other errors)."""
-    if isinstance(exc, Image.UnidentifiedImageError):  # its message is the BytesIO object's repr
-        return ValueError(f"cannot decode image (unknown image format, starts {bytes(data[:8])!r})")
-    if isinstance(exc, (OSError, SyntaxError, ValueError, Image.DecompressionBombError)):
-        return ValueError(f"cannot decode image ({type(exc).__name__}: {exc})")
-    raise exc
-
-
-def _maybe_flip(image: Image.Image, flip_p: float, rng: np.random.Generator) -> Image.Image:
-    """Mirror `image` left-right with probability `flip_p` (no draw when it is 0).
-
-    On the PIL image: a transpose there costs ~70 us at 224 px, a contiguous copy of the mirrored
-    HWC array ~500 us (numpy copies 3-byte pixels with a negative stride slowly).
-    """
-    if flip_p > 0 and rng.random() < flip_p:
-        return image.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
-    return image
-
-
-def _crop_resize(image: Image.Image, box: tuple[int, int, int, int], size: int) -> Image.Image:
-    """Crop `box` (in full-resolution pixels) and resize it to size x size, via draft mode."""
-    width, height = image.size
-    box_w, box_h = box[2] - box[0], box[3] - box[1]
-    extent = None
-    if image.format == "JPEG":
-        # Ask for the smallest DCT scale at which the box still has >= `size` pixels per side.
-        reduce = max(1.0, min(box_w / size, box_h / size))
-        drafted = image.draft("RGB", (max(1, int(width / reduce)), max(1, int(height / reduce))))
-        extent = drafted[1] if drafted is not None else None
-    if image.mode != "RGB":
-        image = image.convert("RGB")
-    if image.size == (width, height):  # full resolution: the region path's pixels (crop, resize)
-        return image.crop(box).resize((size, size), Image.BILINEAR)
-    # At DCT scale 1/k the decoded image is ceil(width / k) x ceil(height / k) pixels, pixel i
-    # covering full-resolution pixels [k * i, k * i + k): the full image spans width / k scaled
-    # pixels (draft's box), not image.size. Scaling the box by image.size / (width, height)
-    # instead shifts it by up to 7/8 of a scaled pixel at the far edges of an image whose size
-    # is not a multiple of k (measured on 533-row clothing photos at 56 px: mean difference
-    # from a full decode 3.25 -> 1.88 levels, worst edge line 13.1 -> 7.2).
-    ext_w, ext_h = extent[2:] if extent is not None else image.size
-    scale_x, scale_y = ext_w / width, ext_h / height
-    scaled = (box[0] * scale_x, box[1] * scale_y, box[2] * scale_x, box[3] * scale_y)
-    return image.resize((size, size), Image.BILINEAR, box=scaled)
-
-
-def _to_array(image: Image.Image) -> np.ndarray:
-    if image.mode != "RGB":
-        image = image.convert("RGB")
-    return np.asarray(image, dtype=np.uint8)
+    return pillow_path.crop_resize_flip(image, box, geometry.size, flip)

@@ -66,7 +66,7 @@ def cover(image: Image.Image, hw: tuple[int, int]) -> Image.Image:
     # JPEG draft (DCT scaling) to no less than the covering size: much less decoding work.
     drafted = image.draft("RGB", (max(1, round(w * scale)), max(1, round(h * scale))))
     rgb = image.convert("RGB")
-    # The image spans draft's extent (w / k, h / k) of the decoded pixels (`decode._crop_resize`).
+    # The image spans draft's extent (w / k, h / k) of the decoded pixels (`pillow_path.crop_resize`).
     ew, eh = drafted[1][2:] if drafted is not None else rgb.size
     scale = max(tw / ew, th / eh)
     half_w, half_h = tw / scale / 2, th / scale / 2
