@@ -39,6 +39,9 @@ if TYPE_CHECKING:  # fastdata.remote is imported only for remote datasets
     from fastdata.remote import CachedShard, ShardCache
 
 __all__ = [
+    "LOCAL_OPEN_LIMIT",
+    "REMOTE_OPEN",
+    "open_limit",
     "ShardReadError",
     "ShardReader",
     "pins_needed",
@@ -49,6 +52,33 @@ __all__ = [
 #: Remote shards a reader keeps pinned per dataset it reads: a batch of the plan lies within two
 #: consecutive shards of each dataset (plan rules 0-1), and each stream reads its shards in turn.
 PINS_PER_DATASET = 2
+
+
+#: Local shards one reader keeps open at most. An open local shard is memory-mapped: it costs a
+#: file descriptor and its parsed index, not its bytes; re-opening one parses and checks its
+#: index again (CIFAR-100's 10,000-sample shards: ~30 ms). A shuffle window spanning many shards
+#: reads from all of them in every batch, so the reader keeps every shard of a split open up to
+#: this many (a quarter of the process's file-descriptor limit where that is lower).
+LOCAL_OPEN_LIMIT = 256
+#: Remote shards are pinned in the node's cache while open: few at once (see `pins_needed`).
+REMOTE_OPEN = 8
+
+
+def open_limit(manifest: Manifest, split: str) -> int:
+    """The shards a `ShardReader` of `split` keeps open by default: every local shard of the
+    split, up to `LOCAL_OPEN_LIMIT` (and a quarter of RLIMIT_NOFILE); remote: `REMOTE_OPEN`."""
+    if "://" in manifest.root:
+        return REMOTE_OPEN
+    limit = LOCAL_OPEN_LIMIT
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        if soft != resource.RLIM_INFINITY:
+            limit = min(limit, max(8, soft // 4))
+    except (ImportError, OSError, ValueError):  # not POSIX: keep the default
+        pass
+    return max(1, min(limit, len(manifest.split(split).shards)))
 
 
 def pins_needed(manifest: Manifest) -> int:
@@ -71,7 +101,9 @@ class ShardReader:
         manifest: the dataset; its root may be a folder or a URL (s3://, gs://, https://).
         split: the split to read.
         max_open: most shards kept open (memory-mapped; remote ones also pinned in the cache,
-            at most `min(max_open, pins_needed(manifest))` of them).
+            at most `min(max_open, pins_needed(manifest))` of them); None: `open_limit`, every
+            local shard of the split up to `LOCAL_OPEN_LIMIT`, so a shuffle window spanning
+            many shards does not re-open them batch after batch.
         cache: the node-local cache for a remote dataset; None means `ShardCache.default()`
             (`$FASTDATA_CACHE_DIR` or ~/.cache/fastdata/shards, 50 GB). Unused for local shards.
         verify_samples: also hash every sample read and compare it with the digest written at
@@ -83,12 +115,14 @@ class ShardReader:
         self,
         manifest: Manifest,
         split: str,
-        max_open: int = 8,
+        max_open: int | None = None,
         cache: ShardCache | None = None,
         verify_samples: bool = False,
     ) -> None:
         self.manifest = manifest
         self.shards: list[ShardInfo] = manifest.split(split).shards
+        if max_open is None:
+            max_open = open_limit(manifest, split)
         self.max_open = max_open
         self.max_pinned = max(1, min(max_open, pins_needed(manifest)))
         self.cache = cache

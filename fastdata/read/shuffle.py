@@ -16,12 +16,14 @@ Choices (`SHUFFLES`):
 - ``"window"``: the above. Its size in samples is given, or sized from what the node can hold
   (`size_window`): a share of the free memory (page cache) for local shards, of the cache limit
   for remote ones, the whole split for the memory backend (a full permutation); for a split of
-  more shards than a reader keeps open (8 local, 2 remote pinned), at most what keeps a step's
-  shards open (3 shards local, 1 remote), since re-opening a shard per batch costs far more.
+  more shards than a reader keeps open (`fastdata.read.shardio.open_limit`: every local shard
+  up to 256; 2 remote pinned), at most what keeps a step's shards open, since re-opening a
+  shard per batch costs far more.
 - ``"shard"``: the shard-by-shard order alone (fastdata's own shards are shuffled when written,
   so a batch from one or two shards is already a fair sample; the cheapest reads).
 - ``"full"``: a uniform permutation of the split (where random reads are cheap: the memory
-  backend, or a split of at most 8 shards; on more, every batch re-opens shards).
+  backend, or a local split of at most 256 shards, all kept open; on more, batches re-open
+  shards).
 
 Everything is a pure function of (shard sizes, seed, epoch, window), so the plan's other rules
 (consumption, padding, elastic resume, seeds, workers) hold unchanged for every backend.
@@ -37,7 +39,7 @@ from typing import Any, Literal
 import numpy as np
 import psutil
 
-from fastdata.read.shardio import pins_needed
+from fastdata.read.shardio import open_limit, pins_needed
 
 __all__ = [
     "SHUFFLES",
@@ -87,11 +89,6 @@ def check_shuffle(shuffle: object) -> tuple[ShuffleMode, int | None]:
     return shuffle, None  # type: ignore[return-value]  # checked against SHUFFLES
 
 
-#: Shards one `ShardReader` keeps open by default (its ``max_open``): local shards beyond it are
-#: closed least recently used first and re-opened (their index parsed again) when read again.
-READER_OPEN_SHARDS = 8
-
-
 def size_window(
     shard_sizes: Sequence[int],
     shard_bytes: Sequence[int],
@@ -99,7 +96,7 @@ def size_window(
     cache_limit: int | None = None,
     resident: bool = False,
     share: float = WINDOW_SHARE,
-    open_shards: int | None = READER_OPEN_SHARDS,
+    open_shards: int | None = None,
 ) -> int:
     """The default window of a split, in samples: what the node can hold of its shards.
 
@@ -113,8 +110,9 @@ def size_window(
         resident: the split is held decoded in memory (the memory backend): the whole split,
             i.e. a full permutation.
         share: the share of the room one window may fill (`WINDOW_SHARE`).
-        open_shards: shards a reader keeps open at once (local: `READER_OPEN_SHARDS`; remote:
-            the shards it pins in the cache). A split of more shards gets a window of at most
+        open_shards: shards a reader keeps open at once (`fastdata.read.shardio.open_limit`:
+            local, every shard up to `LOCAL_OPEN_LIMIT`; remote, the shards it pins in the
+            cache). A split of more shards gets a window of at most
             ``(open_shards / 2 - 1)`` median shards, so the two blocks a step can touch stay
             open together: a larger window re-opens (and re-scans) shards for nearly every
             batch (CIFAR-100 in 10 shards: an epoch of 7 s took over a minute). None: no
@@ -147,7 +145,7 @@ def node_window(manifest: Any, split: str, cache: Any = None, resident: bool = F
         resident: the split is held decoded in memory (the memory backend).
     """
     shards = manifest.split(split).shards
-    limit, open_shards = None, READER_OPEN_SHARDS
+    limit, open_shards = None, open_limit(manifest, split)
     if any("://" in manifest.shard_url(s) for s in shards):
         from fastdata.remote.config import CACHE_LIMIT_ENV, DEFAULT_LIMIT, parse_size
 

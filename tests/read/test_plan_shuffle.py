@@ -4,15 +4,15 @@ shards a step reads, and class-ordered shards still give mixed batches. (~3 s)""
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 import pytest
 
+from fastdata.format.manifest_io import load_manifest
+from fastdata.read import shardio
 from fastdata.read.plan import EpochMix, PlanConfig, epoch_order, plan_epoch, rows_to_refs
 from fastdata.read.resume import ResumeError, ResumeState
-from fastdata.read.shardio import ShardReader
-from fastdata.read.shuffle import READER_OPEN_SHARDS, check_shuffle, shuffle_rows, size_window
+from fastdata.read.shardio import ShardReader, open_limit
+from fastdata.read.shuffle import check_shuffle, node_window, shuffle_rows, size_window
 
 SIZES = [37, 50, 50, 13, 50, 49, 50, 1, 50, 50]  # uneven, one single-sample shard
 MODES = [("window", 1), ("window", 20), ("window", 64), ("window", 10_000), ("full", None)]
@@ -158,12 +158,31 @@ def test_size_window_from_memory_cache_and_backend():
 
 def test_size_window_keeps_a_steps_shards_open_in_one_reader():
     """More shards than a reader keeps open: blocks of at most (open / 2 - 1) shards, so the
-    two blocks a step touches stay open; a split of few shards is not bounded."""
-    assert READER_OPEN_SHARDS == inspect.signature(ShardReader).parameters["max_open"].default
+    two blocks a step touches stay open; a split whose shards all stay open is not bounded."""
     many, few = [100] * 50, [100] * 8
-    assert size_window(many, [10**5] * 50, 10**12) == 300  # 8 open: 3 shards
+    assert size_window(many, [10**5] * 50, 10**12, open_shards=8) == 300  # 8 open: 3 shards
     assert size_window(many, [10**5] * 50, 10**12, open_shards=2) == 100  # remote: 2 pinned
-    assert size_window(few, [10**5] * 8, 10**12) == 800  # all 8 stay open: the whole split
+    assert size_window(many, [10**5] * 50, 10**12, open_shards=50) == 5000  # all open
+    assert size_window(few, [10**5] * 8, 10**12, open_shards=8) == 800
+
+
+def test_a_reader_keeps_every_local_shard_of_the_split_open(tiny_shards, monkeypatch):
+    """Class-ordered foreign splits need a window over all their shards: the reader keeps them
+    all open (up to LOCAL_OPEN_LIMIT), so the default window is the split's, not 3 shards'."""
+    manifest = load_manifest(tiny_shards)
+    shards = len(manifest.split("train").shards)
+    assert shards > 2 and open_limit(manifest, "train") == shards
+    reader = ShardReader(manifest, "train")
+    assert reader.max_open == shards
+    for number in range(shards):  # every shard read once: none closed
+        reader.key(number, 0)
+    assert len(reader._open) == shards
+    reader.close()
+    assert node_window(manifest, "train") == 300  # the whole split, with free memory to spare
+    # Past the limit, the window shrinks to what stays open.
+    monkeypatch.setattr(shardio, "LOCAL_OPEN_LIMIT", 2)
+    assert open_limit(manifest, "train") == 2
+    assert node_window(manifest, "train") == 64  # never below a shard
 
 
 def test_shuffle_option_is_checked():
