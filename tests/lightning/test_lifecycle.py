@@ -20,7 +20,8 @@ import torch
 
 from fastdata import ShardDataModule
 from fastdata.read import WorkerSettings
-from fastdata.read.backends.cpu import LoaderTimeoutError, ShardBatchDataset
+from fastdata.read.backends.cpu import LoaderTimeoutError
+from fastdata.read.backends.cpu_batches import ShardBatchDataset
 from fastdata.tune.sizing import LoaderSettings
 from tests.lightning.test_datamodule import SmallCNN
 
@@ -162,7 +163,7 @@ _PARENT = textwrap.dedent(
     import sys, threading, time
     import psutil
     from fastdata import ShardDataModule, WorkerSettings
-    from fastdata.read.backends.cpu import ShardBatchDataset
+    from fastdata.read.backends.cpu_batches import ShardBatchDataset
 
     load = ShardBatchDataset._load_batch
 

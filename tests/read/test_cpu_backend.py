@@ -146,7 +146,7 @@ def _identity_photo_preset() -> Preset:
 
 
 def test_photo_preset_flips_at_decode_time_in_training_only(tmp_path):
-    from fastdata.read.backends.cpu import decode_geometry
+    from fastdata.read.backends.cpu_batches import decode_geometry
 
     # Decode-time geometry applies to encoded images (raw splits run every op on the device).
     write_shards(
@@ -265,7 +265,7 @@ def test_next_epochs_first_batch_is_decoded_ahead_and_equals_a_fresh_decode(
 ):
     import threading
 
-    from fastdata.read.backends import cpu
+    from fastdata.read.backends import cpu_batches as cpu
 
     fresh = make_cpu_loader(_spec(tiny_shards, batch_size=64))  # no workers: nothing ahead
     want = {}
@@ -300,7 +300,7 @@ def test_next_epochs_first_batch_is_decoded_ahead_and_equals_a_fresh_decode(
 
 
 def test_skips_in_a_batch_made_ahead_count_once_when_it_is_used(tiny_shards, monkeypatch):
-    from fastdata.read.backends import cpu
+    from fastdata.read.backends import cpu_batches as cpu
 
     manifest = load_manifest(tiny_shards)
     shard = manifest.split("train").shards[0]

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-import fastdata.read.backends.cpu as cpu
+import fastdata.read.backends.cpu_batches as cpu
 from fastdata.format.manifest_io import load_manifest
 from fastdata.lightning.datamodule import ShardDataModule
 from fastdata.lightning.options import ShardSet

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fastdata.read.backends.cpu import decode_geometry
+from fastdata.read.backends.cpu_batches import decode_geometry
 from fastdata.read.base import LoaderSpec, PlannedLoader
 from fastdata.read.decoders.dict_batch import refuse_fields
 from fastdata.read.decoders.image import Geometry, decode_image
