@@ -16,13 +16,56 @@ TESTS = Path(__file__).resolve().parent
 MARK = "heavy"
 
 
-def _names_mark(node: ast.AST) -> bool:
-    """`pytest.mark.heavy`, `mark.heavy` or `pytest.mark.heavy(...)`, alone or in a list/tuple."""
-    if isinstance(node, (ast.List, ast.Tuple)):
-        return any(_names_mark(item) for item in node.elts)
-    if isinstance(node, ast.Call):
-        node = node.func
-    return isinstance(node, ast.Attribute) and node.attr == MARK and _is_mark(node.value)
+class _Marks:
+    """Reads the `heavy` mark in one module, through its module-level names (`CASES = [...]`,
+    `_HEAVY = pytest.mark.heavy`, as parameter lists and marks are often written)."""
+
+    def __init__(self, tree: ast.Module) -> None:
+        self.names: dict[str, ast.expr] = {}
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                if isinstance(node.targets[0], ast.Name):
+                    self.names[node.targets[0].id] = node.value
+
+    def resolve(self, node: ast.AST, depth: int = 0) -> ast.AST:
+        while isinstance(node, ast.Name) and node.id in self.names and depth < 10:
+            node, depth = self.names[node.id], depth + 1
+        return node
+
+    def names_mark(self, node: ast.AST) -> bool:
+        """`pytest.mark.heavy`, `mark.heavy` or `pytest.mark.heavy(...)`, alone or in a list."""
+        node = self.resolve(node)
+        if isinstance(node, (ast.List, ast.Tuple)):
+            return any(self.names_mark(item) for item in node.elts)
+        if isinstance(node, ast.Call):
+            node = node.func
+        return isinstance(node, ast.Attribute) and node.attr == MARK and _is_mark(node.value)
+
+    def case_marks(self, decorators: list[ast.expr]) -> tuple[int, int] | None:
+        """(cases, heavy cases) of a `parametrize` whose cases are `pytest.param(..., marks=)`;
+        None where no case carries the mark of its own."""
+        for deco in decorators:
+            if not (isinstance(deco, ast.Call) and getattr(deco.func, "attr", "") == "parametrize"):
+                continue
+            cases = self.resolve(deco.args[1]) if len(deco.args) >= 2 else None
+            if not isinstance(cases, (ast.List, ast.Tuple)):
+                continue
+            heavy = sum(
+                1
+                for case in cases.elts
+                if isinstance(case, ast.Call)
+                and getattr(case.func, "attr", "") == "param"
+                and any(k.arg == "marks" and self.names_mark(k.value) for k in case.keywords)
+            )
+            if heavy:
+                return len(cases.elts), heavy
+        return None
+
+    def is_heavy(self, func: ast.FunctionDef | ast.AsyncFunctionDef, inherited: bool) -> bool:
+        if inherited or any(self.names_mark(d) for d in func.decorator_list):
+            return True
+        cases = self.case_marks(func.decorator_list)
+        return cases is not None and cases[0] == cases[1]
 
 
 def _is_mark(node: ast.AST) -> bool:
@@ -31,44 +74,12 @@ def _is_mark(node: ast.AST) -> bool:
     )
 
 
-def _case_marks(decorators: list[ast.expr]) -> tuple[int, int] | None:
-    """(cases, heavy cases) of a `parametrize` whose cases are `pytest.param(..., marks=...)`;
-    None where no case carries a mark of its own."""
-    for deco in decorators:
-        if not (isinstance(deco, ast.Call) and getattr(deco.func, "attr", "") == "parametrize"):
-            continue
-        if len(deco.args) < 2 or not isinstance(deco.args[1], (ast.List, ast.Tuple)):
-            continue
-        cases = deco.args[1].elts
-        heavy = sum(
-            1
-            for case in cases
-            if isinstance(case, ast.Call)
-            and getattr(case.func, "attr", "") == "param"
-            and any(k.arg == "marks" and _names_mark(k.value) for k in case.keywords)
-        )
-        if heavy:
-            return len(cases), heavy
-    return None
-
-
-def _is_heavy(func: ast.FunctionDef | ast.AsyncFunctionDef, inherited: bool) -> bool:
-    if inherited or any(_names_mark(d) for d in func.decorator_list):
-        return True
-    cases = _case_marks(func.decorator_list)
-    return cases is not None and cases[0] == cases[1]
-
-
 def module_tests(source: str) -> tuple[int, int]:
     """(tests, heavy tests) of a test module's source: `test_*` functions, and `test_*` methods
     of `Test*` classes (a function counts once, heavy only when all its cases are)."""
     tree = ast.parse(source)
-    module_heavy = any(
-        isinstance(node, ast.Assign)
-        and any(getattr(t, "id", None) == "pytestmark" for t in node.targets)
-        and _names_mark(node.value)
-        for node in tree.body
-    )
+    marks = _Marks(tree)
+    module_heavy = "pytestmark" in marks.names and marks.names_mark(marks.names["pytestmark"])
     counts = [0, 0]
 
     def add(func: ast.AST, inherited: bool) -> None:
@@ -76,12 +87,12 @@ def module_tests(source: str) -> tuple[int, int]:
             "test"
         ):
             counts[0] += 1
-            counts[1] += _is_heavy(func, inherited)
+            counts[1] += marks.is_heavy(func, inherited)
 
     for node in tree.body:
         add(node, module_heavy)
         if isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
-            class_heavy = module_heavy or any(_names_mark(d) for d in node.decorator_list)
+            class_heavy = module_heavy or any(marks.names_mark(d) for d in node.decorator_list)
             for item in node.body:
                 add(item, class_heavy)
     return counts[0], counts[1]
@@ -117,3 +128,10 @@ def test_the_check_sees_each_way_of_marking() -> None:
     all_cases = "@pytest.mark.parametrize('n', [pytest.param(2, marks=[pytest.mark.heavy])])\n"
     assert module_tests(all_cases + "def test_a(n): pass") == (1, 1)
     assert module_tests("@pytest.mark.slow\ndef test_a(): pass\ndef helper(): pass") == (1, 0)
+    through_names = "H = [pytest.mark.heavy]\nCASES = [pytest.param(1, marks=H)]\n"
+    assert module_tests(
+        through_names + "@pytest.mark.parametrize('n', CASES)\ndef test_a(n): 0"
+    ) == (
+        1,
+        1,
+    )
