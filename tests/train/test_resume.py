@@ -177,7 +177,7 @@ def reference(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Callabl
             "cpu",
             14,
         ),  # early in epoch 1: resumes from the checkpoint taken at the epoch's last batch
-        ("cpu", 19),  # mid-epoch 1: resumes at step 16
+        pytest.param("cpu", 19, marks=pytest.mark.heavy),  # mid-epoch 1: resumes at step 16
         ("memory", 7),
     ],
 )
