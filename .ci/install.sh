@@ -75,8 +75,10 @@ print(f"installed fastdata {fastdata.__version__}, torch {torch.__version__}, {p
 print(f"JPEG region decoder: {jpeg_region_decoder() or 'none (PIL decodes whole images)'}")
 PY
 if [ -n "${TV_PID:-}" ]; then
+    waited=$SECONDS
     if wait "$TV_PID"; then
-        tail -n 1 "$TV_LOG"
+        # How long .venv took, and how much longer the background build kept CI waiting.
+        echo "$(tail -n 1 "$TV_LOG") (.venv done at ${waited} s, .venv-tv at ${SECONDS} s)"
         rm -f "$TV_LOG"
     else
         status=$?
