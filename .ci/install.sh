@@ -76,12 +76,14 @@ print(f"JPEG region decoder: {jpeg_region_decoder() or 'none (PIL decodes whole 
 PY
 if [ -n "${TV_PID:-}" ]; then
     waited=$SECONDS
-    if wait "$TV_PID"; then
+    status=0
+    wait "$TV_PID" || status=$?
+    trap - EXIT  # reaped: its id may be reused
+    if [ "$status" = 0 ]; then
         # How long .venv took, and how much longer the background build kept CI waiting.
         echo "$(tail -n 1 "$TV_LOG") (.venv done at ${waited} s, .venv-tv at ${SECONDS} s)"
         rm -f "$TV_LOG"
     else
-        status=$?
         echo "building .venv-tv failed (exit $status); its log, $TV_LOG:" >&2
         cat "$TV_LOG" >&2
         exit "$status"
