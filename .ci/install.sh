@@ -15,6 +15,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
+# .venv-tv (torch + torchvision + plain Pillow + fastdata: .ci/install_tv.sh) builds meanwhile:
+# it is download/unpack bound, the Pillow-SIMD build below CPU bound. Waited for at the end.
+# FASTDATA_TV=0 skips it (tests/docs/test_torchvision_guide.py then skips, or fails under CI).
+if [ "${FASTDATA_TV:-1}" != 0 ]; then
+    TV_LOG="$(mktemp "${TMPDIR:-/tmp}/venv-tv-install.XXXXXX")"
+    PYTHON="$PYTHON" bash .ci/install_tv.sh >"$TV_LOG" 2>&1 &
+    TV_PID=$!
+    # A failure below stops the background build too (no pip left writing into .venv-tv).
+    trap 'kill "$TV_PID" 2>/dev/null || true' EXIT
+fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install --upgrade pip
@@ -64,3 +74,18 @@ from fastdata.read.decoders.image import jpeg_region_decoder
 print(f"installed fastdata {fastdata.__version__}, torch {torch.__version__}, {pil.describe()}")
 print(f"JPEG region decoder: {jpeg_region_decoder() or 'none (PIL decodes whole images)'}")
 PY
+if [ -n "${TV_PID:-}" ]; then
+    waited=$SECONDS
+    status=0
+    wait "$TV_PID" || status=$?
+    trap - EXIT  # reaped: its id may be reused
+    if [ "$status" = 0 ]; then
+        # How long .venv took, and how much longer the background build kept CI waiting.
+        echo "$(tail -n 1 "$TV_LOG") (.venv done at ${waited} s, .venv-tv at ${SECONDS} s)"
+        rm -f "$TV_LOG"
+    else
+        echo "building .venv-tv failed (exit $status); its log, $TV_LOG:" >&2
+        cat "$TV_LOG" >&2
+        exit "$status"
+    fi
+fi

@@ -173,7 +173,7 @@ def _labels(out: Path, split: str, rank: int) -> list[list[int]]:
     return [list(map(int, line.split())) for line in lines]
 
 
-@pytest.mark.parametrize("backend", ["cpu", "memory"])
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("memory", marks=pytest.mark.heavy)])
 def test_two_process_accuracy_equals_one_process_and_each_sample_counts_once(
     shards: Path, tmp_path: Path, backend: str
 ) -> None:

@@ -177,8 +177,8 @@ def reference(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Callabl
             "cpu",
             14,
         ),  # early in epoch 1: resumes from the checkpoint taken at the epoch's last batch
-        ("cpu", 19),  # mid-epoch 1: resumes at step 16
-        ("memory", 7),
+        pytest.param("cpu", 19, marks=pytest.mark.heavy),  # mid-epoch 1: resumes at step 16
+        pytest.param("memory", 7, marks=pytest.mark.heavy),  # cpu-7 killed the same way
     ],
 )
 def test_killed_run_resumes_every_sample_exactly_once(

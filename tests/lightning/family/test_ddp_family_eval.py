@@ -79,7 +79,7 @@ def _run(shards: Path, out: Path, devices: int, backend: str, task: str) -> dict
     return {r["key"]: r for r in rows}
 
 
-@pytest.mark.parametrize("backend", ["cpu", "memory"])
+@pytest.mark.parametrize("backend", ["cpu", pytest.param("memory", marks=pytest.mark.heavy)])
 def test_two_process_evaluation_equals_one_process(rect_shards, rect_splits, tmp_path, backend):
     expected = sorted(r.key for r in rect_splits["val"])  # 13: padded to 2 ranks x 4 x 2 steps
     for task in ("segmentation", "detection"):
