@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import numpy as np
@@ -86,3 +87,21 @@ def real_data() -> Path:
             f"real data not found at {root} (set FASTDATA_DATA_DIR to the shared data folder)"
         )
     return root
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """CI's default run leaves out the tests marked `heavy` (bigger variants of cases other
+    tests cover: pyproject's marker list; tests/test_ci_subset.py keeps every module in CI).
+
+    They run when a marker expression is given (``-m "heavy or not heavy"`` runs everything,
+    ``-m heavy`` those alone), when a test is named by its id (``path::test``), or with
+    FASTDATA_HEAVY=1.
+    """
+    if config.getoption("markexpr") or os.environ.get("FASTDATA_HEAVY") == "1":
+        return
+    if any("::" in str(arg) for arg in config.args):
+        return
+    kept = [item for item in items if item.get_closest_marker("heavy") is None]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
+        items[:] = kept
