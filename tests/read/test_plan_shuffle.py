@@ -166,12 +166,18 @@ def test_size_window_keeps_a_steps_shards_open_in_one_reader():
     assert size_window(few, [10**5] * 8, 10**12, open_shards=8) == 800
 
 
-def test_a_reader_keeps_every_local_shard_of_the_split_open(tiny_shards, monkeypatch):
+def test_a_reader_keeps_every_local_shard_of_the_split_open(tmp_path, monkeypatch):
     """Class-ordered foreign splits need a window over all their shards: the reader keeps them
-    all open (up to LOCAL_OPEN_LIMIT), so the default window is the split's, not 3 shards'."""
-    manifest = load_manifest(tiny_shards)
+    all open (up to LOCAL_OPEN_LIMIT), so the default window is the split's, not 3 shards'
+    (a reader kept 8 open: a split of 19 shards got a window of 48 samples)."""
+    from fastdata.write import ShardOptions, write_shards
+    from tests.conftest import unique_label_source
+
+    root = tmp_path / "many"
+    write_shards(unique_label_source(), root, ShardOptions(max_count=16, workers=1, progress=False))
+    manifest = load_manifest(root)
     shards = len(manifest.split("train").shards)
-    assert shards > 2 and open_limit(manifest, "train") == shards
+    assert shards == 19 and open_limit(manifest, "train") == shards
     reader = ShardReader(manifest, "train")
     assert reader.max_open == shards
     for number in range(shards):  # every shard read once: none closed
@@ -182,7 +188,7 @@ def test_a_reader_keeps_every_local_shard_of_the_split_open(tiny_shards, monkeyp
     # Past the limit, the window shrinks to what stays open.
     monkeypatch.setattr(shardio, "LOCAL_OPEN_LIMIT", 2)
     assert open_limit(manifest, "train") == 2
-    assert node_window(manifest, "train") == 64  # never below a shard
+    assert node_window(manifest, "train") == 16  # never below a shard
 
 
 def test_shuffle_option_is_checked():
