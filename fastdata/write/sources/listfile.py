@@ -22,6 +22,7 @@ import csv
 import io
 import json
 import re
+from array import array
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -143,14 +144,14 @@ class ListSource:
         self.classes, resolved = _resolve_labels(tokens, classes, self.list_path, max_classes)
         labels = resolved[: len(rows)] if has_label else [-1] * len(rows)
         rest = iter(resolved[len(rows) if has_label else 0 :])
-        self._paths: dict[str, list[str]] = {}
+        path_lists: dict[str, _StrColumn] = {}
         self._multi: dict[str, list[np.ndarray]] = {}
         self._extras: dict[str, list[dict[str, Any]]] = {}
         label_lists: dict[str, list[int]] = {}
         line_lists: dict[str, list[int]] = {}
         for row, label in zip(rows, labels, strict=True):
             name = row.split or split
-            self._paths.setdefault(name, []).append(row.path)
+            path_lists.setdefault(name, _StrColumn()).append(row.path)
             label_lists.setdefault(name, []).append(label)
             line_lists.setdefault(name, []).append(row.line)
             if self._fields is not None:
@@ -164,6 +165,9 @@ class ListSource:
         # Arrays, not lists of ints: forked writer workers then share them without refcount writes.
         self._labels = {s: np.asarray(v, dtype=np.int64) for s, v in label_lists.items()}
         self._lines = {s: np.asarray(v, dtype=np.int64) for s, v in line_lists.items()}
+        # One bytes buffer per split, not a str object per row (~60 bytes each, and refcounts
+        # that forked workers would write to): the source then holds ~25 bytes a row.
+        self._paths = path_lists
 
     def splits(self) -> dict[str, int]:
         """Split name -> number of listed images, in order of first appearance."""
@@ -180,7 +184,8 @@ class ListSource:
         paths = self._paths[split]
         if not 0 <= index < len(paths):
             raise IndexError(f"{split}[{index}] is out of range: the split has {len(paths)} images")
-        path = self.root / paths[index]
+        name = paths[index]
+        path = self.root / name
         line = int(self._lines[split][index])
         fields = None
         if self._fields is not None:
@@ -193,7 +198,7 @@ class ListSource:
             origin=f"{path} ({self.list_path.name}:{line})",
             path=path,
             fields=fields,
-            source_id=paths[index],  # as the list names it (relative to root, unless absolute)
+            source_id=name,  # as the list names it (relative to root, unless absolute)
         )
 
     def fingerprint(self) -> dict[str, Any]:
@@ -207,6 +212,25 @@ class ListSource:
             "root": str(self.root),
             "classes": list(self.classes),
         }
+
+
+class _StrColumn:
+    """Strings stored as one UTF-8 buffer and end offsets: a sequence of str that appends."""
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+        self._ends = array("q")
+
+    def append(self, value: str) -> None:
+        self._data += value.encode("utf-8")
+        self._ends.append(len(self._data))
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __getitem__(self, index: int) -> str:
+        start = self._ends[index - 1] if index > 0 else 0
+        return self._data[start : self._ends[index]].decode("utf-8")
 
 
 def _bad(list_path: Path, line: int, problem: str) -> BadSourceError:
