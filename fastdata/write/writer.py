@@ -145,11 +145,15 @@ class ShardOptions:
 
 @dataclass(frozen=True)
 class ShardJob:
-    """One shard to write: its split, file stem and the source sample ids in order."""
+    """One shard to write: its split, file stem and the source sample ids in order.
+
+    `sample_ids` is a 1-D int64 array (a slice of the split's permutation): 8 bytes a sample,
+    not the ~36 of a list of Python ints, so that a plan of millions of samples stays small.
+    """
 
     split: str
     stem: str
-    sample_ids: list[int]
+    sample_ids: np.ndarray
 
 
 def write_shards(
@@ -291,32 +295,37 @@ def plan_jobs(source: Source, options: ShardOptions) -> list[ShardJob]:
             raise ShardingError(f"{source.kind} source: {problem}")
         # The split name enters the seed so that splits are shuffled independently.
         rng = np.random.default_rng([options.seed, zlib.crc32(split.encode())])
-        order = rng.permutation(count).tolist()
+        order = rng.permutation(count)  # int64: each job holds a view of it, not a list
         sizes = _estimated_sizes(source, split, order) if options.max_size else None
-        for number, ids in enumerate(_cut(order, sizes, options.max_count, options.max_size)):
-            jobs.append(ShardJob(split, f"{split}-{number:06d}", ids))
+        for number, (start, stop) in enumerate(
+            _cut(count, sizes, options.max_count, options.max_size)
+        ):
+            jobs.append(ShardJob(split, f"{split}-{number:06d}", order[start:stop]))
     return jobs
 
 
 def _cut(
-    order: list[int], sizes: list[int] | None, max_count: int, max_size: int | None
-) -> Iterator[list[int]]:
-    shard: list[int] = []
-    shard_bytes = 0
-    for pos, sample_id in enumerate(order):
-        size = sizes[pos] if sizes else 0
-        if shard and (len(shard) >= max_count or (max_size and shard_bytes + size > max_size)):
-            yield shard
-            shard, shard_bytes = [], 0
-        shard.append(sample_id)
+    count: int, sizes: list[int] | None, max_count: int, max_size: int | None
+) -> Iterator[tuple[int, int]]:
+    """(start, stop) of each shard in the permuted order: at most `max_count` samples and,
+    given `sizes`, at most `max_size` estimated bytes (a larger sample alone in its shard)."""
+    if not sizes or not max_size:  # count only: fixed slices, no per-sample loop
+        yield from ((start, min(start + max_count, count)) for start in range(0, count, max_count))
+        return
+    start, shard_bytes = 0, 0
+    for pos in range(count):
+        size = sizes[pos]
+        if pos > start and (pos - start >= max_count or shard_bytes + size > max_size):
+            yield start, pos
+            start, shard_bytes = pos, 0
         shard_bytes += size
-    if shard:
-        yield shard
+    if count > start:
+        yield start, count
 
 
-def _estimated_sizes(source: Source, split: str, order: list[int]) -> list[int]:
+def _estimated_sizes(source: Source, split: str, order: np.ndarray) -> list[int]:
     sizes = []
-    for sample_id in order:
+    for sample_id in order.tolist():
         item = source.item(split, sample_id)
         if item.pixels is not None:
             sizes.append(int(item.pixels.nbytes))
@@ -460,7 +469,7 @@ def _write_job(job: ShardJob) -> int:
             done = write_blocks(source, writer, job, pixels if job.split == "train" else None)
             keys, digests, heights, widths = done.keys, done.digests, done.heights, done.widths
             exts, result.class_counts = {schema.RAW_EXT}, done.class_counts
-        for sample_id in job.sample_ids if not fast else ():
+        for sample_id in job.sample_ids.tolist() if not fast else ():
             item = source.item(job.split, sample_id)
             parts = None
             try:

@@ -22,7 +22,8 @@ import csv
 import io
 import json
 import re
-from collections.abc import Callable, Sequence
+from array import array
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -119,51 +120,93 @@ class ListSource:
                 f"; expected one of {sorted(PARSERS)}. {_HELP}"
             )
         self.root = Path(root).expanduser().resolve() if root is not None else self.list_path.parent
-        rows = parser(self.list_path, _read_text(self.list_path))
-        if not rows:
-            raise BadSourceError(f"{self.list_path}: lists no images. {_HELP}")
-        has_label = rows[0].label is not None
+        _check_text(self.list_path)  # a first pass, streamed: the file is never held whole
+        self._read_rows(parser(self.list_path), split)
+        ordered = [_Token(line, token) for token, line in self._label_first.items()]
+        ordered += [
+            _Token(line, token)
+            for token, line in self._multi_first.items()
+            if token not in self._label_first
+        ]
+        self.classes, resolved = _resolve_labels(ordered, classes, self.list_path, max_classes)
+        # Token id -> class index; rows keep token ids (8 bytes), not their tokens.
+        self._by_id = np.zeros(len(self._token_ids), dtype=np.int64)
+        for token, index in zip(ordered, resolved, strict=True):
+            self._by_id[self._token_ids[token.label]] = index
+        # Arrays, not lists of ints: forked writer workers then share them without refcount writes.
+        self._labels = {
+            s: self._by_id[np.frombuffer(v, dtype=np.int64)]
+            if self._has_label
+            else np.full(len(v), -1, dtype=np.int64)
+            for s, v in self._label_ids.items()
+        }
+        self._lines = {s: np.frombuffer(v, dtype=np.int64) for s, v in self._line_ids.items()}
+        del self._label_first, self._multi_first, self._token_ids, self._label_ids, self._line_ids
+
+    def _read_rows(self, rows: Iterator[_Row], split: str) -> None:
+        """Consume the parsed rows one at a time into compact per-split columns; the problems
+        seen only over all rows are raised after the last row, in the order they always were."""
+        self._paths: dict[str, _StrColumn] = {}
+        self._label_ids: dict[str, array] = {}  # token id of each row's label
+        self._line_ids: dict[str, array] = {}
+        self._multi: dict[str, dict[int, np.ndarray]] = {}  # rows with `labels`: token ids
+        self._extras: dict[str, dict[int, dict[str, Any]]] = {}  # rows with other columns
+        self._token_ids: dict[int | str, int] = {}
+        # First line of each distinct class token, labels then `labels` tokens (file order):
+        # what `_resolve_labels` checks, so that an error names the line it always named.
+        self._label_first: dict[int | str, int] = {}
+        self._multi_first: dict[int | str, int] = {}
+        first: _Row | None = None
+        mismatch: BadSourceError | None = None
+        kinds: dict[str, str] = {}
+        kinds_error: ColumnError | None = None
+        has_labels = False
+        csv = self.list_path.suffix.lower() == ".csv"
         for row in rows:
-            if (row.label is not None) != has_label:
-                raise _bad(
+            first = first or row
+            if mismatch is None and (row.label is not None) != (first.label is not None):
+                has = first.label is not None
+                mismatch = _bad(
                     self.list_path,
                     row.line,
-                    f"'label' is {'missing' if has_label else 'given'} here but "
-                    f"{'given' if has_label else 'missing'} on line {rows[0].line}; "
+                    f"'label' is {'missing' if has else 'given'} here but "
+                    f"{'given' if has else 'missing'} on line {first.line}; "
                     "give every row a label or none",
                 )
-        has_labels = any(row.labels is not None for row in rows)
-        csv = self.list_path.suffix.lower() == ".csv"
-        kinds = merged_kinds((row.extras or {} for row in rows), csv)
-        if not (has_label or has_labels or kinds):
-            raise _bad(self.list_path, rows[0].line, "no 'label', 'labels' or other column")
-        self._fields = list_fields(has_label, has_labels, kinds)
-        tokens = [_Token(r.line, r.label) for r in rows if r.label is not None]
-        tokens += [_Token(r.line, t) for r in rows for t in (r.labels or [])]
-        self.classes, resolved = _resolve_labels(tokens, classes, self.list_path, max_classes)
-        labels = resolved[: len(rows)] if has_label else [-1] * len(rows)
-        rest = iter(resolved[len(rows) if has_label else 0 :])
-        self._paths: dict[str, list[str]] = {}
-        self._multi: dict[str, list[np.ndarray]] = {}
-        self._extras: dict[str, list[dict[str, Any]]] = {}
-        label_lists: dict[str, list[int]] = {}
-        line_lists: dict[str, list[int]] = {}
-        for row, label in zip(rows, labels, strict=True):
+            if row.extras and kinds_error is None:
+                try:
+                    kinds = merged_kinds([kinds, row.extras], csv)
+                except ColumnError as exc:
+                    kinds_error = exc
             name = row.split or split
-            self._paths.setdefault(name, []).append(row.path)
-            label_lists.setdefault(name, []).append(label)
-            line_lists.setdefault(name, []).append(row.line)
-            if self._fields is not None:
-                mine = [next(rest) for _ in row.labels or []]
-                self._multi.setdefault(name, []).append(np.asarray(mine, dtype=np.int64))
-                extras = row.extras or {}
-                values = {
-                    k: extras.get(k, "" if kind == "text" else None) for k, kind in kinds.items()
-                }
-                self._extras.setdefault(name, []).append(values)
-        # Arrays, not lists of ints: forked writer workers then share them without refcount writes.
-        self._labels = {s: np.asarray(v, dtype=np.int64) for s, v in label_lists.items()}
-        self._lines = {s: np.asarray(v, dtype=np.int64) for s, v in line_lists.items()}
+            paths = self._paths.setdefault(name, _StrColumn())
+            index = len(paths)
+            paths.append(row.path)
+            self._line_ids.setdefault(name, array("q")).append(row.line)
+            label_id = 0
+            if row.label is not None:
+                self._label_first.setdefault(row.label, row.line)
+                label_id = self._token_ids.setdefault(row.label, len(self._token_ids))
+            self._label_ids.setdefault(name, array("q")).append(label_id)
+            if row.labels is not None:
+                has_labels = True
+                for token in row.labels:
+                    self._multi_first.setdefault(token, row.line)
+                ids = [self._token_ids.setdefault(t, len(self._token_ids)) for t in row.labels]
+                self._multi.setdefault(name, {})[index] = np.asarray(ids, dtype=np.int64)
+            if row.extras:
+                self._extras.setdefault(name, {})[index] = row.extras
+        if first is None:
+            raise BadSourceError(f"{self.list_path}: lists no images. {_HELP}")
+        if mismatch is not None:
+            raise mismatch
+        if kinds_error is not None:
+            raise kinds_error
+        self._has_label = first.label is not None
+        if not (self._has_label or has_labels or kinds):
+            raise _bad(self.list_path, first.line, "no 'label', 'labels' or other column")
+        self._fields = list_fields(self._has_label, has_labels, kinds)
+        self._kinds = kinds
 
     def splits(self) -> dict[str, int]:
         """Split name -> number of listed images, in order of first appearance."""
@@ -180,12 +223,17 @@ class ListSource:
         paths = self._paths[split]
         if not 0 <= index < len(paths):
             raise IndexError(f"{split}[{index}] is out of range: the split has {len(paths)} images")
-        path = self.root / paths[index]
+        name = paths[index]
+        path = self.root / name
         line = int(self._lines[split][index])
         fields = None
         if self._fields is not None:
-            fields = dict(self._extras[split][index])
-            fields["labels"] = self._multi[split][index]
+            extras = self._extras.get(split, {}).get(index, {})
+            fields = {
+                k: extras.get(k, "" if kind == "text" else None) for k, kind in self._kinds.items()
+            }
+            ids = self._multi.get(split, {}).get(index)
+            fields["labels"] = self._by_id[ids] if ids is not None else np.zeros(0, np.int64)
             fields["label"] = int(self._labels[split][index])
         return SourceItem(
             sample_id=index,
@@ -193,7 +241,7 @@ class ListSource:
             origin=f"{path} ({self.list_path.name}:{line})",
             path=path,
             fields=fields,
-            source_id=paths[index],  # as the list names it (relative to root, unless absolute)
+            source_id=name,  # as the list names it (relative to root, unless absolute)
         )
 
     def fingerprint(self) -> dict[str, Any]:
@@ -209,37 +257,64 @@ class ListSource:
         }
 
 
+class _StrColumn:
+    """Strings stored as one UTF-8 buffer and end offsets: a sequence of str that appends."""
+
+    def __init__(self) -> None:
+        self._data = bytearray()
+        self._ends = array("q")
+
+    def append(self, value: str) -> None:
+        self._data += value.encode("utf-8")
+        self._ends.append(len(self._data))
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def __getitem__(self, index: int) -> str:
+        start = self._ends[index - 1] if index > 0 else 0
+        return self._data[start : self._ends[index]].decode("utf-8")
+
+
 def _bad(list_path: Path, line: int, problem: str) -> BadSourceError:
     return BadSourceError(f"{list_path}:{line}: {problem}. {_HELP}")
 
 
-def _read_text(list_path: Path) -> str:
-    """The list file as text: UTF-8 (after an optional byte-order mark), without NUL bytes."""
+def _check_text(list_path: Path) -> None:
+    """Check, a line at a time, that the list is UTF-8 (after an optional byte-order mark)
+    without NUL bytes; the first NUL is reported even after a line that is not UTF-8."""
+    not_utf8: BadSourceError | None = None
     try:
-        data = list_path.read_bytes()
+        with list_path.open("rb") as file:
+            for number, line in enumerate(file, start=1):
+                if number == 1:
+                    # Spreadsheet programs start CSV files with a byte-order mark.
+                    line = line[3:] if line.startswith(b"\xef\xbb\xbf") else line
+                    utf16 = line[:2] in (b"\xff\xfe", b"\xfe\xff")
+                if b"\x00" in line:
+                    hint = " (UTF-16? save the list as UTF-8)" if utf16 else ""
+                    raise _bad(list_path, number, f"NUL byte: not a text file{hint}")
+                if not_utf8 is None:
+                    not_utf8 = _utf8_problem(list_path, number, line)
     except OSError as exc:
         raise BadSourceError(
             f"{list_path}: cannot read the list file ({exc.strerror or exc})"
         ) from exc
-    # Spreadsheet programs start CSV files with a byte-order mark.
-    body = data[3:] if data.startswith(b"\xef\xbb\xbf") else data
-    nul = body.find(b"\x00")
-    if nul >= 0:
-        utf16 = (
-            " (UTF-16? save the list as UTF-8)" if body[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
-        )
-        raise _bad(list_path, body.count(b"\n", 0, nul) + 1, f"NUL byte: not a text file{utf16}")
+    if not_utf8 is not None:
+        raise not_utf8
+
+
+def _utf8_problem(list_path: Path, number: int, line: bytes) -> BadSourceError | None:
     try:
-        return body.decode("utf-8")
+        line.decode("utf-8")
     except UnicodeDecodeError as exc:
-        line = body.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (body.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise _bad(
+        return _bad(
             list_path,
-            line,
-            f"not UTF-8 (byte 0x{body[exc.start]:02x} at column {column}); save the list as "
-            "UTF-8, e.g. `iconv -f latin1 -t utf-8 old.csv > new.csv`",
-        ) from None
+            number,
+            f"not UTF-8 (byte 0x{line[exc.start]:02x} at column {exc.start + 1}); save the "
+            "list as UTF-8, e.g. `iconv -f latin1 -t utf-8 old.csv > new.csv`",
+        )
+    return None
 
 
 def _split_of(list_path: Path, line: int, split: str | None) -> str | None:
@@ -251,11 +326,15 @@ def _split_of(list_path: Path, line: int, split: str | None) -> str | None:
     return split
 
 
-def _parse_csv(list_path: Path, text: str) -> list[_Row]:
-    """Rows of a CSV list with a header naming at least `path` and `label`."""
-    lines = _Counted(io.StringIO(text, newline=""))
+def _parse_csv(list_path: Path) -> Iterator[_Row]:
+    """Rows of a CSV list with a header naming at least `path` and `label` (`_check_text`ed)."""
+    with list_path.open(encoding="utf-8-sig", newline="") as file:
+        yield from _csv_rows(list_path, file)
+
+
+def _csv_rows(list_path: Path, file: io.TextIOBase) -> Iterator[_Row]:
+    lines = _Counted(file)
     reader = csv.DictReader(lines)
-    rows = []
     try:
         header = reader.fieldnames or []
         if "path" not in header:
@@ -277,16 +356,15 @@ def _parse_csv(list_path: Path, text: str) -> list[_Row]:
             split = _split_of(list_path, line, (record.get("split") or "").strip())
             labels = labels_of(record["labels"]) if "labels" in record else None
             extras = {name: record[name] for name in kinds}
-            rows.append(_Row(line, path, label, split, labels, extras))
+            yield _Row(line, path, label, split, labels, extras)
     except csv.Error as exc:  # e.g. "field larger than field limit", "new-line in unquoted field"
         raise _bad(list_path, max(lines.count, 1), f"not valid CSV ({exc})") from None
-    return rows
 
 
 class _Counted:
     """Lines of a text, counting those handed out (the CSV reader's current line on an error)."""
 
-    def __init__(self, lines: io.StringIO) -> None:
+    def __init__(self, lines: Iterator[str]) -> None:
         self._lines = lines
         self.count = 0
 
@@ -299,52 +377,56 @@ class _Counted:
         return line
 
 
-def _parse_jsonl(list_path: Path, text: str) -> list[_Row]:
-    """Rows of a JSON Lines list: one object per line; blank lines are skipped."""
-    rows = []
-    for line, chunk in enumerate(text.split("\n"), start=1):
-        if not chunk.strip():
-            continue
-        try:
-            record = json.loads(chunk)
-        except json.JSONDecodeError as exc:
-            raise _bad(list_path, line, f"not valid JSON ({exc.msg})") from None
-        except RecursionError:
-            raise _bad(list_path, line, "not a flat JSON object (nested too deeply)") from None
-        except ValueError as exc:  # e.g. an integer of more than 4300 digits
-            raise _bad(list_path, line, f"not valid JSON ({exc})") from None
-        if not isinstance(record, dict):
-            raise _bad(list_path, line, f"expected an object, got {type(record).__name__}")
-        path, label, split = record.get("path"), record.get("label"), record.get("split")
-        if not isinstance(path, str) or not path.strip():
-            raise _bad(list_path, line, f"'path' must be a non-empty string, got {_short(path)}")
-        if "\x00" in path:
-            raise _bad(list_path, line, f"'path' contains a NUL character: {_short(path)}")
-        # bool is an int subclass: true/false are not labels.
-        if label is not None and (
-            isinstance(label, bool) or not isinstance(label, (int, str)) or label == ""
-        ):
-            raise _bad(
-                list_path, line, f"'label' must be an int or a class name, got {_short(label)}"
-            )
-        if split is not None and not isinstance(split, str):
-            raise _bad(list_path, line, f"'split' must be a string, got {_short(split)}")
-        try:
-            labels = labels_of(record["labels"]) if "labels" in record else None
-            kinds = column_kinds(record, csv=False)
-            extras = {
-                k: text_value(k, record[k]) if kind == "text" else record[k]
-                for k, kind in kinds.items()
-            }
-        except ColumnError as exc:
-            raise _bad(list_path, line, str(exc)) from None
-        split = _split_of(list_path, line, split)
-        rows.append(_Row(line, path.strip(), label, split, labels, extras))
-    return rows
+def _parse_jsonl(list_path: Path) -> Iterator[_Row]:
+    """Rows of a JSON Lines list (`_check_text`ed): one object per line; blank lines skipped."""
+    with list_path.open("rb") as file:
+        for line, raw in enumerate(file, start=1):
+            chunk = raw.decode("utf-8-sig" if line == 1 else "utf-8").removesuffix("\n")
+            if (row := _jsonl_row(list_path, line, chunk)) is not None:
+                yield row
+
+
+def _jsonl_row(list_path: Path, line: int, chunk: str) -> _Row | None:
+    """The row of one JSON Lines line; None for a blank line."""
+    if not chunk.strip():
+        return None
+    try:
+        record = json.loads(chunk)
+    except json.JSONDecodeError as exc:
+        raise _bad(list_path, line, f"not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise _bad(list_path, line, "not a flat JSON object (nested too deeply)") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise _bad(list_path, line, f"not valid JSON ({exc})") from None
+    if not isinstance(record, dict):
+        raise _bad(list_path, line, f"expected an object, got {type(record).__name__}")
+    path, label, split = record.get("path"), record.get("label"), record.get("split")
+    if not isinstance(path, str) or not path.strip():
+        raise _bad(list_path, line, f"'path' must be a non-empty string, got {_short(path)}")
+    if "\x00" in path:
+        raise _bad(list_path, line, f"'path' contains a NUL character: {_short(path)}")
+    # bool is an int subclass: true/false are not labels.
+    if label is not None and (
+        isinstance(label, bool) or not isinstance(label, (int, str)) or label == ""
+    ):
+        raise _bad(list_path, line, f"'label' must be an int or a class name, got {_short(label)}")
+    if split is not None and not isinstance(split, str):
+        raise _bad(list_path, line, f"'split' must be a string, got {_short(split)}")
+    try:
+        labels = labels_of(record["labels"]) if "labels" in record else None
+        kinds = column_kinds(record, csv=False)
+        extras = {
+            k: text_value(k, record[k]) if kind == "text" else record[k]
+            for k, kind in kinds.items()
+        }
+    except ColumnError as exc:
+        raise _bad(list_path, line, str(exc)) from None
+    split = _split_of(list_path, line, split)
+    return _Row(line, path.strip(), label, split, labels, extras)
 
 
 # List-file suffix -> parser.
-PARSERS: dict[str, Callable[[Path, str], list[_Row]]] = {
+PARSERS: dict[str, Callable[[Path], Iterator[_Row]]] = {
     ".csv": _parse_csv,
     ".jsonl": _parse_jsonl,
     ".ndjson": _parse_jsonl,
