@@ -26,9 +26,11 @@ if [ "${FASTDATA_TV:-1}" != 0 ]; then
     trap 'kill "$TV_PID" 2>/dev/null || true' EXIT
 fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+# install --no-compile: pip would byte-compile every file it installs (ray, DALI, botocore: minutes
+# of CPU on 2 cores); Python compiles what is imported, once, on first import instead.
 PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
-"${PIP[@]}" install --upgrade pip
-"${PIP[@]}" install "torch==2.13.0"
+"${PIP[@]}" install --no-compile --upgrade pip
+"${PIP[@]}" install --no-compile "torch==2.13.0"
 PIL_DIST="${FASTDATA_PIL:-pillow-simd}"
 case "$PIL_DIST" in
     pillow) OTHER=pillow-simd ;;
@@ -38,12 +40,12 @@ esac
 if .venv/bin/python -m pip show -q "$OTHER" >/dev/null 2>&1; then
     # Uninstalling the other removes files both wrote: reinstall the chosen one whole.
     "${PIP[@]}" uninstall -y "$OTHER"
-    "${PIP[@]}" install --force-reinstall --no-deps "$PIL_DIST>=9.0"
+    "${PIP[@]}" install --no-compile --force-reinstall --no-deps "$PIL_DIST>=9.0"
 else
-    "${PIP[@]}" install "$PIL_DIST>=9.0"
+    "${PIP[@]}" install --no-compile "$PIL_DIST>=9.0"
 fi
 # moto[server]: the S3-compatible server the remote tests start on loopback (no Docker).
-"${PIP[@]}" install -e ".[test,dali,remote,ray,docs]" "moto[server]>=5.0"
+"${PIP[@]}" install --no-compile -e ".[test,dali,remote,ray,docs]" "moto[server]>=5.0"
 .venv/bin/python -m pip --disable-pip-version-check check
 FASTDATA_PIL="$PIL_DIST" .venv/bin/python - <<'PY'
 import importlib.metadata as md

@@ -12,10 +12,10 @@ cd "$(dirname "$0")/.."
 PYTHON="${PYTHON:-python3}"
 [ -x .venv-tv/bin/python ] || "$PYTHON" -m venv .venv-tv
 PIP=(.venv-tv/bin/python -m pip --disable-pip-version-check -q)
-"${PIP[@]}" install --upgrade pip
-"${PIP[@]}" install "torch==2.14.1" "torchvision==0.29.1"
+"${PIP[@]}" install --no-compile --upgrade pip
+"${PIP[@]}" install --no-compile "torch==2.14.1" "torchvision==0.29.1"
 # Plain fastdata (no [pillow]/[simd] extra): torchvision's Pillow is the PIL it runs on.
-"${PIP[@]}" install -e .
+"${PIP[@]}" install --no-compile -e .
 .venv-tv/bin/python -m pip --disable-pip-version-check check
 .venv-tv/bin/python - <<'PY'
 import importlib.metadata as md
