@@ -255,7 +255,14 @@ class ShardCache(CacheFolder):
 
     def size_bytes(self) -> int:
         """Bytes in the cache folder now (shards, indexes and downloads under way)."""
-        return sum(e.stat().st_size for e in os.scandir(self.cache_dir) if e.is_file())
+        total = 0
+        for entry in os.scandir(self.cache_dir):
+            try:
+                if entry.is_file():
+                    total += entry.stat().st_size
+            except FileNotFoundError:  # a .part renamed, or a shard evicted, by another process
+                continue
+        return total
 
     # --- prefetching -------------------------------------------------------------------------
 

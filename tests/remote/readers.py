@@ -6,6 +6,7 @@ import hashlib
 import multiprocessing
 import os
 import time
+import traceback
 from pathlib import Path
 
 from fastdata.format.manifest import Manifest
@@ -24,7 +25,17 @@ def plan_shard_order(manifest: Manifest, split: str, seed: int = 0, epoch: int =
 
 
 def folder_bytes(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.iterdir() if p.is_file())
+    """Bytes in `folder` now. Another rank sharing the cache renames its `.part` files and evicts
+    shards while this one lists the folder: a file gone between the listing and its stat is not
+    counted (CI once failed here with FileNotFoundError, not in the cache itself)."""
+    total = 0
+    for path in folder.iterdir():
+        try:
+            if path.is_file():
+                total += path.stat().st_size
+        except FileNotFoundError:
+            continue
+    return total
 
 
 def read_epoch(
@@ -66,6 +77,8 @@ def rank_main(results: multiprocessing.Queue, *args: object) -> None:
     try:
         results.put(read_epoch(*args))  # type: ignore[arg-type]
     except BaseException as exc:
+        if hasattr(exc, "add_note"):  # Python 3.11+: the parent's assertion shows where
+            exc.add_note(traceback.format_exc())
         results.put(exc)
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import random
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +136,23 @@ def test_a_cache_folder_without_flock_says_where_to_put_the_cache(
         assert isinstance(err.value, RemoteError)  # a reader marks the shard failed, with this text
     finally:
         lock.close()
+
+
+def test_cache_size_skips_a_file_that_goes_while_it_is_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another rank of the node renames its `.part` (or evicts a shard) between the listing and
+    the stat: the size counts what is there, it does not raise FileNotFoundError."""
+    from fastdata.remote import ShardCache
+
+    cache = ShardCache(tmp_path / "cache", "1MB")
+    (cache.cache_dir / "kept.tar").write_bytes(b"x" * 100)
+    (cache.cache_dir / "going.tar.100.part").write_bytes(b"y" * 50)
+    listing = list(os.scandir(cache.cache_dir))
+
+    def scandir_then_rename(path: object) -> Iterator[os.DirEntry[str]]:
+        (cache.cache_dir / "going.tar.100.part").unlink(missing_ok=True)  # after the listing
+        return iter(listing)
+
+    monkeypatch.setattr(os, "scandir", scandir_then_rename)
+    assert cache.size_bytes() == 100
