@@ -89,7 +89,32 @@ def real_data() -> Path:
     return root
 
 
+#: Tests that start a local Ray cluster: under pytest-xdist (`-n 2 --dist loadgroup`, CI's run)
+#: they go to one worker, one after the other (two clusters at once on 2 cores time out).
+_ONE_AT_A_TIME = {
+    "ray": ("test_engine_ray.py", "test_ray_train.py", "cluster.md", "ray-train.md"),
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Groups for pytest-xdist (`_ONE_AT_A_TIME`), then the `heavy` selection below."""
+    for item in items:
+        for group, names in _ONE_AT_A_TIME.items():
+            if any(name in item.nodeid for name in names):
+                item.add_marker(pytest.mark.xdist_group(group))
+    # The long tests first (`slow`, and the Ray group as a whole): under pytest-xdist each
+    # worker starts on one while the other fills in with short ones, instead of one long test
+    # left running alone at the end. A stable sort: the order is otherwise the collection's.
+    items.sort(key=lambda item: not _starts_early(item))
+    _leave_out_heavy(config, items)
+
+
+def _starts_early(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(name) is not None for name in ("slow", "xdist_group"))
+
+
+def _leave_out_heavy(config: pytest.Config, items: list[pytest.Item]) -> None:
     """CI's default run leaves out the tests marked `heavy` (bigger variants of cases other
     tests cover: pyproject's marker list; tests/test_ci_subset.py keeps every module in CI).
 

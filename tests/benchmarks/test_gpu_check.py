@@ -46,6 +46,7 @@ def _smoke(out: Path, *extra: str) -> list[str]:
     return [sys.executable, str(SCRIPT), "--cpu-smoke", "--out", str(out), *extra]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_cpu_smoke_without_shared_dali_or_webdataset(tmp_path):
     env = _bare_env(tmp_path)

@@ -28,6 +28,7 @@ def python_blocks(text: str) -> list[str]:
     return _BLOCK.findall(text)
 
 
+@pytest.mark.slow
 def test_the_guide_runs_beside_torchvision(tmp_path: Path) -> None:
     text = GUIDE.read_text()
     assert text.splitlines()[0] == (

@@ -18,8 +18,9 @@ Ray workers are other processes: each rank appends the keys of every batch it tr
   attempt trained the planned batches 1-4, the second exactly the planned batches 4-12.
 
 Timing (2-core CPU shared with other jobs, load average 15-23): the Ray fit 206 s (cluster
-start 27 s, two worker-group starts; 24 training steps in all), the guide 128 s, the rest < 20 s
-each. Most of it is Ray starting processes on a saturated CPU, not training.
+start 27 s, two worker-group starts; 24 training steps in all), the guide 128 s (`heavy`: not in
+CI's default run), the rest < 20 s each. Most of it is Ray starting processes on a saturated CPU,
+not training.
 """
 
 from __future__ import annotations
@@ -246,8 +247,14 @@ def test_two_ray_workers_split_the_epoch_evaluate_exactly_and_resume_mid_epoch(
 
 
 @pytest.mark.slow
+@pytest.mark.heavy  # 130-175 s of Ray start-up on 2 cores; the fit above covers the same calls
 def test_the_guide_example_runs(tmp_path: Path) -> None:
-    """docs/guides/ray-train.md's python block, run as written (its own local Ray cluster)."""
+    """docs/guides/ray-train.md's python block, run as written (its own local Ray cluster).
+
+    Not in CI's default run (`heavy`): the test above fits through the same Ray Train calls
+    (TorchTrainer, RayDDPStrategy, RayLightningEnvironment, prepare_trainer, RayStepCheckpoint,
+    ray_checkpoint_path) and checks more; run this one with `-m heavy` after editing the guide.
+    """
     page = (ROOT / "docs" / "guides" / "ray-train.md").read_text()
     assert page.startswith(f"<!-- docs-test: covered-by {Path(__file__).relative_to(ROOT)}::")
     blocks = re.findall(r"^```python\n(.*?)^```", page, flags=re.S | re.M)

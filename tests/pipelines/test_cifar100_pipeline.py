@@ -116,6 +116,7 @@ BUDGET_S = 40
 BUDGET_TOLERANCE_S = 5
 
 
+@pytest.mark.slow
 def test_budget_run_shards_trains_and_ends_within_the_budget(tmp_path: Path) -> None:
     archive = _tiny_cifar100_archive(tmp_path, n_train=4096, n_test=512)
     out = tmp_path / "run"

@@ -121,6 +121,7 @@ def test_limit_below_the_readers_need_is_refused_at_setup(
     module(served, tmp_path / "cache", need).setup("fit")  # exactly the need is enough
 
 
+@pytest.mark.slow
 def test_two_ranks_with_workers_stay_within_the_limit(served: str, tmp_path: Path) -> None:
     manifest = load_manifest(served)
     need, shard = need_of(manifest), shard_size(manifest)

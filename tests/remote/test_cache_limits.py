@@ -74,6 +74,7 @@ def served(http_server: FileServer) -> Iterator[str]:
     proxy.stop()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit", LIMITS)
 def test_two_ranks_with_workers_end_under_any_cache_limit(
     served: str, tmp_path: Path, limit: float | None

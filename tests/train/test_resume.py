@@ -169,6 +169,7 @@ def reference(shards: Path, tmp_path_factory: pytest.TempPathFactory) -> Callabl
     return get
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("backend", "kill_at"),
     [
