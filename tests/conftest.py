@@ -90,7 +90,7 @@ def real_data() -> Path:
 
 
 #: Tests that start a local Ray cluster: under pytest-xdist (`-n 2 --dist loadgroup`, CI's run)
-#: they go to one worker, one after the other (two clusters at once on 2 cores time out).
+#: they go to one worker, one after the other (two Ray clusters at once on 2 cores: not tried, not risked).
 _ONE_AT_A_TIME = {
     "ray": ("test_engine_ray.py", "test_ray_train.py", "cluster.md", "ray-train.md"),
 }
