@@ -80,6 +80,19 @@ _SHA = re.compile(r"^[0-9a-f]{64}$")
 _IDLE = 30.0  # seconds the prefetch thread waits for a job before it ends
 
 
+def folder_bytes(folder: str | os.PathLike[str]) -> int:
+    """Bytes of the files in `folder` now. Other processes of the node rename `.part` files and
+    evict shards while it is listed: a file gone between the listing and its stat is not counted."""
+    total = 0
+    for entry in os.scandir(folder):
+        try:
+            if entry.is_file():
+                total += entry.stat().st_size
+        except FileNotFoundError:  # renamed or removed by its owner meanwhile
+            continue
+    return total
+
+
 class CachedShard:
     """A shard in the cache, pinned (never evicted) until `release()` or the end of a `with`.
 
@@ -255,14 +268,7 @@ class ShardCache(CacheFolder):
 
     def size_bytes(self) -> int:
         """Bytes in the cache folder now (shards, indexes and downloads under way)."""
-        total = 0
-        for entry in os.scandir(self.cache_dir):
-            try:
-                if entry.is_file():
-                    total += entry.stat().st_size
-            except FileNotFoundError:  # a .part renamed, or a shard evicted, by another process
-                continue
-        return total
+        return folder_bytes(self.cache_dir)
 
     # --- prefetching -------------------------------------------------------------------------
 

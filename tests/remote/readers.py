@@ -7,12 +7,12 @@ import multiprocessing
 import os
 import time
 import traceback
-from pathlib import Path
 
 from fastdata.format.manifest import Manifest
 from fastdata.read.plan import epoch_order, rows_to_refs
 from fastdata.read.shardio import ShardReader
 from fastdata.remote import ShardCache
+from fastdata.remote.cache import folder_bytes
 
 __all__ = ["folder_bytes", "plan_shard_order", "rank_main", "read_epoch"]
 
@@ -22,20 +22,6 @@ def plan_shard_order(manifest: Manifest, split: str, seed: int = 0, epoch: int =
     sizes = [s.num_samples for s in manifest.split(split).shards]
     refs = rows_to_refs(epoch_order(sizes, seed, epoch, shuffle=True), sizes)
     return [int(s) for s in dict.fromkeys(refs[:, 0].tolist())]
-
-
-def folder_bytes(folder: Path) -> int:
-    """Bytes in `folder` now. Another rank sharing the cache renames its `.part` files and evicts
-    shards while this one lists the folder: a file gone between the listing and its stat is not
-    counted (CI once failed here with FileNotFoundError, not in the cache itself)."""
-    total = 0
-    for path in folder.iterdir():
-        try:
-            if path.is_file():
-                total += path.stat().st_size
-        except FileNotFoundError:
-            continue
-    return total
 
 
 def read_epoch(
