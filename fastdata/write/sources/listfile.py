@@ -14,6 +14,11 @@ of the first byte that is not, or of a NUL byte), split names must be plain name
 (`fastdata.write.sources.base.SPLIT_NAME`: they become shard file names), and the class list it implies
 is bounded by `max_classes` before anything of that size is allocated. The image files are not opened or checked here (that would stat every
 file of a large list); the writer reports a missing or unreadable file by its origin.
+
+Memory: the list is read a line at a time and each row goes to a file as it is parsed
+(`fastdata.write.sources.rowfile`); `item` reads its row back. What the source holds in memory
+is the class tokens, not the rows: a list of 100 million rows costs the same RAM as one of 1,000
+(the disk holds 28 bytes a row plus the path, in a temporary folder removed with the source).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import csv
 import io
 import json
 import re
-from array import array
+import struct
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -44,6 +49,7 @@ from fastdata.write.sources.listcolumns import (
     merged_kinds,
     text_value,
 )
+from fastdata.write.sources.rowfile import RowFile, RowFolder
 
 __all__ = ["DEFAULT_MAX_CLASSES", "PARSERS", "ListSource"]
 
@@ -129,28 +135,18 @@ class ListSource:
             if token not in self._label_first
         ]
         self.classes, resolved = _resolve_labels(ordered, classes, self.list_path, max_classes)
-        # Token id -> class index; rows keep token ids (8 bytes), not their tokens.
+        # Token id -> class index; rows keep token ids, not their tokens.
         self._by_id = np.zeros(len(self._token_ids), dtype=np.int64)
         for token, index in zip(ordered, resolved, strict=True):
             self._by_id[self._token_ids[token.label]] = index
-        # Arrays, not lists of ints: forked writer workers then share them without refcount writes.
-        self._labels = {
-            s: self._by_id[np.frombuffer(v, dtype=np.int64)]
-            if self._has_label
-            else np.full(len(v), -1, dtype=np.int64)
-            for s, v in self._label_ids.items()
-        }
-        self._lines = {s: np.frombuffer(v, dtype=np.int64) for s, v in self._line_ids.items()}
-        del self._label_first, self._multi_first, self._token_ids, self._label_ids, self._line_ids
+        del self._label_first, self._multi_first, self._token_ids
 
     def _read_rows(self, rows: Iterator[_Row], split: str) -> None:
-        """Consume the parsed rows one at a time into compact per-split columns; the problems
-        seen only over all rows are raised after the last row, in the order they always were."""
-        self._paths: dict[str, _StrColumn] = {}
-        self._label_ids: dict[str, array] = {}  # token id of each row's label
-        self._line_ids: dict[str, array] = {}
-        self._multi: dict[str, dict[int, np.ndarray]] = {}  # rows with `labels`: token ids
-        self._extras: dict[str, dict[int, dict[str, Any]]] = {}  # rows with other columns
+        """Consume the parsed rows one at a time into per-split row files on disk (`RowFile`:
+        the memory held does not grow with the list); the problems seen only over all rows are
+        raised after the last row, in the order they always were."""
+        self._folder = RowFolder(prefix="fastdata-list-")
+        self._rows: dict[str, RowFile] = {}
         self._token_ids: dict[int | str, int] = {}
         # First line of each distinct class token, labels then `labels` tokens (file order):
         # what `_resolve_labels` checks, so that an error names the line it always named.
@@ -179,23 +175,22 @@ class ListSource:
                 except ColumnError as exc:
                     kinds_error = exc
             name = row.split or split
-            paths = self._paths.setdefault(name, _StrColumn())
-            index = len(paths)
-            paths.append(row.path)
-            self._line_ids.setdefault(name, array("q")).append(row.line)
+            rows_of_split = self._rows.get(name)
+            if rows_of_split is None:
+                rows_of_split = self._rows[name] = RowFile(self._folder, f"split-{len(self._rows)}")
             label_id = 0
             if row.label is not None:
                 self._label_first.setdefault(row.label, row.line)
                 label_id = self._token_ids.setdefault(row.label, len(self._token_ids))
-            self._label_ids.setdefault(name, array("q")).append(label_id)
+            ids = None
             if row.labels is not None:
                 has_labels = True
                 for token in row.labels:
                     self._multi_first.setdefault(token, row.line)
                 ids = [self._token_ids.setdefault(t, len(self._token_ids)) for t in row.labels]
-                self._multi.setdefault(name, {})[index] = np.asarray(ids, dtype=np.int64)
-            if row.extras:
-                self._extras.setdefault(name, {})[index] = row.extras
+            rows_of_split.append(_pack(row, label_id, ids))
+        for rows_of_split in self._rows.values():
+            rows_of_split.finish()
         if first is None:
             raise BadSourceError(f"{self.list_path}: lists no images. {_HELP}")
         if mismatch is not None:
@@ -210,7 +205,7 @@ class ListSource:
 
     def splits(self) -> dict[str, int]:
         """Split name -> number of listed images, in order of first appearance."""
-        return {split: len(paths) for split, paths in self._paths.items()}
+        return {split: len(rows) for split, rows in self._rows.items()}
 
     def sample_fields(self, split: str) -> dict[str, FieldSpec] | None:
         """The list's fields besides the image (`listcolumns`); None: path + label only."""
@@ -218,31 +213,40 @@ class ListSource:
 
     def item(self, split: str, index: int) -> SourceItem:
         """The `index`-th listed image of `split` (file order)."""
-        if split not in self._paths:
-            raise ValueError(f"unknown split {split!r}; {self.list_path} has {sorted(self._paths)}")
-        paths = self._paths[split]
-        if not 0 <= index < len(paths):
-            raise IndexError(f"{split}[{index}] is out of range: the split has {len(paths)} images")
-        name = paths[index]
+        if split not in self._rows:
+            raise ValueError(f"unknown split {split!r}; {self.list_path} has {sorted(self._rows)}")
+        rows = self._rows[split]
+        if not 0 <= index < len(rows):
+            raise IndexError(f"{split}[{index}] is out of range: the split has {len(rows)} images")
+        name, line, label_id, ids, extras = _unpack(rows[index])
         path = self.root / name
-        line = int(self._lines[split][index])
+        label = int(self._by_id[label_id]) if self._has_label else -1
         fields = None
         if self._fields is not None:
-            extras = self._extras.get(split, {}).get(index, {})
+            extras = extras or {}
             fields = {
                 k: extras.get(k, "" if kind == "text" else None) for k, kind in self._kinds.items()
             }
-            ids = self._multi.get(split, {}).get(index)
-            fields["labels"] = self._by_id[ids] if ids is not None else np.zeros(0, np.int64)
-            fields["label"] = int(self._labels[split][index])
+            fields["labels"] = (
+                self._by_id[np.asarray(ids, dtype=np.int64)]
+                if ids is not None
+                else np.zeros(0, np.int64)
+            )
+            fields["label"] = label
         return SourceItem(
             sample_id=index,
-            label=int(self._labels[split][index]),
+            label=label,
             origin=f"{path} ({self.list_path.name}:{line})",
             path=path,
             fields=fields,
             source_id=name,  # as the list names it (relative to root, unless absolute)
         )
+
+    def move_rows(self, folder: Path) -> None:
+        """Read the parsed rows from copies in `folder` from now on (the writer's work folder,
+        which every node of a cluster reaches; the temporary originals go with this source)."""
+        for rows in self._rows.values():
+            rows.move_to(folder)
 
     def fingerprint(self) -> dict[str, Any]:
         """Kind, the list file's resolved path, size and mtime, the root and the classes."""
@@ -257,23 +261,28 @@ class ListSource:
         }
 
 
-class _StrColumn:
-    """Strings stored as one UTF-8 buffer and end offsets: a sequence of str that appends."""
+_HEAD = struct.Struct("<qqI")  # a row's line, label token id and path length
 
-    def __init__(self) -> None:
-        self._data = bytearray()
-        self._ends = array("q")
 
-    def append(self, value: str) -> None:
-        self._data += value.encode("utf-8")
-        self._ends.append(len(self._data))
+def _pack(row: _Row, label_id: int, ids: list[int] | None) -> bytes:
+    """One row as stored: line, label token id, path; then, only for rows that have them, the
+    `labels` token ids and the other columns as JSON (their values as the parser gave them)."""
+    path = row.path.encode("utf-8")
+    more = b""
+    if ids is not None or row.extras:
+        more = json.dumps([ids, row.extras or None]).encode("ascii")  # \uXXXX: any str
+    return _HEAD.pack(row.line, label_id, len(path)) + path + more
 
-    def __len__(self) -> int:
-        return len(self._ends)
 
-    def __getitem__(self, index: int) -> str:
-        start = self._ends[index - 1] if index > 0 else 0
-        return self._data[start : self._ends[index]].decode("utf-8")
+def _unpack(data: bytes) -> tuple[str, int, int, list[int] | None, dict[str, Any] | None]:
+    """(path, line, label token id, `labels` token ids, other columns) of a stored row."""
+    line, label_id, size = _HEAD.unpack_from(data)
+    start = _HEAD.size
+    path = data[start : start + size].decode("utf-8")
+    ids, extras = None, None
+    if len(data) > start + size:
+        ids, extras = json.loads(data[start + size :])
+    return path, line, label_id, ids, extras
 
 
 def _bad(list_path: Path, line: int, problem: str) -> BadSourceError:

@@ -123,9 +123,7 @@ def test_writer_refuses_a_split_name_from_any_source(tmp_path: Path) -> None:
     """Defence in depth: a source that does not check its split names cannot write outside."""
     Image.fromarray(np.zeros((4, 4, 3), np.uint8)).save(tmp_path / "a.png")
     src = ListSource(_write(tmp_path / "l.csv", "path,label\na.png,0\n"))
-    src._paths = {"../../evil": src._paths["train"]}
-    src._labels = {"../../evil": src._labels["train"]}
-    src._lines = {"../../evil": src._lines["train"]}
+    src._rows = {"../../evil": src._rows["train"]}
     out = tmp_path / "a" / "b" / "out"
     with pytest.raises(ShardingError, match="split name '../../evil'"):
         write_shards(src, out, ShardOptions(workers=1, progress=False))
