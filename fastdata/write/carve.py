@@ -10,6 +10,7 @@ source file or array row.
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from fastdata.format.carve import carve_ids, check_fraction
@@ -75,6 +76,11 @@ class CarvedSource:
         if not 0 <= index < len(ids):
             raise IndexError(f"{split}[{index}] is out of range: the split has {len(ids)} samples")
         return replace(self.source.item("train", int(ids[index])), sample_id=index)
+
+    def move_rows(self, folder: Path) -> None:
+        """The wrapped source's `move_rows`, where it has one (a list's rows on disk)."""
+        if (move := getattr(self.source, "move_rows", None)) is not None:
+            move(folder)
 
     def fingerprint(self) -> dict[str, Any]:
         """The source's (the carve is in the shard options' signature)."""

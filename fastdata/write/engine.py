@@ -1,6 +1,6 @@
 """Where the shard writer's tasks run: this machine's processes, or a cluster engine.
 
-The writer's plan (`fastdata.write.writer.plan_jobs`) is a pure function of the source and
+The writer's plan (`fastdata.write.plan.plan_jobs`) is a pure function of the source and
 the options, and each shard commits atomically with a `done` record. So writing is a list of
 independent, idempotent tasks: an engine only has to run them somewhere and hand back their
 results as they finish. `LocalEngine` forks processes on this machine (the writer's own path);

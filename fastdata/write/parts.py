@@ -5,7 +5,7 @@
     fastdata shard folder /data/photos /shared/shards --part 2/3
     fastdata merge /shared/shards                                   # writes manifest.json
 
-Every part computes the writer's whole job plan (`writer.plan_jobs`, a pure function of the
+Every part computes the writer's whole job plan (`plan.plan_jobs`, a pure function of the
 source and the options) and writes the jobs `j` with `j % N == I`, with the writer's atomic
 commits and `done` records in `OUT/.fastdata-work/`. So the shards and index files are the ones
 a single run writes, byte for byte, whatever order or machine the parts run on, and a part that
@@ -37,6 +37,7 @@ from fastdata.format.manifest_io import load_manifest
 from fastdata.write.carve import carve_source
 from fastdata.write.errors import TooManyBadSamplesError, allowance, too_many_message
 from fastdata.write.lock import LOCK_NAME, lock_folder
+from fastdata.write.plan import plan_jobs
 from fastdata.write.results import (
     ShardResult,
     build_manifest,
@@ -52,7 +53,6 @@ from fastdata.write.writer import (
     ShardOptions,
     atomic_write,
     dataset_identity,
-    plan_jobs,
     run_plan,
     same_identity,
 )
@@ -220,7 +220,7 @@ def _merge(out_dir: Path) -> Manifest:
     _check_bad_overall(results, records)
     report_skipped(results)
     manifest = build_manifest(
-        out_dir, first["classes"], first["identity"], results, first.get("class_ids")
+        out_dir, first["classes"], first["identity"], results, first.get("class_ids"), work=work
     )
     manifest.save(out_dir)
     shutil.rmtree(work, ignore_errors=True)

@@ -69,7 +69,7 @@ def block_path(source: Any, encoding: str) -> bool:
 def write_blocks(
     source: Any, writer: ShardTarWriter, job: Any, stats: PixelStats | None
 ) -> BlockResult:
-    """Append the samples of `job` (a `writer.ShardJob`: split, sample ids) to `writer`, `CHUNK`
+    """Append the samples of `job` (a `plan.ShardJob`: split, sample ids) to `writer`, `CHUNK`
     at a time, and account their pixels in `stats` (None: not measured). `block_path(source,
     ...)` must hold."""
     split, ids = job.split, job.sample_ids

@@ -48,7 +48,8 @@ class ShardResult:
     sums: str | None = None  # the per-sample digest file (fastdata.format.integrity)
     sums_sha256: str | None = None
     fields: dict[str, Any] | None = None  # the split's fields besides the image (fields_to_json)
-    source_ids: dict[str, int | str] | None = None  # key -> the source's own id (SourceItem)
+    source_ids: dict[str, int | str] | None = None  # key -> own id: done records of fastdata <= 0.1
+    source_ids_run: str | None = None  # the work folder's sorted run of those ids (source_ids.py)
 
 
 def done_path(work: Path, stem: str) -> Path:
@@ -109,18 +110,25 @@ def build_manifest(
     identity: dict[str, Any],
     results: list[ShardResult],
     class_ids: Sequence[int | str] | None = None,
+    work: Path | None = None,
 ) -> Manifest:
     """The manifest of a finished sharding, from its shards' results in plan order.
 
     Writes each split's source-id file (`fastdata.write.source_ids`) into `out_dir` when its
     samples have source ids. `class_ids`: the source's id of each class (COCO category ids).
+    `work`: the work folder that holds the shards' runs of source ids (`result.source_ids_run`);
+    needed when a result names one.
     """
     splits: dict[str, SplitInfo] = {}
     for split in sorted({r.split for r in results}):
         mine = [r for r in results if r.split == split]
         info = _split_info(mine, len(classes), identity["options"]["encoding"])
-        ids = {k: v for r in mine if r.num_samples for k, v in (r.source_ids or {}).items()}
-        written = write_source_ids(out_dir, split, ids)
+        named = [r.source_ids_run for r in mine if r.num_samples and r.source_ids_run]
+        if named and work is None:
+            raise ValueError("build_manifest: the results name runs of source ids; pass work=")
+        runs: list[Path | dict[str, int | str]] = [work / name for name in named if work]
+        runs += [r.source_ids for r in mine if r.num_samples and r.source_ids]
+        written = write_source_ids(out_dir, split, runs, scratch=work) if runs else None
         if written is not None:
             info = replace(info, source_ids=written[0], source_ids_sha256=written[1])
         splits[split] = info

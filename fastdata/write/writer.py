@@ -16,13 +16,10 @@ import multiprocessing as mp
 import os
 import shutil
 import time
-import zlib
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from tqdm import tqdm
 
 from fastdata.format import schema
@@ -41,6 +38,7 @@ from fastdata.write.errors import (
 )
 from fastdata.write.lock import lock_folder
 from fastdata.write.outdir import WORK_DIR, atomic_write, prepare_out, same_identity
+from fastdata.write.plan import PLAN_DIR, ShardJob, plan_jobs
 from fastdata.write.rawblock import block_path, write_blocks
 from fastdata.write.results import (
     ShardResult,
@@ -52,12 +50,12 @@ from fastdata.write.results import (
     report_skipped,
 )
 from fastdata.write.sample_fields import encode_with_fields
+from fastdata.write.source_ids import write_id_run
 from fastdata.write.sources.base import (
     Source,
     SourceItem,
     source_fields,
     source_skipped,
-    split_name_problem,
 )
 from fastdata.write.stats import PixelStats
 from fastdata.write.tarshard import ShardTarWriter, sha256_file
@@ -143,19 +141,6 @@ class ShardOptions:
         return signature
 
 
-@dataclass(frozen=True)
-class ShardJob:
-    """One shard to write: its split, file stem and the source sample ids in order.
-
-    `sample_ids` is a 1-D int64 array (a slice of the split's permutation): 8 bytes a sample,
-    not the ~36 of a list of Python ints, so that a plan of millions of samples stays small.
-    """
-
-    split: str
-    stem: str
-    sample_ids: np.ndarray
-
-
 def write_shards(
     source: Source,
     out: str | os.PathLike[str],
@@ -187,21 +172,25 @@ def write_shards(
     source = carve_source(source, options.val_fraction, options.seed)
     out_dir = Path(out)
     identity = dataset_identity(source, options)
-    jobs = plan_jobs(source, options)
     with lock_folder(out_dir, timeout=options.lock_timeout):
         existing = prepare_out(out_dir, identity, options.overwrite)
         if existing is not None:
             log.info("%s already holds this dataset with these options; nothing to do", out_dir)
             return existing
-        _run_on(engine, source, jobs, out_dir, identity["options"]["encoding"], options)
         work = out_dir / WORK_DIR
+        # The plan's files in the work folder: on a cluster, where every node reads them
+        # (absolute: a Ray worker's working folder is not ours).
+        jobs = plan_jobs(source, options, folder=work.absolute() / PLAN_DIR)
+        _run_on(engine, source, jobs, out_dir, identity["options"]["encoding"], options)
         results = [load_result(work, job.stem) for job in jobs] + lost_results(
             source_skipped(source)
         )
         check_bad(results, _total_inputs(source, jobs), options.max_bad)
         report_skipped(results)
         class_ids = getattr(source, "class_ids", None)  # COCO: the category ids
-        manifest = build_manifest(out_dir, list(source.classes), identity, results, class_ids)
+        manifest = build_manifest(
+            out_dir, list(source.classes), identity, results, class_ids, work=work
+        )
         manifest.save(out_dir)
         shutil.rmtree(work, ignore_errors=True)
     return manifest
@@ -230,7 +219,7 @@ def _total_inputs(source: Source | None, jobs: list[ShardJob]) -> int:
     """The inputs `max_bad` is a fraction of: the plan's samples and the source's own losses
     (none without a source)."""
     lost = sum(len(found) for found in source_skipped(source).values()) if source else 0
-    return sum(len(job.sample_ids) for job in jobs) + lost
+    return sum(job.count for job in jobs) + lost
 
 
 def dataset_identity(source: Source, options: ShardOptions) -> dict[str, Any]:
@@ -285,58 +274,8 @@ def run_plan(
     return len(jobs) - len(todo)
 
 
-def plan_jobs(source: Source, options: ShardOptions) -> list[ShardJob]:
-    """Permute each split with the seed and cut it into shards (pure: no file is written)."""
-    if options.max_count < 1:
-        raise ValueError(f"max_count must be >= 1, got {options.max_count}")
-    jobs: list[ShardJob] = []
-    for split, count in sorted(source.splits().items()):
-        if (problem := split_name_problem(split)) is not None:  # it becomes a file name in OUT
-            raise ShardingError(f"{source.kind} source: {problem}")
-        # The split name enters the seed so that splits are shuffled independently.
-        rng = np.random.default_rng([options.seed, zlib.crc32(split.encode())])
-        order = rng.permutation(count)  # int64: each job holds a view of it, not a list
-        sizes = _estimated_sizes(source, split, order) if options.max_size else None
-        for number, (start, stop) in enumerate(
-            _cut(count, sizes, options.max_count, options.max_size)
-        ):
-            jobs.append(ShardJob(split, f"{split}-{number:06d}", order[start:stop]))
-    return jobs
-
-
-def _cut(
-    count: int, sizes: list[int] | None, max_count: int, max_size: int | None
-) -> Iterator[tuple[int, int]]:
-    """(start, stop) of each shard in the permuted order: at most `max_count` samples and,
-    given `sizes`, at most `max_size` estimated bytes (a larger sample alone in its shard)."""
-    if not sizes or not max_size:  # count only: fixed slices, no per-sample loop
-        yield from ((start, min(start + max_count, count)) for start in range(0, count, max_count))
-        return
-    start, shard_bytes = 0, 0
-    for pos in range(count):
-        size = sizes[pos]
-        if pos > start and (pos - start >= max_count or shard_bytes + size > max_size):
-            yield start, pos
-            start, shard_bytes = pos, 0
-        shard_bytes += size
-    if count > start:
-        yield start, count
-
-
-def _estimated_sizes(source: Source, split: str, order: np.ndarray) -> list[int]:
-    sizes = []
-    for sample_id in order.tolist():
-        item = source.item(split, sample_id)
-        if item.pixels is not None:
-            sizes.append(int(item.pixels.nbytes))
-        elif item.data is not None:
-            sizes.append(len(item.data))
-        else:
-            sizes.append(item.path.stat().st_size if item.path and item.path.exists() else 0)
-    return sizes
-
-
 SUMS_SUFFIX = ".sum"  # per-sample digests beside each shard (fastdata.format.integrity)
+IDS_RUN_SUFFIX = ".ids.run"  # a shard's source ids in the work folder (fastdata.write.source_ids)
 
 
 # ----------------------------------------------------------------------------- parallel writing
@@ -369,9 +308,11 @@ def _run_jobs(context: WriteContext, jobs: list[ShardJob], engine: Engine) -> No
     out_dir, options = context.out, context.options
     if engine.shared_memory:
         context.bad = mp.get_context("fork").Value("q", len(context.bad_before))
+    elif (move_rows := getattr(context.source, "move_rows", None)) is not None:
+        move_rows(out_dir / WORK_DIR / "source")  # a list's rows, where every node reads them
     count = max(1, min(engine.tasks_for(len(jobs)), len(jobs)))
     tasks = [jobs[number::count] for number in range(count)]  # each a slice of the plan
-    total = sum(len(job.sample_ids) for job in jobs)
+    total = sum(job.count for job in jobs)
     bar = tqdm(total=total, unit="img", desc=f"sharding -> {out_dir}", disable=not options.progress)
     try:
         for done in engine.run(_write_task, context, tasks):
@@ -414,7 +355,7 @@ def _write_task(context: WriteContext, jobs: list[ShardJob]) -> int:
             _test_hooks(job)
             processed += _write_job(job)
         else:
-            processed += len(job.sample_ids)
+            processed += job.count
     return processed
 
 
@@ -527,9 +468,11 @@ def _write_job(job: ShardJob) -> int:
     result.widths = [min(widths), max(widths), sum(widths)] if widths else []
     result.exts = sorted(exts)
     result.pixel_sums = pixels.to_list() if pixels.count else []
-    result.source_ids = source_ids or None
+    if source_ids:  # sorted, beside the done record: the split's file is a merge of these runs
+        result.source_ids_run = f"{job.stem}{IDS_RUN_SUFFIX}"
+        write_id_run(out_dir / WORK_DIR / result.source_ids_run, source_ids)
     atomic_write(done_path(out_dir / WORK_DIR, job.stem), json.dumps(asdict(result)))
-    return len(job.sample_ids)
+    return job.count
 
 
 def _count_bad(mine: list[list[str]]) -> None:

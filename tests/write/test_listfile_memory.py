@@ -1,9 +1,9 @@
 """Memory of `fastdata shard list` before writing: parsing the list and planning the shards.
 
-The driver holds, per row, compact columns (the path's UTF-8 bytes, an 8-byte end offset, label
-token id and line number) and the plan an 8-byte slice of the permutation: ~40 bytes a row plus
-the path. Python objects per row (a str, an int, a tuple: 30-80 bytes each) would show as
-hundreds of bytes a row; before the columns it cost ~390 bytes a row (20k -> 200k rows: this test fails there).
+The rows go to files as they are parsed (`fastdata.write.sources.rowfile`) and each split's
+permutation to a file (`fastdata.write.permfile`): what the driver holds in memory is a few
+objects per split and per shard, not per row. Before the row files it held ~40 bytes a row
+(compact columns and an int64 permutation), and ~390 before the columns: this test fails on both.
 """
 
 from __future__ import annotations
@@ -15,14 +15,16 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+import pytest
 
-from fastdata.write.sources import ListSource
-from fastdata.write.writer import ShardOptions, plan_jobs
+from fastdata.write import permfile
+from fastdata.write.plan import plan_jobs
+from fastdata.write.sources import ListSource, rowfile
+from fastdata.write.writer import ShardOptions
 
-# Bytes a row: 9 of path ("img/3.png"), 8 + 8 + 8 of columns, 8 of permutation = 41; array and
-# bytearray growth over-allocate up to ~1/8; 80 leaves room for that and an allocator's rounding,
-# and is ~7x below a list of objects per row.
-PER_ROW_BOUND = 80
+# Bytes a row of growth allowed from 20k to 200k rows: the shard jobs (a few hundred bytes each,
+# 1000 rows a shard) amount to under 1 byte a row; the columns in memory were ~40.
+PER_ROW_BOUND = 4
 
 
 def _list(path: Path, rows: int) -> Path:
@@ -40,20 +42,27 @@ def _peak(path: Path) -> int:
     try:
         source = ListSource(path)
         jobs = plan_jobs(source, ShardOptions(seed=3, max_count=1000))
-        assert sum(len(job.sample_ids) for job in jobs) == sum(source.splits().values())
+        assert sum(job.count for job in jobs) == sum(source.splits().values())
         return tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
 
 
-def test_parse_and_plan_cost_a_few_dozen_bytes_a_row(tmp_path: Path) -> None:
+def test_parse_and_plan_hold_no_memory_per_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The fixed buffers (rows gathered before a write, the permutation's chunk and window: a few
+    # MB each) made small, so that they are full at both sizes and only per-row costs remain.
+    monkeypatch.setattr(rowfile, "_BUFFER", 4096)
+    monkeypatch.setattr(permfile, "CHUNK", 4096)
+    monkeypatch.setattr(permfile, "WINDOW", 4096)
     # ~20 s on 2 CPUs (tracemalloc slows parsing).
     small, large = 20_000, 200_000
-    grown = _peak(_list(tmp_path / "large.csv", large)) - _peak(
-        _list(tmp_path / "small.csv", small)
-    )
+    # The small list first: it pays the modules imported on first use, not the large one.
+    before = _peak(_list(tmp_path / "small.csv", small))
+    grown = _peak(_list(tmp_path / "large.csv", large)) - before
     per_row = grown / (large - small)
-    assert 0 < per_row < PER_ROW_BOUND, f"{per_row:.0f} bytes a row"
+    assert per_row < PER_ROW_BOUND, f"{per_row:.1f} bytes a row"
 
 
 def test_the_columns_give_what_a_plain_csv_reading_gives(tmp_path: Path) -> None:
@@ -88,4 +97,4 @@ def test_the_columns_give_what_a_plain_csv_reading_gives(tmp_path: Path) -> None
         order = np.concatenate([job.sample_ids for job in mine]).tolist()
         rng = np.random.default_rng([options.seed, zlib.crc32(split.encode())])
         assert order == rng.permutation(count).tolist()
-        assert [len(job.sample_ids) for job in mine][:-1] == [64] * (len(mine) - 1)
+        assert [job.count for job in mine][:-1] == [64] * (len(mine) - 1)
