@@ -10,10 +10,11 @@ results as they finish. `LocalEngine` forks processes on this machine (the write
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, Protocol, TypeVar, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
+
+from fastdata._util.procs import run_in_processes
 
 __all__ = ["Engine", "EngineUnavailableError", "LocalEngine", "usable_cores"]
 
@@ -63,13 +64,13 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-# The shared object is handed to forked workers through this global: forking shares its
-# arrays copy-on-write, where pickling a 150 MB CIFAR array to every process would not.
-_FORKED: dict[str, Any] = {}
-
-
 class LocalEngine:
-    """Tasks in processes forked from this one (or in this process for one worker).
+    """Tasks in processes started from this one (or in this process for one worker).
+
+    The processes are `fastdata._util.procs.run_in_processes`'s: forked when this process runs
+    no other thread (the source's arrays shared copy-on-write), from a fork server otherwise;
+    they end without relying on SIGTERM, die with this process, and a worker that dies
+    mid-task is an error, never a wait.
 
     Args:
         workers: processes; None uses the usable cores.
@@ -92,19 +93,19 @@ class LocalEngine:
         """Nothing to release: each `run` ends its pool."""
 
     def run(self, fn: Callable[[S, T], R], shared: S, tasks: Sequence[T]) -> Iterator[R]:
-        """See `Engine.run`; the pool is terminated when the caller stops early or fails."""
+        """See `Engine.run`; the workers are ended when the caller stops early or fails."""
         workers = max(1, min(self.cpus(), len(tasks)))
         if workers == 1:
             for task in tasks:
                 yield fn(shared, task)
             return
-        _FORKED.update(fn=fn, shared=shared)
-        try:
-            with mp.get_context("fork").Pool(workers) as pool:
-                yield from pool.imap_unordered(_call_forked, tasks)
-        finally:
-            _FORKED.clear()
+        for _index, result in run_in_processes(fn, shared, tasks, workers, describe=_shards):
+            yield result
 
 
-def _call_forked(task: Any) -> Any:
-    return _FORKED["fn"](_FORKED["shared"], task)
+def _shards(task: object) -> str:
+    """A writer task (a list of shard jobs) by its shards' names, for errors."""
+    stems = [getattr(job, "stem", None) for job in task] if isinstance(task, list) else []
+    if stems and all(stems):
+        return f"writing {', '.join(map(str, stems[:4]))}{' ...' if len(stems) > 4 else ''}"
+    return repr(task)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import logging
-import multiprocessing as mp
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +40,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fastdata._util.procs import run_in_processes
 from fastdata._util.version import __version__
 from fastdata.format.manifest import MANIFEST_NAME, Manifest
 from fastdata.format.manifest_io import load_manifest
@@ -184,8 +184,8 @@ def _scan(
 def _scan_all(
     located: Located, names: list[str], options: IndexOptions, copies: dict[str, str]
 ) -> list[ScannedTar]:
-    """`_scan` of every tar, in order: in forked processes for local tars (tarfile's header
-    parsing is the cost), in threads for remote ones (the network is). `copies`: compressed
+    """`_scan` of every tar, in order: in processes for local tars (tarfile's header parsing
+    is the cost; `fastdata._util.procs`), in threads for remote ones (the network is). `copies`: compressed
     tar -> the temporary path of its uncompressed copy."""
     workers = min(options.workers or len(os.sched_getaffinity(0)), len(names))
     jobs = [(located, name, options, copies.get(name)) for name in names]
@@ -194,8 +194,18 @@ def _scan_all(
     if located.local_dir is None:
         with ThreadPoolExecutor(workers, thread_name_prefix="fastdata-index") as pool:
             return list(pool.map(lambda job: _scan(*job), jobs))
-    with mp.get_context("fork").Pool(workers) as pool:  # terminated on leaving, even on error
-        return pool.starmap(_scan, jobs, chunksize=1)
+    results: list[ScannedTar | None] = [None] * len(jobs)
+    for index, scanned in run_in_processes(_scan_job, None, jobs, workers, describe=_job_tar):
+        results[index] = scanned
+    return results  # type: ignore[return-value]  # every index was filled
+
+
+def _scan_job(_shared: None, job: tuple[Located, str, IndexOptions, str | None]) -> ScannedTar:
+    return _scan(*job)
+
+
+def _job_tar(job: tuple[Located, str, IndexOptions, str | None]) -> str:
+    return f"indexing {job[1]}"
 
 
 def index_shards(

@@ -307,7 +307,8 @@ def _run_jobs(context: WriteContext, jobs: list[ShardJob], engine: Engine) -> No
         return
     out_dir, options = context.out, context.options
     if engine.shared_memory:
-        context.bad = mp.get_context("fork").Value("q", len(context.bad_before))
+        # Not a fork context's: a spawn context's counter can be handed to any kind of worker.
+        context.bad = mp.get_context("spawn").Value("q", len(context.bad_before))
     elif (move_rows := getattr(context.source, "move_rows", None)) is not None:
         move_rows(out_dir / WORK_DIR / "source")  # a list's rows, where every node reads them
     count = max(1, min(engine.tasks_for(len(jobs)), len(jobs)))
