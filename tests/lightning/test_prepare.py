@@ -188,3 +188,56 @@ def test_source_is_refused_with_a_mix_or_a_url(images, tmp_path):
         ShardDataModule("s3://bucket/shards", source=_source(images))
     with pytest.raises(ValueError, match="unknown source kind"):
         ShardSource("folders", str(images))
+
+
+def test_lightning_cli_builds_the_source_from_arguments_and_fit_shards(
+    images, tmp_path, monkeypatch
+):
+    pytest.importorskip("jsonargparse")
+    from lightning.pytorch.cli import LightningCLI
+
+    from tests.lightning.models import lightning_package, small_cnn
+
+    monkeypatch.setattr(sys, "argv", ["train.py"])
+    root = tmp_path / "shards"
+    args = [
+        "fit",
+        f"--data.root={root}",
+        "--data.source.kind=folder",
+        f"--data.source.path={images}",
+        "--data.source.options.max_count=4",
+        "--data.source.options.workers=1",
+        "--data.source.options.progress=false",
+        "--data.batch_size=4",
+        "--data.image_size=16",
+        "--data.backend=cpu",
+        "--data.workers.num_workers=0",
+        "--data.workers.prefetch_factor=2",
+        "--trainer.max_steps=2",
+        "--trainer.limit_val_batches=0",
+        "--trainer.accelerator=cpu",
+        "--trainer.logger=false",
+        "--trainer.enable_checkpointing=false",
+        "--trainer.enable_progress_bar=false",
+        f"--trainer.default_root_dir={tmp_path}",
+    ]
+    model = small_cnn(lightning_package("lightning.pytorch"))
+    cli = LightningCLI(model, ShardDataModule, args=args, save_config_callback=None)
+    assert cli.datamodule.source == _source(images)
+    assert cli.trainer.global_step == 2 and len(list(root.glob("*.tar"))) == 3
+
+
+def test_fabric_prepares_then_sets_up(images, tmp_path):
+    """Fabric has no prepare_data hook: one rank per node calls it, then every rank's setup."""
+    from lightning.fabric import Fabric
+
+    fabric = Fabric(accelerator="cpu", devices=1)
+    fabric.launch()
+    dm = _dm(tmp_path / "shards", _source(images))
+    with fabric.rank_zero_first(local=True):  # local rank 0 shards; the others find its shards
+        if fabric.local_rank == 0:
+            dm.prepare_data()
+    dm.setup("fit")
+    train = fabric.setup_dataloaders(dm.train_dataloader().as_dataloader())
+    labels = [y for batch in train for y in dm.on_after_batch_transfer(batch, 0)[1].tolist()]
+    assert len(labels) == 12 and sorted(set(labels)) == [0, 1, 2]
