@@ -235,8 +235,7 @@ def test_fabric_prepares_then_sets_up(images, tmp_path):
     fabric.launch()
     dm = _dm(tmp_path / "shards", _source(images))
     with fabric.rank_zero_first(local=True):  # local rank 0 shards; the others find its shards
-        if fabric.local_rank == 0:
-            dm.prepare_data()
+        dm.prepare_data()
     dm.setup("fit")
     train = fabric.setup_dataloaders(dm.train_dataloader().as_dataloader())
     labels = [y for batch in train for y in dm.on_after_batch_transfer(batch, 0)[1].tolist()]
