@@ -58,6 +58,7 @@ from fastdata.lightning.prepare import (
     await_shards,
     check_recorded,
     check_source,
+    load_prepared,
     prepare_shards,
 )
 from fastdata.lightning.runtime import (
@@ -338,6 +339,8 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
     def _read_manifest(self) -> Manifest:
         if self.mixed:
             return load_mix(self.roots, self.weights, self.epoch_samples)
+        if self.source is not None:
+            return load_prepared(self.source, self.root)
         return load_manifest(self.root)
 
     def _choose_backend(self) -> str:

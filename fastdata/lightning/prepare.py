@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from fastdata.format.manifest import MANIFEST_NAME, Manifest
+from fastdata.format.manifest import MANIFEST_NAME, Manifest, ManifestError
 from fastdata.format.manifest_io import load_manifest
 from fastdata.write import ShardingError, ShardOptions, write_shards
 from fastdata.write.carve import carve_source
@@ -54,6 +54,7 @@ __all__ = [
     "await_shards",
     "check_recorded",
     "check_source",
+    "load_prepared",
     "prepare_shards",
 ]
 
@@ -219,6 +220,21 @@ def check_recorded(spec: ShardSource, manifest: Manifest, root: str | os.PathLik
     given = " + ".join(str(p) for p in spec.inputs())
     asked = {"kind": spec.kind, "fingerprint": {"path": given}, "options": wanted}
     raise SourceMismatchError(_mismatch_message(Path(root), recorded, asked, True, False))
+
+
+def load_prepared(spec: ShardSource, root: str | os.PathLike[str]) -> Manifest:
+    """`root`'s manifest; before `prepare_data` wrote it, an error that says to call it.
+
+    Raises:
+        fastdata.format.manifest.ManifestError: no manifest yet (or an unreadable one).
+    """
+    if not (Path(root) / MANIFEST_NAME).exists():
+        raise ManifestError(
+            f"no {MANIFEST_NAME} in {root} yet: prepare_data() writes it from "
+            f"{spec.describe()} (Trainer.fit calls it first); call dm.prepare_data() before "
+            "reading num_classes, classes or image_shape"
+        )
+    return load_manifest(root)
 
 
 def _recorded_identity(out: Path) -> tuple[dict[str, Any] | None, bool]:

@@ -21,7 +21,14 @@ import pytest
 import torch
 from torch import nn
 
-from fastdata import ShardDataModule, ShardOptions, ShardSource, WorkerSettings
+from fastdata import (
+    SegmentationDataModule,
+    ShardDataModule,
+    ShardOptions,
+    ShardSource,
+    WorkerSettings,
+)
+from fastdata.format.manifest import ManifestError
 from fastdata.lightning.prepare import ShardsNotReadyError, SourceMismatchError
 from tests.conftest import write_jpeg_folder
 
@@ -97,11 +104,12 @@ def test_a_killed_sharding_resumes_without_rewriting_finished_shards(images, tmp
     root, hooks = tmp_path / "shards", tmp_path / "hooks"
     hooks.mkdir()
     (hooks / "delay").write_text("0.5")  # each shard waits: the run is killed after the first
+    # What dm.prepare_data() runs, without importing Lightning (a faster start to kill).
     script = textwrap.dedent(f"""
-        from fastdata import ShardDataModule, ShardOptions, ShardSource
+        from fastdata.lightning.prepare import ShardSource, prepare_shards
+        from fastdata.write import ShardOptions
         options = ShardOptions(max_count=4, workers=1, progress=False)
-        dm = ShardDataModule({str(root)!r}, source=ShardSource("folder", {str(images)!r}, options=options))
-        dm.prepare_data()
+        prepare_shards(ShardSource("folder", {str(images)!r}, options=options), {str(root)!r}, True)
     """)
     env = {**os.environ, "FASTDATA_TEST_HOOKS": str(hooks), "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-c", script], env=env)
@@ -240,3 +248,29 @@ def test_fabric_prepares_then_sets_up(images, tmp_path):
     train = fabric.setup_dataloaders(dm.train_dataloader().as_dataloader())
     labels = [y for batch in train for y in dm.on_after_batch_transfer(batch, 0)[1].tolist()]
     assert len(labels) == 12 and sorted(set(labels)) == [0, 1, 2]
+
+
+def test_reading_the_dataset_before_prepare_data_says_to_call_it(images, tmp_path):
+    dm = _dm(tmp_path / "shards", _source(images))
+    with pytest.raises(ManifestError, match=r"call dm.prepare_data\(\) before reading num_classes"):
+        _ = dm.num_classes
+    dm.prepare_data()
+    assert dm.num_classes == 3 and dm.classes == ["class0", "class1", "class2"]
+
+
+def test_a_family_member_shards_a_source_of_several_inputs(tmp_path):
+    """SegmentationDataModule with a segmentation source: images and masks, paired by stem."""
+    from tests.write.sources.family_data import write_segmentation
+
+    images, masks = write_segmentation(tmp_path / "seg", count=4)
+    options = ShardOptions(max_count=2, workers=1, progress=False)
+    source = ShardSource("segmentation", [str(images), str(masks)], options=options)
+    dm = SegmentationDataModule(
+        tmp_path / "shards", source=source, batch_size=2, backend="cpu", image_size=32,
+        train_transforms="none", workers=WorkerSettings(num_workers=0, prefetch_factor=2),
+    )  # fmt: skip
+    dm.prepare_data()
+    dm.setup("fit")
+    batch = dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)
+    assert batch["image"].shape == (2, 3, 32, 32) and batch["mask"].shape == (2, 32, 32)
+    assert str(images) in (tmp_path / "shards" / "manifest.json").read_text()
