@@ -13,7 +13,9 @@ yet trained on. Splits with fields beyond an image and a label (masks, boxes, mu
 text: `fastdata.format.fields`) yield dict batches (`fastdata.read.decoders.dict_batch`) from the cpu and memory
 backends; `fastdata.lightning.family` holds the segmentation and detection members. A list of roots
 is a mix of datasets
-(`fastdata.read.mix`): each training epoch draws from each in proportion to its weight.
+(`fastdata.read.mix`): each training epoch draws from each in proportion to its weight. Given a
+`source=ShardSource(...)`, `prepare_data` writes the shard folder itself
+(`fastdata.lightning.prepare`).
 """
 
 from __future__ import annotations
