@@ -136,8 +136,9 @@ def check_source(spec: object, roots: list[str], mixed: bool) -> None:
         )
     if "://" in roots[0]:
         raise ValueError(
-            f"source= writes a local shard folder, but root {roots[0]!r} is a URL: shard into a "
-            "folder and upload it (`fastdata shard ... --upload`), or give a local root"
+            f"source= writes a local shard folder, but root {roots[0]!r} is a URL: shard to it "
+            f"with `fastdata shard KIND INPUT {roots[0]}` (written locally, then uploaded), "
+            "or give a local root"
         )
 
 

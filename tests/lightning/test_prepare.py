@@ -78,7 +78,10 @@ def _fit(dm: ShardDataModule) -> _Tiny:
 
 
 def _snapshot(folder: Path) -> dict[str, int]:
-    return {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+    """Each entry's modification time, and the folder's (a lock file made and removed shows)."""
+    return {".": folder.stat().st_mtime_ns} | {
+        p.name: p.stat().st_mtime_ns for p in folder.iterdir()
+    }
 
 
 @pytest.fixture
