@@ -106,12 +106,17 @@ class ShardSource:
             )
         if not self.timeout > 0:
             raise ValueError(f"ShardSource timeout must be > 0 seconds, got {self.timeout!r}")
+        # Paths as strings: plain data in a checkpoint (`save_hyperparameters`, weights_only).
+        if isinstance(self.path, (list, tuple)):
+            object.__setattr__(self, "path", [os.fspath(p) for p in self.path])
+        elif self.path is not None:
+            object.__setattr__(self, "path", os.fspath(self.path))
 
     def inputs(self) -> list[str | None]:
         """The positional inputs of `open_source`, as paths (a None input stays None)."""
-        if isinstance(self.path, (list, tuple)):
-            return [os.fspath(p) for p in self.path]
-        return [None if self.path is None else os.fspath(self.path)]
+        if isinstance(self.path, list):
+            return list(self.path)
+        return [self.path]
 
     def describe(self) -> str:
         """How messages name it: kind and inputs."""

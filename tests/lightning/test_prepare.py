@@ -277,3 +277,29 @@ def test_a_family_member_shards_a_source_of_several_inputs(tmp_path):
     batch = dm.on_after_batch_transfer(next(iter(dm.train_dataloader())), 0)
     assert batch["image"].shape == (2, 3, 32, 32) and batch["mask"].shape == (2, 32, 32)
     assert str(images) in (tmp_path / "shards" / "manifest.json").read_text()
+
+
+class _SavingModule(ShardDataModule):
+    """A user's subclass that records its arguments (`save_hyperparameters`)."""
+
+    def __init__(self, root, **kwargs) -> None:
+        super().__init__(root, **kwargs)
+        self.save_hyperparameters()
+
+
+def test_the_source_survives_save_hyperparameters_and_a_checkpoint(images, tmp_path):
+    """torch's default `weights_only=True` load rebuilds the ShardSource and its ShardOptions."""
+    source = ShardSource("folder", images, options=ShardOptions(max_count=4, workers=1))
+    assert source.path == str(images)  # a Path is kept as a string: plain data
+    dm = _SavingModule(
+        str(tmp_path / "shards"), source=source, batch_size=4, backend="cpu", image_size=16,
+        workers=WorkerSettings(num_workers=0, prefetch_factor=2),
+    )  # fmt: skip
+    trainer = pl.Trainer(
+        max_steps=1, accelerator="cpu", logger=False, enable_progress_bar=False,
+        enable_model_summary=False, limit_val_batches=0, default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(_Tiny(3), datamodule=dm)
+    path = next(tmp_path.rglob("*.ckpt"))
+    assert torch.load(path, weights_only=True)["datamodule_hyper_parameters"]["source"] == source
+    assert _SavingModule.load_from_checkpoint(path).source == source
