@@ -13,7 +13,9 @@ yet trained on. Splits with fields beyond an image and a label (masks, boxes, mu
 text: `fastdata.format.fields`) yield dict batches (`fastdata.read.decoders.dict_batch`) from the cpu and memory
 backends; `fastdata.lightning.family` holds the segmentation and detection members. A list of roots
 is a mix of datasets
-(`fastdata.read.mix`): each training epoch draws from each in proportion to its weight.
+(`fastdata.read.mix`): each training epoch draws from each in proportion to its weight. Given a
+`source=ShardSource(...)`, `prepare_data` writes the shard folder itself
+(`fastdata.lightning.prepare`).
 """
 
 from __future__ import annotations
@@ -52,6 +54,14 @@ from fastdata.lightning.options import (
     resolve_groups,
     resolve_roots,
     shard_cache,
+)
+from fastdata.lightning.prepare import (
+    ShardSource,
+    await_shards,
+    check_recorded,
+    check_source,
+    load_prepared,
+    prepare_shards,
 )
 from fastdata.lightning.runtime import (
     check_options,
@@ -160,6 +170,11 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         cache: a remote dataset's local shard cache, a `fastdata.lightning.options.CacheSettings`
             (dir, limit such as "50GB"); None, or a field None: $FASTDATA_CACHE_DIR /
             $FASTDATA_CACHE_LIMIT, else ~/.cache/fastdata/shards / 50 GB.
+        source: a dataset to shard into `root` in `prepare_data`, a
+            `fastdata.lightning.prepare.ShardSource` (kind, path, `ShardOptions`): written
+            once (per node, or once in all with ``prepare_data_per_node = False``), resumed
+            after a kill, nothing written when `root` holds its shards already; `setup` waits
+            for the writer's manifest. None: `root` holds shards already.
 
     Raises:
         ValueError: an option out of range (names it); a `val` fraction outside (0, 1), or with
@@ -193,6 +208,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         ignore_index: int = 255,
         workers: WorkerSettings | None = None,
         cache: CacheSettings | None = None,
+        source: ShardSource | None = None,
     ) -> None:
         super().__init__()
         self.workers, self.cache = resolve_groups(workers, cache)
@@ -205,6 +221,9 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         check_options(self)
         self.roots, self.mixed, self.weights, self.val = resolve_roots(root, epoch_samples, val)
         self.root = self.roots[0] if not self.mixed else f"the mix of {', '.join(self.roots)}"
+        if source is not None:
+            check_source(source, self.roots, self.mixed)
+        self.source = source
         self.epoch_samples = epoch_samples
         self.train_transforms_spec = train_transforms
         self.eval_transforms_spec = eval_transforms
@@ -231,11 +250,29 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
 
     # ------------------------------------------------------------------ setup
 
+    def prepare_data(self) -> None:
+        """Shard `source` into `root` unless it holds its shards (`fastdata.lightning.prepare`);
+        nothing without a `source`. The Trainer calls it on one rank per node (or one in all);
+        without a Trainer, call it before `setup` on one rank per node.
+
+        Raises:
+            fastdata.lightning.prepare.SourceMismatchError: `root` holds shards of another
+                source or other options (names both).
+        """
+        if self.source is not None:
+            self._described = None  # read the manifest written (or found) now
+            prepare_shards(self.source, self.root, progress=self._rank_world()[0] == 0)
+
     def setup(self, stage: str | None = None) -> None:
-        """Load the manifest and resolve splits, transforms and backend (idempotent)."""
+        """Load the manifest and resolve splits, transforms and backend (idempotent); with a
+        `source`, wait for the manifest that `prepare_data` writes (bounded)."""
         if self.manifest is not None:
             return
+        if self.source is not None:
+            await_shards(self.source, self.root)
         self.manifest = self._load_manifest()
+        if self.source is not None:
+            check_recorded(self.source, self.manifest, self.root)
         self.split_names = resolve_splits(self.manifest, self.split_names, self.val)
         self._carve_seed = self.manifest.seed
         own_val = [name for name in VAL_SPLITS if name in self.manifest.splits]
@@ -304,6 +341,8 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
     def _read_manifest(self) -> Manifest:
         if self.mixed:
             return load_mix(self.roots, self.weights, self.epoch_samples)
+        if self.source is not None:
+            return load_prepared(self.source, self.root)
         return load_manifest(self.root)
 
     def _choose_backend(self) -> str:

@@ -37,8 +37,10 @@ from typing import Any
 import torch
 
 from fastdata.format.carve import check_fraction
+from fastdata.lightning.prepare import ShardSource
 from fastdata.read.base import WorkerSettings
 from fastdata.read.mix import mix_roots
+from fastdata.write import ShardOptions
 
 __all__ = [
     "AUTO_WORKERS",
@@ -123,7 +125,7 @@ def _allow_in_checkpoints() -> None:
     `save_hyperparameters()` put them into a checkpoint: plain data, no code runs."""
     add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
     if add_safe_globals is not None:
-        add_safe_globals([ShardSet, CacheSettings, WorkerSettings])
+        add_safe_globals([ShardSet, CacheSettings, WorkerSettings, ShardSource, ShardOptions])
 
 
 _allow_in_checkpoints()
