@@ -21,6 +21,7 @@ _require_pil()
 _EXPORTS = {
     "ShardDataModule": "fastdata.lightning.datamodule",
     "ShardSet": "fastdata.lightning.options",
+    "Schedule": "fastdata.read.schedule",
     "CacheSettings": "fastdata.lightning.options",
     "WorkerSettings": "fastdata.read.base",
     "SegmentationDataModule": "fastdata.lightning.family",
@@ -45,6 +46,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fastdata.lightning.family import DetectionDataModule, SegmentationDataModule  # noqa: F401
     from fastdata.lightning.options import CacheSettings, ShardSet  # noqa: F401
     from fastdata.read.base import WorkerSettings  # noqa: F401
+    from fastdata.read.schedule import Schedule  # noqa: F401
     from fastdata.train import make_trainer  # noqa: F401
     from fastdata.tune.monitor import LoaderMonitor  # noqa: F401
     from fastdata.write import ShardOptions, write_shards  # noqa: F401
