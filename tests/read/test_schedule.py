@@ -9,6 +9,7 @@ datasets as tests/read/test_mix.py, where a label < N_A names a sample of A.
 from __future__ import annotations
 
 import logging
+import pickle
 from collections import Counter
 from pathlib import Path
 
@@ -274,3 +275,20 @@ def test_record_and_resume_helpers_ignore_fixed_mixes():
     state = ResumeState(0, 0, 0, 0, 1, 10, 160, "0" * 16)
     assert resume_schedule(None, 0, state) is None
     assert MixResume(10).splice is None
+
+
+def test_loader_workers_get_the_schedule(roots):
+    """Workers (forked, and a spec pickled as spawn sends it) plan the same scheduled batches."""
+    alone = _batches(_dm(roots))
+    forked = ShardDataModule(
+        [ShardSet(roots[0], weight=EASY), ShardSet(roots[1], weight=HARD)],
+        batch_size=10,
+        seed=5,
+        backend="cpu",
+        drop_last=False,
+        workers=WorkerSettings(num_workers=2, prefetch_factor=2),
+    )
+    assert _batches(forked) == alone
+    spec = _dm(roots).loader_spec("train", train=True)
+    copy = pickle.loads(pickle.dumps(spec))
+    assert np.array_equal(np.concatenate(copy.plan(1).rows), np.concatenate(spec.plan(1).rows))
