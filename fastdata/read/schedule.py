@@ -35,10 +35,11 @@ from __future__ import annotations
 
 import logging
 import math
+from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from fractions import Fraction
 from functools import lru_cache
+from operator import itemgetter
 from typing import Literal
 
 import numpy as np
@@ -103,14 +104,25 @@ class Schedule:
         object.__setattr__(self, "mode", mode)
 
     def __call__(self, position: int) -> float:
-        """The weight in force at global sample `position`."""
-        positions = [p for p, _ in self.points]
-        i = int(np.searchsorted(positions, position, side="right")) - 1
-        (start, weight) = self.points[max(0, i)]
-        if self.mode == "step" or i + 1 >= len(self.points) or i < 0:
+        """The weight in force at global sample `position` (>= 0)."""
+        i = max(0, bisect_right(self.points, position, key=itemgetter(0)) - 1)
+        start, weight = self.points[i]
+        if self.mode == "step" or i + 1 == len(self.points):
             return weight
         end, following = self.points[i + 1]
         return weight + (following - weight) * (position - start) / (end - start)
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        """The weights at many positions (float64), the same numbers as `__call__` gives."""
+        starts = np.array([p for p, _ in self.points], dtype=np.int64)
+        values = np.array([w for _, w in self.points], dtype=np.float64)
+        i = np.maximum(0, np.searchsorted(starts, positions, side="right") - 1)
+        if self.mode == "step" or len(starts) == 1:
+            return values[i]
+        j = np.minimum(i + 1, len(starts) - 1)
+        span = np.where(j > i, starts[j] - starts[i], 1).astype(np.float64)
+        moved = values[i] + (values[j] - values[i]) * (positions - starts[i]) / span
+        return np.where(j > i, moved, values[i])
 
     def describe(self) -> str:
         """The table as text, e.g. "step 0:0.8 10000:0.5" (compared on resume)."""
@@ -172,16 +184,44 @@ class MixWeights:
 
     def __call__(self, position: int) -> tuple[float, ...]:
         """Every dataset's weight at `position` (ValueError naming the dataset and position)."""
-        out = []
+        return tuple(self.many(np.array([position], dtype=np.int64))[0].tolist())
+
+    def many(self, positions: np.ndarray) -> np.ndarray:
+        """Every dataset's weight at each of `positions`: an (n, datasets) float64 array.
+
+        Raises:
+            ValueError: a weight that is not a finite number >= 0, or all weights 0, naming
+                the dataset and the first such position.
+        """
+        columns = []
         for root, weight in zip(self.roots, self.weights, strict=True):
-            value = weight(position) if callable(weight) else weight
-            out.append(_check_value(value, f"the weight of {root} at sample position {position}"))
-        if not sum(out):
+            if isinstance(weight, Schedule):
+                column = weight.at(positions)
+            elif callable(weight):
+                column = np.array(
+                    [_check_value(weight(int(p)), self._what(root, int(p))) for p in positions],
+                    dtype=np.float64,
+                )
+            else:
+                column = np.full(len(positions), float(weight))
+            columns.append(column)
+        out = np.stack(columns, axis=1).reshape(len(positions), len(self.weights))
+        bad = ~(np.isfinite(out) & (out >= 0))
+        if bad.any():
+            row, col = np.argwhere(bad)[0]
+            _check_value(float(out[row, col]), self._what(self.roots[col], int(positions[row])))
+        off = out.sum(axis=1) <= 0
+        if off.any():
             raise ValueError(
-                f"every dataset's weight is 0 at global sample position {position} "
-                f"({', '.join(self.roots)}): at least one must be > 0 everywhere"
+                f"every dataset's weight is 0 at global sample position "
+                f"{int(positions[np.argmax(off)])} ({', '.join(self.roots)}): at least one must be "
+                "> 0 everywhere"
             )
-        return tuple(out)
+        return out
+
+    @staticmethod
+    def _what(root: str, position: int) -> str:
+        return f"the weight of {root} at sample position {position}"
 
     def describe(self) -> str:
         """Each dataset's weight as text (`describe_weight`), in mix order."""
@@ -227,11 +267,14 @@ def share_counts(total: int, weights: Sequence[float]) -> tuple[int, ...]:
 
 @lru_cache(maxsize=4096)
 def _share_counts(total: int, weights: tuple[float, ...]) -> tuple[int, ...]:
-    exact = [Fraction(w) for w in weights]
-    whole = sum(exact)
-    quotas = [total * w / whole for w in exact]
-    counts = [math.floor(q) for q in quotas]
-    by_remainder = sorted(range(len(quotas)), key=lambda i: (-(quotas[i] - counts[i]), i))
+    # Exact in integers: a float is m / 2**e, so all weights share the largest denominator.
+    ratios = [w.as_integer_ratio() for w in weights]
+    den = max(d for _, d in ratios)
+    ints = [n * (den // d) for n, d in ratios]
+    whole = sum(ints)
+    floors, remainders = zip(*(divmod(total * w, whole) for w in ints), strict=True)
+    counts = list(floors)
+    by_remainder = sorted(range(len(ints)), key=lambda i: (-remainders[i], i))
     for i in by_remainder[: total - sum(counts)]:
         counts[i] += 1
     return tuple(counts)
@@ -259,17 +302,18 @@ def scheduled_owners(mix: ScheduledMix, seed: int, epoch: int, block: int) -> np
     cuts = np.unique(np.concatenate([[start], grid]))
     cuts = cuts[cuts < total]
     lengths = np.diff(np.append(cuts, total))
+    weights = mix.weights.many(epoch * total + cuts).tolist()
     counts = np.array(
-        [
-            share_counts(int(n), mix.weights(epoch * total + int(c)))
-            for c, n in zip(cuts, lengths, strict=True)
-        ],
+        [_share_counts(int(n), tuple(w)) for n, w in zip(lengths, weights, strict=True)],
         dtype=np.int64,
     ).reshape(-1, k)
     owners = np.empty(total, dtype=np.int64)
     owners[:start] = np.repeat(np.arange(k), taken)
-    keys = np.random.default_rng([seed, epoch, 0x5EED, _MIX, _BLOCKS]).random(total)[start:]
-    arranged = np.lexsort((keys, np.repeat(np.arange(len(cuts)), lengths)))
+    rng = np.random.default_rng([seed, epoch, 0x5EED, _MIX, _BLOCKS])
+    keys = rng.integers(0, 1 << 31, total, dtype=np.int64)[start:]
+    # Sorted by block, then by key (exact in int64): a seeded permutation inside each block.
+    blocks = np.repeat(np.arange(len(cuts), dtype=np.int64), lengths)
+    arranged = np.argsort((blocks << 31) | keys, kind="stable")
     owners[start + arranged] = np.repeat(np.tile(np.arange(k), len(cuts)), counts.ravel())
     return owners
 
