@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -91,9 +92,10 @@ class Schedule:
         if not pairs or any(len(p) != 2 for p in pairs):
             raise ValueError(f"a Schedule needs (position, weight) pairs, got {points!r}")
         positions = [p for p, _ in pairs]
-        if any(isinstance(p, bool) or not isinstance(p, int) for p in positions):
+        if any(isinstance(p, bool) or not isinstance(p, numbers.Integral) for p in positions):
             raise ValueError(f"Schedule positions must be ints (samples), got {positions}")
-        if positions[0] != 0 or any(b <= a for a, b in zip(positions, positions[1:], strict=False)):
+        increasing = all(a < b for a, b in zip(positions, positions[1:], strict=False))
+        if positions[0] != 0 or not increasing:
             raise ValueError(
                 f"Schedule positions must start at 0 and increase, got {positions}: the table "
                 "says which weight holds from each global sample position on"
@@ -134,7 +136,7 @@ Weight = float | Schedule | Callable[[int], float]
 
 
 def _check_value(weight: object, what: str) -> float:
-    if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+    if isinstance(weight, bool) or not isinstance(weight, numbers.Real):
         raise ValueError(f"{what} must be a number, got {weight!r}")
     if not math.isfinite(weight) or weight < 0:
         raise ValueError(f"{what} must be finite and >= 0, got {weight!r}")

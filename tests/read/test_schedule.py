@@ -292,3 +292,12 @@ def test_loader_workers_get_the_schedule(roots):
     spec = _dm(roots).loader_spec("train", train=True)
     copy = pickle.loads(pickle.dumps(spec))
     assert np.array_equal(np.concatenate(copy.plan(1).rows), np.concatenate(spec.plan(1).rows))
+
+
+def test_a_shardset_with_a_schedule_loads_from_a_weights_only_checkpoint(tmp_path):
+    """Lightning's `save_hyperparameters` puts the DataModule's arguments into checkpoints."""
+    import fastdata.lightning.options  # noqa: F401  (registers the safe globals)
+
+    sets = [ShardSet("shards/a", weight=EASY), ShardSet("shards/b", weight=2)]
+    torch.save({"root": sets}, tmp_path / "hparams.pt")
+    assert torch.load(tmp_path / "hparams.pt", weights_only=True)["root"] == sets
