@@ -4,7 +4,8 @@ Every backend (cpu, memory, dali, nvjpeg) consumes this one plan, so for the sam
 yield the same samples in the same order, and a resumed run (even with another world size or batch
 size) continues with exactly the samples not yet consumed. Everything is a pure function of
 (shard sizes, seed, epoch, rank, world size, batch size, samples consumed, and for a mix the
-datasets' shard counts and draws), so ranks and workers compute it without talking to each other.
+datasets' shard counts and draws, or a scheduled mix's weights, block and splice), so ranks and
+workers compute it without talking to each other.
 
 A sample is named by its *row*: its position in the split when the shards are laid end to end in
 manifest order (row = first row of its shard + its index in the shard). A mix of datasets
