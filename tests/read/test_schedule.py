@@ -30,7 +30,7 @@ from fastdata.read.schedule import (
     scheduled_owners,
     share_counts,
 )
-from tests.read.test_mix import N_A, N_B, _epochs, _write
+from tests.read.test_mix import LOCAL, N_A, N_B, _epochs, _write
 
 SIZES = (16, 16, 16, 12, 16, 16, 16, 16, 16, 16, 4)
 E = 160
@@ -192,7 +192,7 @@ def _batches(dm: ShardDataModule, limit: int | None = None) -> list[list[int]]:
     return out
 
 
-@pytest.mark.parametrize("backend", ["cpu", "memory"])
+@pytest.mark.parametrize("backend", LOCAL)
 def test_datamodule_batches_follow_the_schedule_across_epochs(roots, backend):
     dm = _dm(roots, backend=backend)
     for epoch in range(2):
