@@ -22,6 +22,7 @@ _EXPORTS = {
     "ShardDataModule": "fastdata.lightning.datamodule",
     "ShardSet": "fastdata.lightning.options",
     "ShardSource": "fastdata.lightning.prepare",
+    "Schedule": "fastdata.read.schedule",
     "CacheSettings": "fastdata.lightning.options",
     "WorkerSettings": "fastdata.read.base",
     "SegmentationDataModule": "fastdata.lightning.family",
@@ -47,6 +48,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from fastdata.lightning.options import CacheSettings, ShardSet  # noqa: F401
     from fastdata.lightning.prepare import ShardSource  # noqa: F401
     from fastdata.read.base import WorkerSettings  # noqa: F401
+    from fastdata.read.schedule import Schedule  # noqa: F401
     from fastdata.train import make_trainer  # noqa: F401
     from fastdata.tune.monitor import LoaderMonitor  # noqa: F401
     from fastdata.write import ShardOptions, write_shards  # noqa: F401

@@ -77,6 +77,7 @@ from fastdata.read.backends.memory_dict import finish_sample
 from fastdata.read.decoders.dict_batch import EvalSample, TrainSample
 from fastdata.read.mix import epoch_mix, epoch_size, load_mix
 from fastdata.read.resume import ResumeState, dataset_fingerprint, mix_description
+from fastdata.read.schedule import MixResume, resume_schedule, schedule_record
 from fastdata.read.shuffle import check_shuffle, node_window
 
 __all__ = ["ShardDataModule"]
@@ -239,6 +240,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         self._made: dict[bool, BatchKind] = {}
         self._made_last = False
         self._position = EpochPosition(seed)
+        self._mix_resume: MixResume | None = None  # a scheduled mix's resumed block and splice
         self._generators: dict[torch.device, torch.Generator] = {}
         self._pool = TensorPool()  # CPU batches: reuse released memory instead of page-faulting
         # At most one loader (one set of workers) per split; stopped when the module goes.
@@ -405,7 +407,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             device=str(self._device()),
             drop_last=self.drop_last and train,
             cache=self._shard_cache(),
-            mix=epoch_mix(self.manifest, split) if train else None,
+            mix=epoch_mix(self.manifest, split, self._mix_resume) if train else None,
             carve=self._carve(role),
             decoded_cache_dir=self.decoded_cache_dir,
             verify_samples=self.verify_samples,
@@ -591,6 +593,13 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             shuffle=f"window:{self._train_window(split)}"
             if self._shuffle_mode == "window"
             else self._shuffle_mode,
+            schedule=schedule_record(
+                epoch_mix(self.manifest, split, self._mix_resume),
+                self.seed,
+                position.epoch,
+                position.consumed(),
+                self.batch_size,
+            ),
         )
         return state.to_dict()
 
@@ -603,6 +612,12 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         """
         state = ResumeState.from_dict(state_dict)
         self._check_resume(state)
+        manifest, split = (
+            self.manifest or self._load_manifest(),
+            self.split_names.get("train", "train"),
+        )
+        if split in manifest.splits:  # a scheduled mix: its block, and a changed schedule's splice
+            self._mix_resume = resume_schedule(epoch_mix(manifest, split), self.seed, state)
         self._window = state.resumed_window(self._shuffle_mode, self._window)
         self._position.restore(state)
 

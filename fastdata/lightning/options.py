@@ -28,7 +28,6 @@ fsspec, an optional dependency the DataModule must not need.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass
@@ -40,6 +39,7 @@ from fastdata.format.carve import check_fraction
 from fastdata.lightning.prepare import ShardSource
 from fastdata.read.base import WorkerSettings
 from fastdata.read.mix import mix_roots
+from fastdata.read.schedule import Schedule, Weight, check_weight
 from fastdata.write import ShardOptions
 
 __all__ = [
@@ -67,29 +67,27 @@ class ShardSet:
 
     Args:
         root: the shard folder (holding manifest.json), or a URL prefix of remote shards.
-        weight: its share of a mix's training epochs, > 0 (relative to the others'); a lone
-            ShardSet (not in a list) is no mix and keeps the default 1.0.
+        weight: its share of a mix's training epochs, > 0 (relative to the others'); or a
+            `fastdata.read.schedule.Schedule` / a function of the global sample position: a
+            curriculum (plan rule 7). A lone ShardSet (not in a list) is no mix and keeps the
+            default 1.0.
 
     Raises:
-        ValueError: a weight that is not a finite number > 0.
+        ValueError: a fixed weight that is not a finite number > 0.
         TypeError: a root that is not a path or a string.
     """
 
     root: str
     _: KW_ONLY
-    weight: float = 1.0
+    weight: Weight = 1.0
 
     def __post_init__(self) -> None:
         if not isinstance(self.root, (str, os.PathLike)):
             raise TypeError(f"ShardSet root must be a path or URL, got {self.root!r}")
         object.__setattr__(self, "root", os.fspath(self.root))
-        if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)):
-            raise ValueError(
-                f"ShardSet({self.root!r}) weight must be a number, got {self.weight!r}"
-            )
-        if not (math.isfinite(self.weight) and self.weight > 0):
-            raise ValueError(f"ShardSet({self.root!r}) weight must be > 0, got {self.weight!r}")
-        object.__setattr__(self, "weight", float(self.weight))
+        object.__setattr__(
+            self, "weight", check_weight(f"ShardSet({self.root!r}) weight", self.weight)
+        )
 
 
 @dataclass(frozen=True)
@@ -125,7 +123,9 @@ def _allow_in_checkpoints() -> None:
     `save_hyperparameters()` put them into a checkpoint: plain data, no code runs."""
     add_safe_globals = getattr(torch.serialization, "add_safe_globals", None)
     if add_safe_globals is not None:
-        add_safe_globals([ShardSet, CacheSettings, WorkerSettings, ShardSource, ShardOptions])
+        add_safe_globals(
+            [ShardSet, CacheSettings, WorkerSettings, ShardSource, ShardOptions, Schedule]
+        )
 
 
 _allow_in_checkpoints()
@@ -136,7 +136,7 @@ RootSpec = Sequence[ShardSet | str | os.PathLike[str]] | ShardSet | str | os.Pat
 
 def resolve_roots(
     root: RootSpec, epoch_samples: int | None, val: float | None = None
-) -> tuple[list[str], bool, list[float] | None, float | None]:
+) -> tuple[list[str], bool, list[Weight] | None, float | None]:
     """(the roots, whether they are a mix, the mix's weights, `val` checked) of the arguments.
 
     A list is a mix, even of one dataset; its `ShardSet`s carry their weights (plain roots in
@@ -151,13 +151,16 @@ def resolve_roots(
     return roots, mixed, weights, resolve_val(val, mixed)
 
 
-def _roots(root: RootSpec, epoch_samples: int | None) -> tuple[list[str], bool, list[float] | None]:
+def _roots(
+    root: RootSpec, epoch_samples: int | None
+) -> tuple[list[str], bool, list[Weight] | None]:
     if isinstance(root, ShardSet):
         if root.weight != 1.0:
+            weight = f"{root.weight:g}" if isinstance(root.weight, float) else "..."
             raise ValueError(
-                f"ShardSet({root.root!r}, weight={root.weight:g}) alone is no mix: a weight "
+                f"ShardSet({root.root!r}, weight={weight}) alone is no mix: a weight "
                 "weighs a dataset against others, so pass a list, e.g. "
-                f"[ShardSet({root.root!r}, weight={root.weight:g}), ShardSet(OTHER)]"
+                f"[ShardSet({root.root!r}, weight={weight}), ShardSet(OTHER)]"
             )
         root = root.root
     if isinstance(root, (str, os.PathLike)):

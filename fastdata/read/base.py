@@ -17,6 +17,7 @@ from fastdata.augment import Preset, get_preset
 from fastdata.format.carve import Carve
 from fastdata.format.manifest import Manifest
 from fastdata.read.plan import EpochMix, EpochPlan, PlanConfig, plan_epoch
+from fastdata.read.schedule import ScheduledMix
 from fastdata.read.shuffle import ShuffleMode, check_shuffle, node_window
 
 __all__ = [
@@ -107,7 +108,8 @@ class LoaderSpec:
         cache: a remote shard cache passed to the shard readers (None: local shards, or the
             default cache for a remote manifest).
         mix: for the training split of a mix of datasets (`fastdata.read.mix`), the rows each
-            epoch draws from each dataset (plan rule 0); None: every row once per epoch.
+            epoch draws from each dataset (plan rule 0), or a scheduled mix (rule 7); None: every
+            row once per epoch.
         carve: read one side of a val split carved from `split` (`fastdata.format.carve`): the
             training rows or the carved val rows; None: every row.
         decoded_cache_dir: where the memory backend caches decoded splits
@@ -142,7 +144,7 @@ class LoaderSpec:
     drop_last: bool = False
     workers: WorkerSettings = field(default_factory=WorkerSettings)
     cache: Any = None
-    mix: EpochMix | None = None
+    mix: EpochMix | ScheduledMix | None = None
     carve: Carve | None = None
     decoded_cache_dir: str | None = None
     verify_samples: bool = False
@@ -174,7 +176,7 @@ class LoaderSpec:
     def epoch_samples(self) -> int:
         """Samples in one epoch: a training mix's draws, a carve's side, else the split's size."""
         if self.mix is not None and self.train:
-            return sum(self.mix.samples)
+            return self.mix.total
         if self.carve is not None:
             return self.carve.count(sum(self.shard_sizes))
         return sum(self.shard_sizes)

@@ -24,6 +24,11 @@ makes it a mix:
   in the split.
 - Resume: the training fingerprint covers each dataset's fingerprint, the weights and the epoch
   size (`fastdata.read.resume.dataset_fingerprint`), so a state from another mix is refused.
+- Schedules: a weight may change with the global sample position (a `Schedule` table or a
+  function, `fastdata.read.schedule`: plan rule 7, exact counts per batch). Such a mix resumes
+  with another schedule (a warning names the position); between fixed and scheduled weights it
+  does not (a state of one is refused by the other: start with a constant `Schedule` to keep
+  the choice open).
 """
 
 from __future__ import annotations
@@ -31,18 +36,26 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
-from fractions import Fraction
 
 import torch
 
 from fastdata.format.manifest import Manifest, ManifestError, ShardInfo, SplitInfo
 from fastdata.format.manifest_io import load_manifest
 from fastdata.read.plan import EpochMix
+from fastdata.read.schedule import (
+    MixResume,
+    MixWeights,
+    ScheduledMix,
+    Weight,
+    check_weight,
+    share_counts,
+)
 
 __all__ = [
     "MIX_KIND",
     "epoch_mix",
     "epoch_size",
+    "is_scheduled",
     "load_mix",
     "map_row_labels",
     "merge_classes",
@@ -57,13 +70,15 @@ MIX_KIND = "mix"
 
 
 def validate_weights(
-    roots: Sequence[str], weights: Sequence[float] | None, epoch_samples: int | None = None
-) -> tuple[float, ...]:
+    roots: Sequence[str], weights: Sequence[Weight] | None, epoch_samples: int | None = None
+) -> tuple[Weight, ...]:
     """The mix's weights (default: all 1), checked against the roots.
 
+    A fixed weight becomes a float; a `Schedule` or a function (`fastdata.read.schedule`) is kept.
+
     Raises:
-        ValueError: wrong count, a weight that is not a finite number > 0 (names its root), or
-            `epoch_samples` < 1.
+        ValueError: wrong count, a fixed weight that is not a finite number > 0 (names its
+            root), or `epoch_samples` < 1.
     """
     if not roots:
         raise ValueError("a mix needs at least one root")
@@ -74,30 +89,17 @@ def validate_weights(
             f"got {len(weights)} weights for {len(roots)} roots ({list(roots)}): pass one weight "
             "per root"
         )
-    for root, weight in zip(roots, weights, strict=True):
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
-            raise ValueError(f"the weight of {root} must be a number, got {weight!r}")
-        if not math.isfinite(weight) or weight <= 0:
-            raise ValueError(f"the weight of {root} must be finite and > 0, got {weight!r}")
+    checked = tuple(
+        check_weight(f"the weight of {root}", w) for root, w in zip(roots, weights, strict=True)
+    )
     if epoch_samples is not None and (isinstance(epoch_samples, bool) or epoch_samples < 1):
         raise ValueError(f"epoch_samples must be an int >= 1, got {epoch_samples!r}")
-    return tuple(float(w) for w in weights)
+    return checked
 
 
-def share_counts(total: int, weights: Sequence[float]) -> tuple[int, ...]:
-    """`total` split in proportion to `weights` by largest remainder (exact sum; ties: first).
-
-    Each count is the floor of its exact quota ``total * w_i / sum(w)`` or one more, so every
-    share is within ``1 / total`` of its weight's share.
-    """
-    exact = [Fraction(w) for w in weights]
-    whole = sum(exact)
-    quotas = [total * w / whole for w in exact]
-    counts = [math.floor(q) for q in quotas]
-    by_remainder = sorted(range(len(quotas)), key=lambda i: (-(quotas[i] - counts[i]), i))
-    for i in by_remainder[: total - sum(counts)]:
-        counts[i] += 1
-    return tuple(counts)
+def is_scheduled(weights: Sequence[Weight]) -> bool:
+    """Whether any weight is a `Schedule` or a function (a scheduled mix: plan rule 7)."""
+    return any(not isinstance(w, (int, float)) for w in weights)
 
 
 def merge_classes(manifests: Sequence[Manifest]) -> tuple[list[str], list[tuple[int, ...]]]:
@@ -123,14 +125,15 @@ def merge_classes(manifests: Sequence[Manifest]) -> tuple[list[str], list[tuple[
 
 def mix_manifests(
     manifests: Sequence[Manifest],
-    weights: Sequence[float] | None = None,
+    weights: Sequence[Weight] | None = None,
     epoch_samples: int | None = None,
 ) -> Manifest:
     """The virtual manifest of a mix (see the module docstring); never saved.
 
     Args:
         manifests: the datasets, in mix order (each loaded with `load_manifest`).
-        weights: one weight > 0 per dataset (default: equal).
+        weights: one weight per dataset (default: equal): a number > 0, or a `Schedule` or
+            function of the global sample position (`fastdata.read.schedule`).
         epoch_samples: samples per training epoch (default: the datasets' training sizes).
 
     Raises:
@@ -169,7 +172,7 @@ def mix_manifests(
 
 def load_mix(
     roots: Sequence[str | os.PathLike[str]],
-    weights: Sequence[float] | None = None,
+    weights: Sequence[Weight] | None = None,
     epoch_samples: int | None = None,
 ) -> Manifest:
     """Load every root's manifest and mix them (`mix_manifests`); weights are checked first."""
@@ -178,29 +181,44 @@ def load_mix(
     return mix_manifests([load_manifest(r) for r in names], weights, epoch_samples)
 
 
-def epoch_mix(manifest: Manifest, split: str) -> EpochMix | None:
-    """The rows each training epoch of `split` draws from each dataset; None outside a mix."""
+def epoch_mix(
+    manifest: Manifest, split: str, resume: MixResume | None = None
+) -> EpochMix | ScheduledMix | None:
+    """The rows each training epoch of `split` draws from each dataset; None outside a mix.
+
+    A mix with a scheduled weight gives a `ScheduledMix` (plan rule 7), with the block and
+    splice a resume kept (`fastdata.read.schedule.resume_schedule`); fixed weights an `EpochMix`
+    (rule 0).
+    """
     if manifest.source.get("kind") != MIX_KIND:
         return None
     datasets = manifest.source["datasets"]
     held = [d["samples"][split] for d in datasets]
-    total = manifest.source.get("epoch_samples") or sum(held)
-    counts = share_counts(int(total), [float(d["weight"]) for d in datasets])
+    total = int(manifest.source.get("epoch_samples") or sum(held))
+    shards = tuple(d["shards"][split] for d in datasets)
+    weights = [d["weight"] for d in datasets]
+    if is_scheduled(weights):
+        roots = tuple(d["root"] for d in datasets)
+        mix = ScheduledMix(shards, total, MixWeights(roots, tuple(weights)))
+        if resume is not None:
+            mix = ScheduledMix(shards, total, mix.weights, resume.block, resume.splice)
+        return mix
+    counts = share_counts(total, [float(w) for w in weights])
     for n, wanted, dataset in zip(held, counts, datasets, strict=True):
         if wanted and not n:
             raise ValueError(f"split {split!r} of {dataset['root']} is empty: it cannot be mixed")
-    return EpochMix(tuple(d["shards"][split] for d in datasets), counts)
+    return EpochMix(shards, counts)
 
 
 def epoch_size(manifest: Manifest, split: str) -> int:
     """Samples in a training epoch of `split`: a mix's draws, else the split's size."""
     mix = epoch_mix(manifest, split)
-    return sum(mix.samples) if mix is not None else manifest.split(split).num_samples
+    return mix.total if mix is not None else manifest.split(split).num_samples
 
 
 def mix_roots(
     root: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
-    weights: Sequence[float] | None = None,
+    weights: Sequence[Weight] | None = None,
     epoch_samples: int | None = None,
 ) -> tuple[list[str], bool]:
     """(the roots, whether they are a mix): a list of roots is a mix, even of one dataset.

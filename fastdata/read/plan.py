@@ -4,7 +4,8 @@ Every backend (cpu, memory, dali, nvjpeg) consumes this one plan, so for the sam
 yield the same samples in the same order, and a resumed run (even with another world size or batch
 size) continues with exactly the samples not yet consumed. Everything is a pure function of
 (shard sizes, seed, epoch, rank, world size, batch size, samples consumed, and for a mix the
-datasets' shard counts and draws), so ranks and workers compute it without talking to each other.
+datasets' shard counts and draws, or a scheduled mix's weights, block and splice), so ranks and
+workers compute it without talking to each other.
 
 A sample is named by its *row*: its position in the split when the shards are laid end to end in
 manifest order (row = first row of its shard + its index in the shard). A mix of datasets
@@ -18,7 +19,8 @@ The rules:
    differs every epoch. The datasets' streams are then interleaved by a random permutation of
    their dataset numbers (also from (seed, epoch)), so every batch holds the shares of the mix
    up to sampling noise while each stream still reads its shards one or two at a time. The
-   result is the epoch order; rules 2-6 apply to it unchanged.
+   result is the epoch order; rules 2-6 apply to it unchanged. A mix whose weights change with
+   the position (a schedule) is selected by rule 7 instead.
 1. Epoch order. Training (no mix): the shards are put in a random order and the rows inside each
    shard permuted, both drawn from (seed, epoch): the shard-by-shard order. `PlanConfig.shuffle_mode`
    then picks (`fastdata.read.shuffle`): "shard" keeps it (a batch stays within one or two
@@ -48,6 +50,20 @@ The rules:
    depends on where it sits in the epoch, not on which rank or worker decodes it.
 6. Workers. DataLoader worker w of W produces the rank's batches w, w + W, ... which the
    DataLoader returns in order, so batches do not depend on the number of workers.
+7. Scheduled selection (a training mix with a scheduled weight, `ScheduledMix`,
+   `fastdata.read.schedule`), in place of rule 0. The p-th sample of epoch e's order is at
+   global sample position ``e * E + p`` (E: the epoch size, the same every epoch). The order is
+   cut into blocks of `ScheduledMix.block` samples (the per-rank batch size the run started
+   with) from the epoch's start; block b takes from dataset i exactly
+   ``share_counts(len(b), weights at its first global position)[i]`` samples, arranged in the
+   block by a permutation drawn from (seed, epoch). With rule 2 every rank's batch is a block
+   (until the epoch's short last step), so every batch on every rank holds its block's exact
+   counts. Dataset i's stream is its rule-1 copies (the same draws as rule 0's) end to end, cut
+   after the samples its blocks take: a stream's first samples do not depend on how many it
+   gives, so a down-sampled dataset gives the first samples of a copy ("shard" shuffle: whole
+   shards in random order). A splice (a resume with a changed schedule at position P of the
+   epoch) keeps the recorded counts taken before P, starts a block at P, and continues each
+   stream after its taken samples. Rules 2-6 apply unchanged.
 """
 
 from __future__ import annotations
@@ -59,6 +75,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fastdata.format.carve import Carve
+from fastdata.read.schedule import ScheduledMix, scheduled_owners
 from fastdata.read.shuffle import SHUFFLES, ShuffleMode, check_shuffle, shuffle_rows
 
 __all__ = [
@@ -72,6 +89,7 @@ __all__ = [
     "plan_epoch",
     "rows_to_refs",
     "sample_seed",
+    "scheduled_order",
     "worker_batch_numbers",
 ]
 
@@ -144,6 +162,11 @@ class EpochMix:
         if min(self.samples) < 0:
             raise ValueError(f"sample counts must be >= 0, got {self.samples}")
 
+    @property
+    def total(self) -> int:
+        """Samples in every epoch."""
+        return sum(self.samples)
+
 
 # Rule 0's draws: streams (_MIX, dataset, copy, _ORDER | _SUBSET) and (_MIX, _OWNER). Each ends
 # in a non-zero tag: numpy's SeedSequence ignores trailing zeros ([s, e, 0] seeds as [s, e]).
@@ -187,6 +210,43 @@ def mixed_order(
     out = np.empty(len(owner), dtype=np.int64)
     for i, stream in enumerate(streams):
         out[owner == i] = stream
+    return out
+
+
+def scheduled_order(
+    shard_sizes: list[int] | tuple[int, ...],
+    mix: ScheduledMix,
+    seed: int,
+    epoch: int,
+    block: int,
+    mode: ShuffleMode = "shard",
+    window: int | None = None,
+) -> np.ndarray:
+    """The epoch's rows of a scheduled mix (int64, rule 7): `mix.total` rows, repeats allowed.
+
+    Raises:
+        ValueError: the shard counts do not fit the split, a dataset without samples has to
+            give some, or a weight is not valid (`fastdata.read.schedule.MixWeights`).
+    """
+    sizes = np.asarray(shard_sizes, dtype=np.int64)
+    bounds = np.cumsum((0, *mix.shards))
+    if bounds[-1] != len(sizes):
+        raise ValueError(f"the mix names {bounds[-1]} shards, the split has {len(sizes)}")
+    owners = scheduled_owners(mix, seed, epoch, block)
+    out = np.empty(len(owners), dtype=np.int64)
+    for i in range(len(mix.shards)):
+        where = np.flatnonzero(owners == i)
+        own = sizes[bounds[i] : bounds[i + 1]]
+        held = int(own.sum())
+        if len(where) and not held:
+            raise ValueError(f"dataset {i} of the mix has no samples to draw {len(where)} from")
+        copies = -(-len(where) // held) if held else 0
+        parts = [
+            epoch_order(own, seed, epoch, True, (_MIX, i, c, _ORDER), mode, window)
+            for c in range(copies)
+        ]
+        if parts:
+            out[where] = int(sizes[: bounds[i]].sum()) + np.concatenate(parts)[: len(where)]
     return out
 
 
@@ -246,8 +306,8 @@ class PlanConfig:
         batch_size: samples per batch on each rank.
         shuffle: training order (rule 1) or row order (evaluation; padding is then marked).
         drop_last: drop a short last step (rule 4).
-        mix: the datasets of a training mix and the rows each epoch takes from each (rule 0);
-            None: every row once.
+        mix: the datasets of a training mix and the rows each epoch takes from each (rule 0),
+            or a scheduled mix (rule 7); None: every row once.
         carve: keep only one side of a carved val split (rule 1); None: every row.
         shuffle_mode: the training shuffle (rule 1, `fastdata.read.shuffle`): "shard",
             "window" or "full".
@@ -265,7 +325,7 @@ class PlanConfig:
     batch_size: int
     shuffle: bool
     drop_last: bool = False
-    mix: EpochMix | None = None
+    mix: EpochMix | ScheduledMix | None = None
     carve: Carve | None = None
     shuffle_mode: ShuffleMode = "shard"
     window: int | None = None
@@ -293,7 +353,7 @@ def plan_epoch(
     consumed: int = 0,
     steps_before: int = 0,
 ) -> EpochPlan:
-    """This rank's plan of an epoch, starting after `consumed` samples (rules 0-5).
+    """This rank's plan of an epoch, starting after `consumed` samples (rules 0-5, 7).
 
     Args:
         shard_sizes: samples per shard, in manifest order.
@@ -307,7 +367,10 @@ def plan_epoch(
         config.batch_size, config.shuffle, config.drop_last, config.mix
     )  # fmt: skip
     mode, window = config.shuffle_mode, config.window
-    if mix is not None and shuffle:
+    if isinstance(mix, ScheduledMix) and shuffle:
+        block = mix.block or batch_size
+        order = scheduled_order(shard_sizes, mix, seed, epoch, block, mode, window)
+    elif mix is not None and shuffle:
         order = mixed_order(shard_sizes, mix, seed, epoch, mode, window)
     else:
         order = epoch_order(shard_sizes, seed, epoch, shuffle, (), mode, window)

@@ -23,6 +23,7 @@ __all__ = [
     "STATE_VERSION",
     "ResumeError",
     "ResumeState",
+    "ScheduleState",
     "dataset_fingerprint",
     "mix_description",
 ]
@@ -52,10 +53,14 @@ def dataset_fingerprint(manifest: Manifest, split: str) -> str:
 
     A mix (`fastdata.read.mix`): a hash of each dataset's own fingerprint and weight, in mix
     order, and the epoch size, so a state from another mix or weighting does not match (and
-    moving a dataset's folder does not matter).
+    moving a dataset's folder does not matter). A scheduled weight (`fastdata.read.schedule`)
+    counts as "scheduled": a resume may change a schedule (`ScheduleState`).
     """
     if manifest.source.get("kind") == "mix":
-        parts = [f"{d['fingerprints'][split]}*{d['weight']!r}" for d in manifest.source["datasets"]]
+        parts = [
+            f"{d['fingerprints'][split]}*{_weight_text(d['weight'], repr)}"
+            for d in manifest.source["datasets"]
+        ]
         text = "mix;" + ";".join(parts) + f";{_mix_epoch_size(manifest, split)}"
     else:
         shards = manifest.split(split).shards
@@ -65,20 +70,100 @@ def dataset_fingerprint(manifest: Manifest, split: str) -> str:
 
 def mix_description(manifest: Manifest, split: str) -> str:
     """How a training epoch of `split` is drawn, for messages: "" for one dataset, else the
-    datasets' fingerprints, the weights and the epoch size."""
+    datasets' fingerprints, the weights and the epoch size (a schedule: "scheduled")."""
     if manifest.source.get("kind") != "mix":
         return ""
     datasets = manifest.source["datasets"]
-    weights = ":".join(f"{d['weight']:g}" for d in datasets)
+    weights = "weights " + ":".join(_weight_text(d["weight"], lambda w: f"{w:g}") for d in datasets)
+    if "scheduled" in weights:
+        weights = "scheduled weights"
     prints = ", ".join(d["fingerprints"][split] for d in datasets)
     size = _mix_epoch_size(manifest, split)
-    return f"weights {weights} over datasets {prints}, epoch size {size}"
+    return f"{weights} over datasets {prints}, epoch size {size}"
+
+
+def _weight_text(weight: object, text: Any) -> str:
+    """A fixed weight as `text` makes it; any schedule or function as "scheduled"."""
+    return text(weight) if isinstance(weight, (int, float)) else "scheduled"
 
 
 def _mix_epoch_size(manifest: Manifest, split: str) -> int:
     """`epoch_samples`, else the sum of the datasets' sizes (`fastdata.read.mix.epoch_mix`)."""
     given = manifest.source.get("epoch_samples")
     return int(given or sum(d["samples"][split] for d in manifest.source["datasets"]))
+
+
+@dataclass(frozen=True)
+class ScheduleState:
+    """What a resume state records of a scheduled mix (`fastdata.read.schedule`).
+
+    Args:
+        block: samples per block of the epoch order (plan rule 7): the per-rank batch size the
+            run started with, kept by every resume so that the order stays the same.
+        schedule: each dataset's weight as text (`fastdata.read.schedule.describe_weight`).
+        taken: samples of the epoch consumed so far from each dataset, in mix order.
+        splice: (position, taken at it) where a resume changed the schedule in this epoch;
+            None: the epoch follows one schedule.
+    """
+
+    block: int
+    schedule: str
+    taken: tuple[int, ...]
+    splice: tuple[int, tuple[int, ...]] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain ints, lists and a string."""
+        splice = None if self.splice is None else [self.splice[0], list(self.splice[1])]
+        return {
+            "block": self.block,
+            "schedule": self.schedule,
+            "taken": list(self.taken),
+            "splice": splice,
+        }
+
+    @classmethod
+    def from_dict(cls, value: Any, consumed: int) -> ScheduleState:
+        """Parse a `to_dict` result of a state that consumed `consumed` samples.
+
+        Raises:
+            ResumeError: a malformed record, naming the field at fault.
+        """
+        if not isinstance(value, Mapping) or not isinstance(value.get("schedule"), str):
+            raise ResumeError(f"data position field 'schedule' is malformed: {value!r}")
+        block = value.get("block")
+        if not _counts([block]) or block < 1:
+            raise ResumeError(f"schedule field 'block' must be an integer >= 1, got {block!r}")
+        taken, splice = value.get("taken"), value.get("splice")
+        if not _counts(taken) or sum(taken) != consumed:
+            raise ResumeError(
+                f"schedule field 'taken' must be counts summing to 'consumed' ({consumed}), "
+                f"got {taken!r}"
+            )
+        if splice is not None and not (
+            isinstance(splice, (list, tuple))
+            and len(splice) == 2
+            and _counts([splice[0]])
+            and _counts(splice[1])
+            and len(splice[1]) == len(taken)
+            and sum(splice[1]) == splice[0] <= consumed
+        ):
+            raise ResumeError(
+                f"schedule field 'splice' must be [position <= {consumed}, counts summing to "
+                f"it], got {splice!r}"
+            )
+        return cls(
+            int(block),
+            value["schedule"],
+            tuple(int(n) for n in taken),
+            None if splice is None else (int(splice[0]), tuple(int(n) for n in splice[1])),
+        )
+
+
+def _counts(values: Any) -> bool:
+    """A list or tuple of integers >= 0 (not bools)."""
+    return isinstance(values, (list, tuple)) and all(
+        isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= 0 for v in values
+    )
 
 
 @dataclass(frozen=True)
@@ -99,6 +184,7 @@ class ResumeState:
             "shard", "full" or "window:N" with the window N in samples. A default window is
             sized from the node's free memory, so the resumed run must reuse this one to see
             the same order. "": not recorded (a state from before shuffles were chosen).
+        schedule: a scheduled mix's record (`ScheduleState`); None for any other training split.
     """
 
     epoch: int
@@ -111,10 +197,14 @@ class ResumeState:
     dataset: str
     mix: str = ""
     shuffle: str = ""
+    schedule: ScheduleState | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The checkpointable form (plain ints and strings, with a version)."""
         state = {"version": STATE_VERSION, **asdict(self)}
+        state["schedule"] = self.schedule.to_dict() if self.schedule is not None else None
+        if self.schedule is None:
+            del state["schedule"]  # no scheduled mix: the same state as before schedules
         if not self.mix:
             del state["mix"]  # one dataset: the same state as before mixes existed
         if not self.shuffle:
@@ -166,6 +256,8 @@ class ResumeState:
             ):
                 raise ResumeError(f"data position field {name!r} must be {words}, got {value!r}")
             values[name] = value
+        if state.get("schedule") is not None:
+            values["schedule"] = ScheduleState.from_dict(state["schedule"], values["consumed"])
         result = cls(**values)  # no "mix": one dataset
         result._check_consistent()
         return result

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
+from hashlib import sha256
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +20,9 @@ import torch
 from fastdata import ShardDataModule, ShardSet, WorkerSettings
 from fastdata.format.manifest_io import load_manifest
 from fastdata.read import BACKENDS
-from fastdata.read.mix import map_row_labels, mix_manifests, mix_roots, share_counts
+from fastdata.read.mix import epoch_mix, map_row_labels, mix_manifests, mix_roots, share_counts
 from fastdata.read.resume import ResumeError
+from fastdata.read.schedule import Schedule, ScheduledMix
 from fastdata.write import ShardOptions, write_shards
 from fastdata.write.sources.arrays import ArraySource
 
@@ -242,3 +244,53 @@ def test_row_labels_map_through_each_shards_dataset(two_roots):
     assert map_row_labels(info, labels).tolist() == list(range(10)) + list(range(N_A, N_A + 10))
     with pytest.raises(ValueError, match="outside its dataset's"):
         map_row_labels(info, torch.full((20,), 500))
+
+
+# Digests of plans and epochs made by the code before scheduled weights existed (fastdata at
+# commit 8d286c3): fixed weights must keep drawing exactly those.
+_PLANS_BEFORE_SCHEDULES = "26573a722070e7e2f0e7ff25bbf42b38f5fe823fe01020d2f1a1d13da9c94f16"
+_EPOCHS_BEFORE_SCHEDULES = "708d39e40c2e947ad9ac7aa2e45d235ad1f8dffeeee0ac752a5a843acc8c4c26"
+
+
+def test_fixed_weight_plans_are_byte_identical_to_before_schedules():
+    from fastdata.read.plan import EpochMix, PlanConfig, mixed_order, plan_epoch
+
+    sizes, mix, digest = (
+        (16, 16, 16, 12, 16, 16, 16, 16, 16, 16, 4),
+        EpochMix((4, 7), (120, 40)),
+        sha256(),
+    )
+    for mode, window in (("shard", None), ("window", 24), ("full", None)):
+        for epoch in (0, 3):
+            digest.update(mixed_order(sizes, mix, 5, epoch, mode, window).tobytes())
+            for world, batch, consumed in ((1, 10, 0), (2, 7, 30), (3, 10, 41)):
+                for rank in range(world):
+                    config = PlanConfig(5, rank, world, batch, True, False, mix, None, mode, window)
+                    plan = plan_epoch(sizes, config, epoch, consumed)
+                    for parts in zip(plan.rows, plan.positions, plan.padding, strict=True):
+                        for part in parts:
+                            digest.update(part.tobytes())
+                    digest.update(np.asarray(plan.seeds, dtype=np.int64).tobytes())
+    assert digest.hexdigest() == _PLANS_BEFORE_SCHEDULES
+
+
+def test_fixed_weight_epochs_through_the_datamodule_are_unchanged(two_roots):
+    digest = sha256()
+    for labels in _epochs(_dm(two_roots), count=2):
+        digest.update(repr(labels).encode())
+    other = _dm(two_roots, weights=(1, 2), epoch_samples=90, rank=1, world_size=2, batch_size=7)
+    for labels in _epochs(other, count=2):
+        digest.update(repr(labels).encode())
+    assert digest.hexdigest() == _EPOCHS_BEFORE_SCHEDULES
+    state = _dm(two_roots).state_dict()
+    assert "schedule" not in state and state["mix"].startswith("weights 3:1 over")
+
+
+def test_shardset_takes_a_schedule_or_a_function(two_roots):
+    table = Schedule([(0, 3.0), (80, 1.0)])
+    dm = _dm(two_roots, weights=(table, 1))
+    assert dm.weights == [table, 1.0] and isinstance(epoch_mix(dm.manifest, "train"), ScheduledMix)
+    with pytest.raises(ValueError, match=r"alone is no mix"):
+        ShardDataModule(ShardSet(two_roots[0], weight=table))
+    with pytest.raises(ValueError, match=r"weight must be a number"):
+        ShardSet(two_roots[0], weight=[1, 2])
