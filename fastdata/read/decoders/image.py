@@ -6,7 +6,7 @@ given their decode-time geometry here, because it is cheaper to shrink while dec
 - "rrc" (training, photo preset): the random-resized-crop box is drawn first from the image's
   size (read from the header), then the JPEG is decoded the cheaper of two ways: only the box's
   region, at full resolution, by libjpeg-turbo (`fastdata.read.decoders.jpeg_region`: fastdata's own
-  extension, else nvImageCodec's CPU decoder; columns outside the box skip IDCT and colour
+  extension; columns outside the box skip IDCT and colour
   conversion, rows above it the IDCT, rows below it are not decoded), resized by torch's uint8
   antialiased bilinear kernel; or, when the
   box is so large that a DCT scale of 1/2, 1/4 or 1/8 still covers the output size, the whole
@@ -195,8 +195,8 @@ def decode_batch(
 
     Each image draws its random geometry from its own generator `rngs[i]`, so the result does not
     depend on the order in which images are decoded (nor on `threads`). Every image's JPEG region
-    is decoded (fastdata's extension; nvImageCodec decodes the batch's regions in one call first,
-    on `threads` threads), resized and flipped, or the image decoded whole by Pillow-SIMD, by the
+    is decoded (fastdata's extension; a batched region decoder would decode the batch's regions in
+    one call first, on `threads` threads), resized and flipped, or the image decoded whole by Pillow-SIMD, by the
     calling thread and ``threads - 1`` threads of this process's decode pool (created on first
     use, and anew in a forked child). The pool's threads have finished when it returns, even on
     an error: `out` may be shared memory that the caller hands on.
@@ -227,7 +227,7 @@ def decode_batch(
         )
     jobs = [_region_job(payloads[i], geometry, rngs[i]) if roi else None for i in range(n)]
     regions: dict[int, np.ndarray | None] = dict.fromkeys(range(n))
-    # nvImageCodec decodes the batch's regions in one call here; fastdata's own decoder decodes
+    # A batched region decoder decodes the batch's regions in one call here; fastdata's own decodes
     # each region in `one`, just before it is resized (the region is still in the cache).
     together = [i for i in range(n) if jobs[i] is not None and jobs[i].region and jobs[i].batched]
     if together:
