@@ -241,7 +241,7 @@ def test_a_backend_whose_probe_fails_is_not_chosen():
 
 def test_one_gpu_backend_is_taken_without_a_probe():
     name, reason, asked = _choose_gpu({"nvjpeg": 5.0})
-    assert name == "nvjpeg" and asked == [] and "the one GPU decoder" in reason
+    assert name == "nvjpeg" and asked == [] and "(the one GPU decoder here)" in reason
 
 
 def test_the_default_probe_runs_once_per_backend_and_split(monkeypatch):

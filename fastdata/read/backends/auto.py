@@ -210,7 +210,7 @@ def _gpu_decoder(
         else:
             missing.append(f"{backend.name}: {why}")
     if len(ready) == 1:
-        return ready[0], f"{ready[0]}, the one GPU decoder that can run here, decodes instead"
+        return ready[0], f"{ready[0]} decodes on the GPU instead (the one GPU decoder here)"
     rates: dict[str, float] = {}
     for name in ready:
         try:
