@@ -102,3 +102,31 @@ def test_worker_processes_import_nothing_of_nvidias(photo_shards, tripwire):
     loader = make_cpu_loader(_spec(photo_shards, workers))
     assert len(list(loader)) == len(loader)
     assert tripwire.read_text() == ""  # nor in the workers (forked: the tripwire goes with them)
+
+
+def _compute_apps() -> dict[int, float]:
+    """pid -> device MiB of every process with a CUDA context (nvidia-smi)."""
+    import subprocess
+
+    cmd = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+    text = subprocess.run(cmd, capture_output=True, text=True, timeout=30, check=True).stdout
+    rows = [line.split(",") for line in text.splitlines() if line.strip()]
+    return {int(pid): float(mib) for pid, mib in rows}
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_on_a_gpu_machine_no_worker_holds_device_memory(photo_shards):
+    """The 2026-12-04 cpu row: 3.3 GB of device memory with DALI installed. Every worker of a
+    cpu loader training on the GPU is checked while it runs."""
+    import psutil
+
+    torch.zeros(1, device="cuda")  # the training process has its context, as in training
+    workers = WorkerSettings(num_workers=2, mp_context="forkserver", persistent_workers=True)
+    loader = make_cpu_loader(_spec(photo_shards, workers))
+    batches = iter(loader)
+    next(batches)  # the workers are up and decoding
+    children = {p.pid for p in psutil.Process().children(recursive=True)}
+    apps = _compute_apps()
+    assert children and not children & set(apps), {p: apps[p] for p in children & set(apps)}
+    list(batches)
