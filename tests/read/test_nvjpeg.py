@@ -129,10 +129,18 @@ def test_crop_resize_crops_resizes_and_flips():
     assert smaller.shape == (1, 3, 2, 3)
 
 
+@pytest.mark.parametrize("path", ["dense", "chunks", "per_image"])
 @pytest.mark.parametrize("out_hw", [(24, 24), (90, 70), (5, 9)])
-def test_batched_crop_resize_gives_per_image_interpolate_pixels(out_hw):
+def test_batched_crop_resize_gives_per_image_interpolate_pixels(out_hw, path, monkeypatch):
     """Mixed image sizes (several groups), down- and up-scaling, flips: within one level of
-    a per-image antialiased `interpolate` of the crop (float rounding)."""
+    a per-image antialiased `interpolate` of the crop (float rounding), whether a group is
+    stacked whole, in chunks of one or two images, or resized one by one (large images)."""
+    from fastdata.read.backends import crop_resize as module
+
+    if path == "chunks":
+        monkeypatch.setattr(module, "CHUNK_BYTES", 2 * 3 * 49 * 70 * 4)
+    if path == "per_image":
+        monkeypatch.setattr(module, "DENSE_MAX_PIXELS", 0)
     gen = torch.Generator().manual_seed(0)
     rng = np.random.default_rng(1)
     images, boxes, flips = [], [], []
