@@ -215,14 +215,17 @@ def _first_jpeg(photo_shards, spec):
     return batch.payloads[batch.exts.index("jpg")], batch.payloads
 
 
-def test_a_jpeg_nvjpeg_refuses_is_decoded_on_the_cpu_and_counted(photo_shards):
+def test_a_jpeg_nvjpeg_refuses_is_decoded_on_the_cpu_and_counted(photo_shards, caplog):
     spec = _spec(photo_shards, train=False, batch_size=18)
     refused, payloads = _first_jpeg(photo_shards, spec)
     same = payloads.count(refused)  # the folder repeats some images byte for byte
     want = [x for x, _ in NvjpegLoader(spec, decoder=FakeDecoder())]
     decoder = FakeDecoder(fail_on=refused)
     loader = NvjpegLoader(spec, decoder=decoder)
-    got = [x for x, _ in loader]  # no ShardReadError
+    with caplog.at_level("WARNING", logger="fastdata"):
+        got = [x for x, _ in loader]  # no ShardReadError
+    warned = [r.getMessage() for r in caplog.records if "refused by nvJPEG" in r.getMessage()]
+    assert len(warned) == 1 and "bitstream error" in warned[0] and ".tar, sample '" in warned[0]
     assert loader.cpu_fallbacks == same >= 1
     assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))  # Pillow both ways
     calls = len(decoder.calls)

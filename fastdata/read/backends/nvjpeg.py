@@ -32,8 +32,8 @@ torchvision is imported on first use only.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
+import logging
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -68,6 +68,8 @@ __all__ = [
 Decoder = Callable[[list[torch.Tensor]], list[torch.Tensor]]
 
 _JPEG_EXTS = frozenset({"jpg", "jpeg"})
+
+_log = logging.getLogger("fastdata")
 
 
 def nvjpeg_status() -> tuple[bool, str]:
@@ -226,6 +228,7 @@ class NvjpegLoader(PlannedLoader):
         self._decode = decoder if decoder is not None else torchvision_decoder(self.device)
         self.cpu_fallbacks = 0
         self._refused: set[tuple[int, int]] = set()  # (shard, index) nvJPEG refused before
+        self._last_refusal = ""  # nvJPEG's error for the last JPEG it refused
         self._stream = None  # the decode thread's CUDA stream, created in that thread
         self.start_at(spec)
 
@@ -315,7 +318,7 @@ class NvjpegLoader(PlannedLoader):
                 decoded = [self._decode_one(t) for t in data]
             for i, image in zip(jpegs, decoded, strict=True):
                 if image is None:
-                    self._refused.add(batch.keys[i])
+                    self._refuse(batch, i, reader)
                 images[i] = image
         for i in range(len(images)):
             if images[i] is None:  # refused by nvJPEG, or PNG, WebP, ...: Pillow on the CPU
@@ -325,9 +328,22 @@ class NvjpegLoader(PlannedLoader):
 
     def _decode_one(self, data: torch.Tensor) -> torch.Tensor | None:
         """One JPEG through nvJPEG; None when it refuses it (the CPU decodes it then)."""
-        with contextlib.suppress(Exception):
+        try:
             return self._decode([data])[0]
-        return None
+        except Exception as exc:  # noqa: BLE001 - refused: decoded on the CPU, logged once
+            self._last_refusal = f"{type(exc).__name__}: {exc}"
+            return None
+
+    def _refuse(self, batch: EncodedBatch, i: int, reader: ShardReader | None) -> None:
+        """Remember a JPEG nvJPEG refused (the CPU decodes it from now on); log the first."""
+        if not self._refused:
+            where = _sample_error(reader, *batch.keys[i], ValueError("refused by nvJPEG"))
+            _log.warning(
+                "nvjpeg backend: %s (%s); such JPEGs are decoded on the CPU and counted in "
+                "the loader's cpu_fallbacks",
+                where, self._last_refusal or "no reason given",
+            )  # fmt: skip
+        self._refused.add(batch.keys[i])
 
     def _decode_on_cpu(self, batch: EncodedBatch, i: int, reader) -> torch.Tensor:
         rng = np.random.default_rng(0)  # geometry "none" draws nothing
