@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import os
+import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,8 +29,9 @@ __all__ = [
     "Dataset",
     "MemoryProbe",
     "RunSettings",
+    "device_memory_by_process",
     "loader_run",
-    "nvjpeg_run",
+    "replicate_photos",
     "shard_dataset",
     "synthetic_cifar",
     "synthetic_photos",
@@ -89,6 +91,33 @@ def synthetic_photos(folder: Path, per_class: int, classes: int = 10) -> Path:
             image = Image.fromarray(small).resize((w, h), Image.BILINEAR)
             image.save(folder / f"class{c:02d}" / f"{i:04d}.jpg", "JPEG", quality=90)
     return folder
+
+
+def replicate_photos(folder: Path, out: Path, min_train: int) -> tuple[Path, int]:
+    """`folder` (class folders, or split folders of class folders) with its training images
+    linked ``k`` times over (``r{k}-NAME``), the fewest copies that give >= `min_train` of them;
+    other splits linked once. Returns (the new folder, copies): at 800 photos an epoch is 6
+    batches, all start-up and prefetched backlog; a steady rate needs hundreds.
+    """
+    from fastdata.write.sources.folder import SPLIT_NAMES
+
+    splits = [d for d in sorted(folder.iterdir()) if d.is_dir() and d.name in SPLIT_NAMES]
+    train = next((d for d in splits if d.name == "train"), None)
+    tree = folder if train is None else train
+    images = [p for p in sorted(tree.rglob("*")) if p.is_file() and not p.name.startswith(".")]
+    if not images:
+        raise FileNotFoundError(f"no training images under {tree}")
+    copies = max(1, -(-min_train // len(images)))
+    target = out if train is None else out / "train"
+    for path in images:
+        rel = path.relative_to(tree)
+        (target / rel.parent).mkdir(parents=True, exist_ok=True)
+        for k in range(copies):
+            (target / rel.parent / f"r{k}-{rel.name}").symlink_to(path.resolve())
+    for split in splits:
+        if split is not train:
+            (out / split.name).symlink_to(split.resolve(), target_is_directory=True)
+    return out, copies
 
 
 def synthetic_cifar(train: int, test: int) -> ArraySource:
@@ -182,26 +211,34 @@ class MemoryProbe:
 
 @dataclass(frozen=True)
 class RunSettings:
-    """One loader run: the DataModule's arguments and how long to time it."""
+    """One loader run: the DataModule's arguments and how long to time it.
+
+    The loader is kept for two epochs: the first holds the start-up (DataModule setup, pipeline
+    build, first batch) and warms every cache; the second is timed by
+    `fastdata.read.steady.steady_rate` after its backlog (``workers x prefetch`` batches, or
+    the 2 a GPU backend prefetches) and `warmup` batches more, over `measure` batches.
+    """
 
     batch_size: int
     preset: str
     image_size: int | None
     workers: int
-    epochs: int
     warmup: int
-    deadline: float  # time.monotonic() after which no further epoch starts
+    measure: int
+    deadline: float  # time.monotonic() after which the first epoch stops early
     loader_timeout_s: float
+    prefetch: int = 2
 
 
 def _datamodule(root: Path, backend: str, s: RunSettings) -> Any:
     from fastdata.lightning.datamodule import ShardDataModule
     from fastdata.read import WorkerSettings
 
-    # A loader timeout and a safe worker start method; the prefetch depth measured.
+    # A fixed prefetch depth (the backlog to skip is workers x prefetch), a loader timeout, a
+    # safe worker start method.
     workers = WorkerSettings(
         num_workers=s.workers,
-        prefetch_factor="auto",
+        prefetch_factor=s.prefetch,
         timeout=s.loader_timeout_s,
         mp_context="forkserver",
     )
@@ -214,7 +251,10 @@ def _datamodule(root: Path, backend: str, s: RunSettings) -> Any:
 def loader_run(
     backend: str, root: Path, device: torch.device, s: RunSettings, energy: Callable | None
 ) -> dict[str, Any]:
-    """Images/s of `backend` on the train split, until augmented batches are on `device`."""
+    """`backend` on the train split until augmented batches are on `device`: start-up, the
+    first epoch, and the steady rate, CPU cost and device memory of the second epoch."""
+    from fastdata.read import get_backend
+
     probe = MemoryProbe(device)
     t0 = time.perf_counter()
     dm = _datamodule(root, backend, s)
@@ -222,14 +262,22 @@ def loader_run(
     loader = dm.train_dataloader()
     result: dict[str, Any] = {"setup_s": round(time.perf_counter() - t0, 3)}
 
-    def ready(batch: Any) -> torch.Tensor:
-        return dm.on_after_batch_transfer(dm.transfer_batch_to_device(batch, device, 0), 0)[0]
+    def ready(batch: Any) -> int:
+        x = dm.on_after_batch_transfer(dm.transfer_batch_to_device(batch, device, 0), 0)[0]
+        sync(device)
+        return int(x.shape[0])
 
+    uses_workers = get_backend(backend).uses_workers and s.workers > 0
+    backlog = s.workers * s.prefetch if uses_workers else 2
+    result.update(first_epoch(loader, ready, s))
+    probe.sample()
     joules0 = energy() if energy else None
-    result.update(time_epochs(loader, ready, device, s, probe))
+    result.update(second_epoch(loader, ready, backlog, s, device))
     joules1 = energy() if energy else None
-    if joules0 is not None and joules1 is not None and result["images"]:
-        result["energy_j_per_1k_images"] = round(1e3 * (joules1 - joules0) / result["images"], 3)
+    if joules0 is not None and joules1 is not None and result.get("steady_images"):
+        per_1k = 1e3 * (joules1 - joules0) / result["steady_images"]
+        result["energy_j_per_1k_images"] = round(per_1k, 3)
+    probe.sample()
     _release(loader, dm, device)
     loader = dm = None  # the last references: the store and pools can go
     _collect(device)
@@ -238,90 +286,98 @@ def loader_run(
     return result
 
 
-#: Fewer batches an epoch than this and the rate after the first batch is the prefetched backlog.
-STEADY_MIN_BATCHES = 24
-
-
-def time_epochs(
-    loader: Any, ready: Callable[[Any], torch.Tensor], device: torch.device, s: RunSettings,
-    probe: MemoryProbe,
-) -> dict[str, Any]:  # fmt: skip
-    """Iterate `warmup + epochs` epochs (fewer past the deadline); images/s of the timed ones.
-
-    The DataModule's loader advances the epoch itself each time it is iterated. CUDA is
-    synchronized at the start and end of every epoch and after its first batch, so "steady"
-    excludes the pipeline's start-up. An epoch of fewer than `STEADY_MIN_BATCHES` batches has no
-    steady rate: loader workers decode the batches after the first while the first is awaited
-    (the H200 run of 2026-12-04 reported 200,595 "steady" images/s for the cpu backend on six
-    128-photo batches), so "steady" is None there and says why.
-    """
-    timed, epochs_run = [], 0
-    for epoch in range(s.warmup + s.epochs):
-        if epoch > 0 and time.monotonic() > s.deadline:
+def first_epoch(loader: Any, ready: Callable[[Any], int], s: RunSettings) -> dict[str, Any]:
+    """The first epoch, whole (or until the deadline): its first batch (start-up) and rate."""
+    t0 = time.perf_counter()
+    images, first_s = 0, None
+    for batch in loader:
+        images += ready(batch)
+        if first_s is None:
+            first_s = time.perf_counter() - t0
+        if time.monotonic() > s.deadline:
             break
-        sync(device)
-        t0 = time.perf_counter()
-        images = first_images = 0
-        first_s = None
-        for batch in loader:
-            n = ready(batch).shape[0]
-            images += n
-            if first_s is None:
-                sync(device)
-                first_s, first_images = time.perf_counter() - t0, n
-        sync(device)
-        probe.sample()
-        epochs_run += 1
-        if epoch >= s.warmup:
-            timed.append((images, time.perf_counter() - t0, first_s or 0.0, first_images))
-    if not timed:  # the deadline came after the warm-up: time the warm-up epoch instead
-        timed.append((images, time.perf_counter() - t0, first_s or 0.0, first_images))
-    n, secs = sum(t[0] for t in timed), sum(t[1] for t in timed)
-    steady_n, steady_s = n - sum(t[3] for t in timed), secs - sum(t[2] for t in timed)
-    batches = timed[0][0] / max(timed[0][3], 1)  # per epoch, from the first batch's size
-    steady = round(steady_n / steady_s, 1) if steady_s > 0 else None
-    if batches < STEADY_MIN_BATCHES:
-        steady = None
+    seconds = time.perf_counter() - t0
     return {
-        "epochs_run": epochs_run,
-        "images": n,
-        "images_per_s": round(n / secs, 1) if secs else None,
-        "steady_images_per_s": steady,
-        "steady_note": None
-        if steady is not None or batches >= STEADY_MIN_BATCHES
-        else f"{batches:.0f} batches an epoch: too few for a steady rate (workers prefetch)",
-        "epoch_s": [round(t[1], 3) for t in timed],
-        "first_batch_s": [round(t[2], 3) for t in timed],
+        "first_batch_s": None if first_s is None else round(first_s, 4),
+        "epoch1_images": images,
+        "epoch1_images_per_s": round(images / seconds, 1) if seconds > 0 else None,
     }
 
 
-def nvjpeg_run(
-    root: Path, device: torch.device, s: RunSettings, energy: Callable | None
+def second_epoch(
+    loader: Any, ready: Callable[[Any], int], backlog: int, s: RunSettings, device: torch.device
 ) -> dict[str, Any]:
-    """The nvjpeg backend before it is registered: its loader built from the DataModule's spec
-    (`ShardDataModule.loader_spec`), the DataModule's device augmentation after it."""
-    from fastdata.read.backends.nvjpeg import make_nvjpeg_loader
+    """The second epoch of the same loader: the steady rate, CPU seconds per 1,000 images (this
+    process and its workers) and device memory per process, sampled in the timed window."""
+    from fastdata.read.steady import process_tree_cpu_seconds, steady_rate
 
-    probe = MemoryProbe(device)
-    t0 = time.perf_counter()
-    dm = _datamodule(root, "cpu", s)
-    dm.setup("fit")
-    loader = make_nvjpeg_loader(dm.loader_spec("train", True))
-    result: dict[str, Any] = {"setup_s": round(time.perf_counter() - t0, 3), "via": "loader_spec"}
+    memory: dict[str, Any] = {}
+    done = [0]
 
-    def ready(batch: Any) -> torch.Tensor:
-        return dm.on_after_batch_transfer(batch, 0)[0]
+    def ready_and_sample(batch: Any) -> int:
+        n = ready(batch)
+        done[0] += 1
+        if done[0] == backlog + s.warmup + s.measure // 2 and device.type == "cuda":
+            memory.update(device_memory_by_process())  # mid-window: every worker is up
+        return n
 
-    joules0 = energy() if energy else None
-    result.update(time_epochs(loader, ready, device, s, probe))
-    joules1 = energy() if energy else None
-    if joules0 is not None and joules1 is not None and result["images"]:
-        result["energy_j_per_1k_images"] = round(1e3 * (joules1 - joules0) / result["images"], 3)
-    loader = dm = None  # the last references: the store and pools can go
-    _collect(device)
-    probe.sample(closed=True)
-    result.update(probe.result())
-    return result
+    found = steady_rate(
+        iter(loader), backlog=backlog, warmup=s.warmup, measure=s.measure,
+        ready=ready_and_sample, cpu_clock=process_tree_cpu_seconds,
+    )  # fmt: skip
+    return {
+        "steady_images_per_s": None if found.images_per_s is None else round(found.images_per_s, 1),
+        "steady_note": found.reason or None,
+        "steady_batches": found.batches,
+        "steady_images": found.images,
+        "skipped_batches": found.skipped,
+        "cpu_core_s_per_1k_images": (
+            None if found.cpu_s_per_1k is None else round(found.cpu_s_per_1k, 3)
+        ),
+        "epoch2_first_batch_s": None
+        if found.first_batch_s is None
+        else round(found.first_batch_s, 4),
+        **memory,
+    }
+
+
+def device_memory_by_process(
+    query: Callable[[], str] | None = None, pid: int | None = None
+) -> dict[str, Any]:
+    """Device memory (MiB) of this process and of its child processes (the loader's workers),
+    from ``nvidia-smi --query-compute-apps``; {} where nvidia-smi does not answer.
+
+    Args:
+        query: returns nvidia-smi's CSV ("pid, used_memory" lines; injectable for tests).
+        pid: the process whose tree is reported (default: this one).
+    """
+    import psutil
+
+    me = psutil.Process(pid)
+    children = {c.pid for c in me.children(recursive=True)}
+    try:
+        text = query() if query is not None else _smi_compute_apps()
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {"device_mib_note": f"nvidia-smi: {type(exc).__name__}: {exc}"[:200]}
+    used: dict[int, float] = {}
+    for line in text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 2 and parts[0].isdigit():
+            try:
+                used[int(parts[0])] = float(parts[1])
+            except ValueError:
+                continue
+    workers = {p: used[p] for p in sorted(children) if p in used}
+    return {
+        "device_mib_main": used.get(me.pid, 0.0),
+        "device_mib_workers": round(sum(workers.values()), 1),
+        "workers_with_cuda": len(workers),
+    }
+
+
+def _smi_compute_apps() -> str:
+    cmd = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=15, check=True).stdout
 
 
 def _release(loader: Any, dm: Any, device: torch.device) -> None:

@@ -47,7 +47,8 @@ class Backend:
             raise, and must not initialize CUDA.
         uses_workers: its loading runs in DataLoader worker processes (the tuner sizes them).
         resident: it keeps the decoded split resident on the device (auto checks memory).
-        decodes_on_gpu: it decodes on the GPU (auto prefers it when the memory store won't fit).
+        decodes_on_gpu: it decodes on the GPU (when the memory store won't fit, auto takes the
+            fastest of these by measurement: `fastdata.read.backends.auto.probe_rate`).
         user_transforms: it hands uint8 batches over, so user callables can run on them.
         carries_fields: it reads every field of a split (`fastdata.format.fields`: masks, boxes,
             text, ...), not only the classification pair (image, label); `auto` picks only
@@ -83,7 +84,8 @@ def _always() -> tuple[bool, str]:
 
 _BUILTIN = "fastdata.read:_always"
 
-#: name -> Backend, in `auto`'s order of preference after the memory check.
+#: name -> Backend. `auto` checks "memory" first; GPU decoders are then ranked by a probe of
+#: their rate (this order breaks a tie), and "cpu" is the fallback.
 BACKENDS: dict[str, Backend] = {
     b.name: b
     for b in (

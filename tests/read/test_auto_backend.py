@@ -192,3 +192,86 @@ def test_auto_on_a_dataset_without_a_training_split(tmp_path, stage, role):
     )()
     keys = [m["key"] for batch in dm.prepared(loader, "cpu") for m in batch["meta"]]
     assert sorted(keys) == sorted(r.key for r in splits[role])
+
+
+# -- on a GPU: the faster GPU backend by measurement, not by what is installed --------------
+
+
+def _choose_gpu(rates: dict[str, float | Exception], monkeypatch=None, **kw):
+    """Both GPU backends available; `rates` are their fake measured images/s (or errors)."""
+    asked: list[str] = []
+
+    def rate(name: str) -> float:
+        asked.append(name)
+        value = rates[name]
+        if isinstance(value, Exception):
+            raise value
+        return value
+
+    name, reason = choose_backend(
+        CIFAR_LIKE, "train", "cuda:0", None, preset=get_preset("none"),
+        available=lambda name: (name in rates, "not installed"),
+        free_memory=lambda dev: 4 * MiB, rate=rate, **kw,
+    )  # fmt: skip
+    return name, reason, asked
+
+
+@pytest.mark.parametrize(
+    ("dali", "nvjpeg", "want"),
+    [(409.4, 6433.2, "nvjpeg"), (20_000.0, 7_000.0, "dali"), (7_000.0, 7_000.0, "dali")],
+)
+def test_auto_never_picks_the_slower_gpu_backend(dali, nvjpeg, want, caplog):
+    """The 2026-12-04 H200 figures (dali 409, nvjpeg 6,433 images/s): today's rule took dali
+    because it was installed."""
+    with caplog.at_level(logging.INFO, logger="fastdata"):
+        name, reason, asked = _choose_gpu({"dali": dali, "nvjpeg": nvjpeg})
+    assert name == want and sorted(asked) == ["dali", "nvjpeg"]
+    assert f"dali {dali:,.0f}" in reason and f"nvjpeg {nvjpeg:,.0f}" in reason
+    lines = [r.getMessage() for r in caplog.records if "backend=auto chose" in r.getMessage()]
+    assert len(lines) == 1 and f"chose {want!r}" in lines[0] and "fastest measured" in lines[0]
+
+
+def test_a_backend_whose_probe_fails_is_not_chosen():
+    name, reason, _ = _choose_gpu({"dali": RuntimeError("mixed decoder: out of memory"),
+                                   "nvjpeg": 10.0})  # fmt: skip
+    assert name == "nvjpeg" and "dali: its probe failed (RuntimeError: mixed decoder" in reason
+    name, reason, _ = _choose_gpu({"dali": RuntimeError("a"), "nvjpeg": RuntimeError("b")})
+    assert name == "cpu" and "its probe failed" in reason
+
+
+def test_one_gpu_backend_is_taken_without_a_probe():
+    name, reason, asked = _choose_gpu({"nvjpeg": 5.0})
+    assert name == "nvjpeg" and asked == [] and "(the one GPU decoder here)" in reason
+
+
+def test_the_default_probe_runs_once_per_backend_and_split(monkeypatch):
+    from fastdata.read.backends import auto
+
+    calls: list[str] = []
+
+    def probe(name, manifest, split, device, image_size, preset):
+        calls.append(name)
+        return {"dali": 1.0, "nvjpeg": 2.0}[name]
+
+    monkeypatch.setattr(auto, "probe_rate", probe)
+    monkeypatch.setattr(auto, "_PROBED", {})
+    for _ in range(2):
+        name, _reason = choose_backend(
+            CIFAR_LIKE, "train", "cuda:0", None, preset=get_preset("none"),
+            available=lambda name: (True, ""), free_memory=lambda dev: 4 * MiB,
+        )  # fmt: skip
+        assert name == "nvjpeg"
+    assert sorted(calls) == ["dali", "nvjpeg"]
+
+
+def test_probe_rate_measures_a_real_loader(tiny_shards):
+    """The probe itself, on the CPU with the cpu backend (the GPU backends need a GPU)."""
+    from fastdata.format.manifest_io import load_manifest
+    from fastdata.read.backends.auto import probe_rate
+
+    manifest = load_manifest(tiny_shards)
+    rate = probe_rate("cpu", manifest, "train", "cpu", None, get_preset("none"), batch_size=16,
+                      warmup=1, measure=4)  # fmt: skip
+    assert rate > 0
+    with pytest.raises(RuntimeError, match="too small to probe cpu"):
+        probe_rate("cpu", manifest, "train", "cpu", None, get_preset("none"), batch_size=100)

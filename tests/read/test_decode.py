@@ -34,11 +34,11 @@ DCT_MAD = 1.5
 
 needs_region_decoder = pytest.mark.skipif(
     jpeg_region_decoder() is None,
-    reason="no JPEG region decoder: fastdata._jpeg not built and nvImageCodec not installed",
+    reason="no JPEG region decoder: fastdata._jpeg not built",
 )
 
 
-@pytest.fixture(params=["libjpeg", "nvimgcodec"])
+@pytest.fixture(params=["libjpeg"])
 def each_decoder(request, monkeypatch):
     """Run the test with each region decoder ($FASTDATA_REGION_DECODER); skip a missing one."""
     monkeypatch.setenv(jpeg_region.DECODER_ENV, request.param)

@@ -175,7 +175,7 @@ def test_the_decoder_choice(monkeypatch):
     monkeypatch.setenv(jpeg_region.DECODER_ENV, "auto")
     assert isinstance(jpeg_region.region_decoder(), jpeg_region.LibjpegDecoder)
     monkeypatch.setenv(jpeg_region.DECODER_ENV, "turbo")
-    with pytest.raises(jpeg_region.DecoderChoiceError, match="auto, libjpeg, nvimgcodec, pillow"):
+    with pytest.raises(jpeg_region.DecoderChoiceError, match="auto, libjpeg, pillow"):
         jpeg_region.region_decoder()
     # A setting to fix, not a bad image: never a ValueError, which readers skip under
     # on_error="skip" (every JPEG of the epoch would have been skipped).

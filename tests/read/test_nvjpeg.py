@@ -14,14 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from PIL import Image
 
 from fastdata.format.manifest_io import load_manifest
 from fastdata.read.backends import nvjpeg
 from fastdata.read.backends.cpu import make_cpu_loader
-from fastdata.read.backends.nvjpeg import NvjpegLoader, crop_box, crop_resize, nvjpeg_status
+from fastdata.read.backends.nvjpeg import NvjpegLoader, crop_resize, nvjpeg_status
 from fastdata.read.base import LoaderSpec
-from fastdata.read.decoders.image import Geometry
+from fastdata.read.decoders.image import Geometry, draw_crop
 from fastdata.read.shardio import ShardReadError
 from fastdata.write import ShardOptions, write_shards
 from fastdata.write.sources.folder import FolderSource
@@ -89,36 +90,81 @@ class FakeDecoder:
         return out
 
 
-# -- geometry: the same boxes as the cpu backend ---------------------------------------------
+# -- geometry: the cpu backend's windows, cropped and resized in a batch ------------------------
 
 
-def test_rrc_box_draws_like_the_cpu_decoder():
-    from fastdata.augment import rrc_params
+def test_windows_are_the_cpu_decoders_draws():
+    """nvjpeg draws no geometry of its own: its window and flip are `draw_crop`'s."""
+    spec_seed = 3
+    geometry = Geometry("rrc", SIZE, flip_p=0.5)
 
-    geometry = Geometry("rrc", SIZE)
-    for seed in range(20):
-        got = crop_box(60, 80, geometry, np.random.default_rng(seed))
-        assert got == rrc_params(
-            60, 80, geometry.scale, geometry.ratio, np.random.default_rng(seed)
-        )
+    class Spec:
+        seed = spec_seed
+
+    for position in range(20):
+        rng = np.random.default_rng(nvjpeg.sample_seed(spec_seed, 1, position))
+        want = draw_crop((80, 60), geometry, rng)
+        assert nvjpeg.draw_box((60, 80), geometry, Spec, 1, position) == want
+    assert not hasattr(nvjpeg, "crop_box")
 
 
-def test_center_and_cover_boxes():
+def test_draw_crop_center_cover_and_none():
     rng = np.random.default_rng(0)
-    top, left, h, w = crop_box(60, 80, Geometry("center", 28), rng)
-    assert h == w == round(60 / (256 / 224)) and (top, left) == ((60 - h) // 2, (80 - w) // 2)
-    assert crop_box(60, 80, Geometry("cover", hw=(30, 30)), rng) == (0, 10, 60, 60)
-    assert crop_box(60, 80, Geometry("none"), rng) == (0, 0, 60, 80)
+    (left, top, right, bottom), flip = draw_crop((80, 60), Geometry("center", 28), rng)
+    side = round(60 / (256 / 224))
+    assert (right - left, bottom - top) == (side, side) and not flip
+    assert (left, top) == ((80 - side) // 2, (60 - side) // 2)
+    assert draw_crop((80, 60), Geometry("cover", hw=(30, 30)), rng) == ((10, 0, 70, 60), False)
+    assert draw_crop((80, 60), Geometry("none"), rng) == ((0, 0, 80, 60), False)
 
 
 def test_crop_resize_crops_resizes_and_flips():
     image = torch.arange(5 * 7, dtype=torch.uint8).reshape(1, 5, 7).repeat(3, 1, 1)
-    out = crop_resize([image, image], [(1, 2, 3, 4), (1, 2, 3, 4)], (3, 4), [False, True])
+    box = (2, 1, 6, 4)  # left, top, right, bottom
+    out = crop_resize([image, image], [box, box], (3, 4), [False, True])
     assert out.shape == (2, 3, 3, 4) and out.dtype == torch.uint8
     assert torch.equal(out[0], image[:, 1:4, 2:6])  # same size: an exact crop
     assert torch.equal(out[1], image[:, 1:4, 2:6].flip(-1))
-    smaller = crop_resize([image], [(0, 0, 5, 7)], (2, 3), [False])
+    smaller = crop_resize([image], [(0, 0, 7, 5)], (2, 3), [False])
     assert smaller.shape == (1, 3, 2, 3)
+
+
+@pytest.mark.parametrize("path", ["dense", "chunks", "per_image"])
+@pytest.mark.parametrize("out_hw", [(24, 24), (90, 70), (5, 9)])
+def test_batched_crop_resize_gives_per_image_interpolate_pixels(out_hw, path, monkeypatch):
+    """Mixed image sizes (several groups), down- and up-scaling, flips: within one level of
+    a per-image antialiased `interpolate` of the crop (float rounding), whether a group is
+    stacked whole, in chunks of one or two images, or resized one by one (large images)."""
+    from fastdata.read.backends import crop_resize as module
+
+    if path == "chunks":
+        monkeypatch.setattr(module, "CHUNK_BYTES", 2 * 3 * 49 * 70 * 4)
+    if path == "per_image":
+        monkeypatch.setattr(module, "DENSE_MAX_PIXELS", 0)
+    gen = torch.Generator().manual_seed(0)
+    rng = np.random.default_rng(1)
+    images, boxes, flips = [], [], []
+    for i in range(12):
+        h, w = 40 + 9 * (i % 3), 70 - 6 * (i % 2)
+        images.append(torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=gen))
+        left, top = int(rng.integers(0, w - 1)), int(rng.integers(0, h - 1))
+        right, bottom = int(rng.integers(left + 1, w + 1)), int(rng.integers(top + 1, h + 1))
+        boxes.append((left, top, right, bottom))
+        flips.append(bool(i % 3 == 1))
+    got = crop_resize(images, boxes, out_hw, flips)
+    for i, (image, (left, top, right, bottom), flip) in enumerate(
+        zip(images, boxes, flips, strict=True)
+    ):
+        crop = image[None, :, top:bottom, left:right].float()
+        want = F.interpolate(crop, size=out_hw, mode="bilinear", antialias=True)[0]
+        want = (want.flip(-1) if flip else want).round().clamp(0, 255)
+        assert (got[i].float() - want).abs().max() <= 1, i
+
+
+def test_crop_resize_refuses_a_box_outside_the_image():
+    image = torch.zeros((3, 5, 7), dtype=torch.uint8)
+    with pytest.raises(ValueError, match="not inside its 7x5"):
+        crop_resize([image], [(0, 0, 8, 5)], (5, 7), [False])
 
 
 # -- the loader ------------------------------------------------------------------------------
@@ -160,17 +206,70 @@ def test_set_epoch_changes_the_order_and_len_counts_the_plan(photo_shards):
     assert len(loader) == len(_spec(photo_shards).plan(0, 8, 2))
 
 
-def test_a_bad_jpeg_is_named(photo_shards):
-    manifest = load_manifest(photo_shards)
-    spec = _spec(photo_shards, train=False, batch_size=18)
+def _first_jpeg(photo_shards, spec):
     from fastdata.read.shardio import ShardReader
 
-    reader = ShardReader(manifest, spec.split)
+    reader = ShardReader(load_manifest(photo_shards), spec.split)
     batch = nvjpeg.read_batch(reader, spec, spec.plan(0), 0)
-    bad = batch.payloads[batch.exts.index("jpg")]
+    reader.close()
+    return batch.payloads[batch.exts.index("jpg")], batch.payloads
+
+
+def test_a_jpeg_nvjpeg_refuses_is_decoded_on_the_cpu_and_counted(photo_shards, caplog):
+    spec = _spec(photo_shards, train=False, batch_size=18)
+    refused, payloads = _first_jpeg(photo_shards, spec)
+    same = payloads.count(refused)  # the folder repeats some images byte for byte
+    want = [x for x, _ in NvjpegLoader(spec, decoder=FakeDecoder())]
+    decoder = FakeDecoder(fail_on=refused)
+    loader = NvjpegLoader(spec, decoder=decoder)
+    with caplog.at_level("WARNING", logger="fastdata"):
+        got = [x for x, _ in loader]  # no ShardReadError
+    warned = [r.getMessage() for r in caplog.records if "refused by nvJPEG" in r.getMessage()]
+    assert len(warned) == 1 and "bitstream error" in warned[0] and ".tar, sample '" in warned[0]
+    assert loader.cpu_fallbacks == same >= 1
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))  # Pillow both ways
+    calls = len(decoder.calls)
+    list(loader)  # the next epoch sends it straight to the CPU: no failing batch call again
+    assert loader.cpu_fallbacks == 2 * same and len(decoder.calls) == calls + 1
+
+
+def test_a_jpeg_no_decoder_reads_is_named(photo_shards, monkeypatch):
+    spec = _spec(photo_shards, train=False, batch_size=18)
+    bad, _ = _first_jpeg(photo_shards, spec)
+    real = nvjpeg.decode_image
+
+    def pillow(data, geometry, rng):
+        if bytes(data) == bad:
+            raise ValueError("cannot decode image (OSError: broken data stream)")
+        return real(data, geometry, rng)
+
+    monkeypatch.setattr(nvjpeg, "decode_image", pillow)
     loader = NvjpegLoader(spec, decoder=FakeDecoder(fail_on=bad))
-    with pytest.raises(ShardReadError, match=r"\.tar, sample '.+_\d{8}'.*bitstream error"):
+    with pytest.raises(ShardReadError, match=r"\.tar, sample '.+_\d{8}'.*broken data stream"):
         list(loader)
+
+
+def test_the_next_batch_decodes_while_this_one_is_consumed(photo_shards):
+    """Batch 1 is decoded (in the decode thread) while the caller still holds batch 0."""
+    import threading
+    import time
+
+    threads: list[str] = []
+    decoder = FakeDecoder()
+
+    def recording(data):
+        threads.append(threading.current_thread().name)
+        return decoder(data)
+
+    loader = NvjpegLoader(_spec(photo_shards, batch_size=4), decoder=recording)
+    batches = iter(loader)
+    next(batches)
+    deadline = time.monotonic() + 10
+    while len(threads) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(threads) >= 2, "batch 1 was not decoded ahead"
+    assert all(name.startswith("fastdata-nvjpeg-decode") for name in threads)
+    assert len(list(batches)) == len(loader) - 1
 
 
 def test_raw_splits_and_skip_are_refused(tiny_shards, photo_shards):
@@ -230,5 +329,5 @@ def test_boxes_drawn_in_the_read_thread_match_the_draws_after_decoding(photo_sha
 
 def test_crop_resize_checks_its_flips():
     image = torch.zeros((3, 5, 7), dtype=torch.uint8)
-    with pytest.raises(ValueError, match="2 images but 1 flips"):
-        crop_resize([image, image], [(0, 0, 5, 7)] * 2, (5, 7), [False])
+    with pytest.raises(ValueError, match="2 images but 2 boxes and 1 flips"):
+        crop_resize([image, image], [(0, 0, 7, 5)] * 2, (5, 7), [False])

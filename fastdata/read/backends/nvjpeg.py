@@ -1,30 +1,30 @@
 """The nvjpeg backend: shards -> epoch plan -> JPEG bytes -> nvJPEG decode on the GPU -> uint8 batches.
 
-For users who have torchvision but not DALI. Per batch of the plan (`fastdata.read.plan`):
+For users who have torchvision but not DALI. Per batch of the plan (`fastdata.read.plan`), in a
+pipeline of three threads, so that batch k + 2 is read while batch k + 1 is decoded and batch k
+is cropped and resized:
 
-1. read: the batch's encoded bytes and labels on the CPU (`read_batch`; a background thread reads
-   the next batch while the GPU decodes this one), and the crop box and flip of every JPEG whose
-   frame header gives its size (`fastdata.read.decoders.jpeg_header`), drawn there too so the
-   draws overlap the decode;
-2. decode: JPEGs in one call to ``torchvision.io.decode_jpeg(list, device="cuda")`` (nvJPEG,
-   batched); PNG and other encodings on the CPU (`fastdata.read.decoders.image`), then copied over;
-3. geometry: each sample's crop box is drawn exactly as the cpu backend draws it
-   (`fastdata.augment.rrc_params` for "rrc", the ``size * 256 / 224`` centre rule for "center",
-   the covering centre window for "cover"), from the same per-sample generator
-   (`plan.sample_seed`), so both backends crop the same region of every image; then the flip;
-4. crop + resize on the device (`crop_resize`: bilinear with antialiasing, like Pillow's
-   boxed resize, one resize per image; rounding, flips and the uint8 cast once per batch),
-   giving one uint8 NCHW batch on the device.
+1. read (a thread): the batch's encoded bytes and labels (`read_batch`), and the crop window and
+   flip of every JPEG whose frame header gives its size (`fastdata.read.decoders.jpeg_header`);
+2. decode (a second thread, on its own CUDA stream): JPEGs in one call to
+   ``torchvision.io.decode_jpeg(list, device="cuda")`` (nvJPEG, batched). A JPEG nvJPEG refuses
+   (CMYK, 12-bit, ...) is decoded on the CPU by Pillow, as the cpu backend would, and counted
+   (`NvjpegLoader.cpu_fallbacks`); it goes straight to the CPU in later epochs. PNG and other
+   encodings are decoded on the CPU too. Only a sample no decoder reads is a `ShardReadError`;
+3. geometry (the calling thread): each sample's window and flip come from
+   `fastdata.read.decoders.image.draw_crop`, the cpu backend's own draw, with the same
+   per-sample generator (`plan.sample_seed`): one geometry for every backend. The crop + resize
+   is batched (`fastdata.read.backends.crop_resize`: a few ops per distinct image size, not ~5
+   kernel launches per image), giving one uint8 NCHW batch on the device.
 
-Where the time goes (benchmarks/gpu_nvjpeg_stages.py, H200, clothing-small, 128 photos of
-~400 x 534 a batch, 2026-12-04): read 1.9 ms, nvJPEG decode 8.0 ms, box draws 4.1 ms, crop +
-resize 9.3 ms with a full per-image tail, 5.8 ms with the batched tail (same pixels). The
-decode is the floor of this backend (~16,000 images/s alone); DALI decodes and crops in one
-pipeline.
+Where the time went before this pipeline (benchmarks/gpu_nvjpeg_stages.py, H200, clothing-small,
+128 photos of ~400 x 534 a batch, 2026-12-04): read 1.9 ms, nvJPEG decode 8.0 ms, box draws
+4.1 ms, crop + resize 5.8-9.3 ms, one after the other on one thread. The decode (~16,000
+images/s alone) is the floor this pipeline aims at.
 
-Pixels differ slightly from the cpu backend's (another JPEG decoder and resampler; "cover" boxes
-are rounded to whole pixels); the regions and flips are the same. The device augmentation left
-(normalize, ...) runs in `ShardDataModule.on_after_batch_transfer`, as for the cpu backend.
+Pixels differ slightly from the cpu backend's (another JPEG decoder and resampler); the regions
+and flips are the same. The device augmentation left (normalize, ...) runs in
+`ShardDataModule.on_after_batch_transfer`, as for the cpu backend.
 
 The GPU decode call is injectable (`Decoder`), so everything but that call is tested on the CPU.
 torchvision is imported on first use only.
@@ -33,18 +33,19 @@ torchvision is imported on first use only.
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Callable, Iterator, Sequence
+import logging
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from fastdata.read.backends.cpu_batches import decode_geometry
+from fastdata.read.backends.crop_resize import Box, crop_resize
 from fastdata.read.base import LoaderSpec, PlannedLoader
 from fastdata.read.decoders.dict_batch import refuse_fields
-from fastdata.read.decoders.image import Geometry, decode_image
+from fastdata.read.decoders.image import Geometry, decode_image, draw_crop
 from fastdata.read.decoders.jpeg_header import jpeg_size
 from fastdata.read.plan import EpochPlan, sample_seed
 from fastdata.read.rows import RowReader
@@ -52,9 +53,9 @@ from fastdata.read.shardio import ShardReader, ShardReadError
 
 __all__ = [
     "Decoder",
+    "DecodedBatch",
     "EncodedBatch",
     "NvjpegLoader",
-    "crop_box",
     "crop_resize",
     "draw_box",
     "make_nvjpeg_loader",
@@ -67,7 +68,8 @@ __all__ = [
 Decoder = Callable[[list[torch.Tensor]], list[torch.Tensor]]
 
 _JPEG_EXTS = frozenset({"jpg", "jpeg"})
-Box = tuple[int, int, int, int]  # top, left, height, width
+
+_log = logging.getLogger("fastdata")
 
 
 def nvjpeg_status() -> tuple[bool, str]:
@@ -116,7 +118,7 @@ class EncodedBatch:
         positions: each sample's position in the epoch order (its generator's seed).
         keys: (shard number, index in shard) of each sample, for error messages.
         sample_keys: `LoaderSpec.keys`: each sample's key (None for padding); else empty.
-        draws: per sample, ((height, width) from the JPEG header, crop box, flip) drawn in the
+        draws: per sample, ((height, width) from the JPEG header, crop window, flip) drawn in the
             read thread; None where the header gave no size (PNG, ...: drawn after decoding).
             Empty when `read_batch` was given no geometry.
     """
@@ -131,6 +133,14 @@ class EncodedBatch:
     draws: list[tuple[tuple[int, int], Box, bool] | None] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class DecodedBatch:
+    """A read batch and its images decoded on the device (CHW uint8, at their stored sizes)."""
+
+    batch: EncodedBatch
+    images: list[torch.Tensor]
+
+
 def read_batch(
     reader: ShardReader,
     spec: LoaderSpec,
@@ -140,7 +150,7 @@ def read_batch(
 ) -> EncodedBatch:
     """The bytes and labels of batch `number` of `plan` (errors name shard and key).
 
-    With `geometry`, also each JPEG's crop box and flip (`EncodedBatch.draws`), drawn from the
+    With `geometry`, also each JPEG's crop window and flip (`EncodedBatch.draws`), drawn from the
     size in its header exactly as `NvjpegLoader.decode_batch` would draw them after decoding.
     """
     rows = RowReader(reader, spec.shard_sizes, train=spec.train)  # on_error="raise" only
@@ -169,68 +179,11 @@ def read_batch(
 def draw_box(
     size: tuple[int, int], geometry: Geometry, spec: LoaderSpec, epoch: int, position: int
 ) -> tuple[Box, bool]:
-    """The crop box and flip of the sample at `position` of the epoch, for an image of `size`
-    (height, width): the same draws, in the same order, as the cpu backend's decode."""
+    """The crop window (left, top, right, bottom) and flip of the sample at `position` of the
+    epoch, for an image of `size` (height, width): `draw_crop` with the sample's generator, the
+    cpu backend's draws."""
     rng = np.random.default_rng(sample_seed(spec.seed, epoch, position))
-    box = crop_box(size[0], size[1], geometry, rng)
-    return box, bool(geometry.flip_p > 0 and rng.random() < geometry.flip_p)
-
-
-def crop_box(height: int, width: int, geometry: Geometry, rng: np.random.Generator) -> Box:
-    """(top, left, h, w) of the region the cpu backend crops from an image of this size.
-
-    Draws from `rng` exactly as `fastdata.read.decoders.image.decode_image` does (the box first), so the
-    caller's flip draw comes next, as there.
-    """
-    if geometry.kind == "rrc":
-        from fastdata.augment import rrc_params
-
-        return rrc_params(height, width, geometry.scale, geometry.ratio, rng)
-    if geometry.kind == "center":
-        side = max(1, round(min(width, height) / geometry.resize_ratio))
-        return (height - side) // 2, (width - side) // 2, side, side
-    if geometry.kind == "cover":
-        th, tw = geometry.hw
-        cover = max(tw / width, th / height)  # the window of the image that covers `hw`
-        h, w = min(height, max(1, round(th / cover))), min(width, max(1, round(tw / cover)))
-        return (height - h) // 2, (width - w) // 2, h, w
-    return 0, 0, height, width
-
-
-def crop_resize(
-    images: Sequence[torch.Tensor],
-    boxes: Sequence[Box],
-    out_hw: tuple[int, int],
-    flips: Sequence[bool],
-) -> torch.Tensor:
-    """Crop each CHW uint8 image to its box, resize to `out_hw`, mirror where flagged: NCHW uint8.
-
-    Runs on the images' device: bilinear with antialiasing (like Pillow's boxed resize), one
-    resize per image (their sizes differ) written into one float batch; the rounding, clamping,
-    flips and uint8 cast then run once for the batch (a third fewer kernel launches than per
-    image, which is what this step's time is on a GPU: 9.3 -> 5.8 ms for 128 photos on an H200).
-    """
-    if not images:
-        raise ValueError("crop_resize needs at least one image")
-    if len(flips) != len(images):
-        raise ValueError(f"crop_resize: {len(images)} images but {len(flips)} flips")
-    out = torch.empty((len(images), 3, *out_hw), dtype=torch.float32, device=images[0].device)
-    for i, (image, (top, left, h, w)) in enumerate(zip(images, boxes, strict=True)):
-        crop = image[:3, top : top + h, left : left + w]
-        if (h, w) != tuple(out_hw):
-            out[i] = F.interpolate(
-                crop.unsqueeze(0).float(),
-                size=out_hw,
-                mode="bilinear",
-                antialias=True,
-                align_corners=False,
-            )[0]
-        else:
-            out[i] = crop  # an exact crop: cast, no resampling
-    if any(flips):
-        flip = torch.tensor(list(flips), dtype=torch.bool).to(out.device, non_blocking=True)
-        out = torch.where(flip[:, None, None, None], out.flip(-1), out)
-    return out.round_().clamp_(0, 255).to(torch.uint8)
+    return draw_crop((size[1], size[0]), geometry, rng)
 
 
 # ---------------------------------------------------------------------------- loader
@@ -247,6 +200,7 @@ class NvjpegLoader(PlannedLoader):
         normalized: always False (uint8 batches; normalization runs on the device later).
         augmented: always False (the same, under the name the DataModule may read).
         applied_ops: preset ops fused into decoding (the decode-time crop and flip).
+        cpu_fallbacks: JPEG decodes that nvJPEG refused and the CPU did, over the loader's life.
     """
 
     augmented = False
@@ -272,6 +226,10 @@ class NvjpegLoader(PlannedLoader):
                 "image_size (or a preset with a decode-time crop)"
             )
         self._decode = decoder if decoder is not None else torchvision_decoder(self.device)
+        self.cpu_fallbacks = 0
+        self._refused: set[tuple[int, int]] = set()  # (shard, index) nvJPEG refused before
+        self._last_refusal = ""  # nvJPEG's error for the last JPEG it refused
+        self._stream = None  # the decode thread's CUDA stream, created in that thread
         self.start_at(spec)
 
     def _iterate(self, plan: EpochPlan) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -281,27 +239,55 @@ class NvjpegLoader(PlannedLoader):
             cache=self.spec.cache,
             verify_samples=self.spec.verify_samples,
         )
-        # One thread reads batch k + 1 from the shards while the GPU decodes batch k.
-        with ThreadPoolExecutor(1, thread_name_prefix="fastdata-nvjpeg-read") as pool:
-            try:
-                pending: Future[EncodedBatch] | None = None
-                for number in range(len(plan.rows)):
-                    g = self.geometry
-                    if pending is None:
-                        pending = pool.submit(read_batch, reader, self.spec, plan, number, g)
-                    batch = pending.result()
-                    if number + 1 < len(plan.rows):
-                        pending = pool.submit(read_batch, reader, self.spec, plan, number + 1, g)
-                    out = self.decode_batch(batch, plan.epoch, reader)
-                    yield (*out, batch.sample_keys) if self.spec.keys else out
-            finally:
-                reader.close()
+        n, g = len(plan.rows), self.geometry
+        read_pool = ThreadPoolExecutor(1, thread_name_prefix="fastdata-nvjpeg-read")
+        decode_pool = ThreadPoolExecutor(1, thread_name_prefix="fastdata-nvjpeg-decode")
+
+        def read(k: int) -> Future[EncodedBatch] | None:
+            return read_pool.submit(read_batch, reader, self.spec, plan, k, g) if k < n else None
+
+        def decode(pending: Future[EncodedBatch] | None) -> Future[DecodedBatch] | None:
+            return None if pending is None else decode_pool.submit(self._stage, pending, reader)
+
+        try:
+            decoding = decode(read(0))
+            reading = read(1)
+            for _ in range(n):
+                staged = decoding.result()  # type: ignore[union-attr] - one per batch number
+                decoding, reading = decode(reading), read(staged.batch.number + 2)
+                out = self._finish(staged, plan.epoch)
+                yield (*out, staged.batch.sample_keys) if self.spec.keys else out
+        finally:
+            decode_pool.shutdown(wait=True, cancel_futures=True)
+            read_pool.shutdown(wait=True, cancel_futures=True)
+            reader.close()
+
+    def _stage(self, pending: Future[EncodedBatch], reader: ShardReader) -> DecodedBatch:
+        """The decode thread: the read batch's images decoded on its own CUDA stream, ready (the
+        stream synchronized) and handed to the calling thread's stream."""
+        batch = pending.result()
+        if self.device.type != "cuda":
+            return DecodedBatch(batch, self._decode_all(batch, reader))
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(self.device)
+        consumer = torch.cuda.default_stream(self.device)
+        with torch.cuda.stream(self._stream):
+            images = self._decode_all(batch, reader)
+        self._stream.synchronize()
+        for image in images:  # freed memory is not reused by this stream while the other reads
+            image.record_stream(consumer)
+        return DecodedBatch(batch, images)
 
     def decode_batch(
         self, batch: EncodedBatch, epoch: int, reader: ShardReader | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Decode, crop, resize (and flip) one read batch: (uint8 NCHW, int64) on the device."""
-        images = self._decode_all(batch, reader)
+        return self._finish(DecodedBatch(batch, self._decode_all(batch, reader)), epoch)
+
+    def _finish(self, staged: DecodedBatch, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Crop, resize and flip a decoded batch (windows drawn in the read thread where the
+        header gave the decoded size): (uint8 NCHW, int64) on the device."""
+        batch, images = staged.batch, staged.images
         boxes, flips = [], []
         drawn = batch.draws or [None] * len(images)
         for image, position, early in zip(images, batch.positions, drawn, strict=True):
@@ -317,30 +303,47 @@ class NvjpegLoader(PlannedLoader):
     def _decode_all(self, batch: EncodedBatch, reader: ShardReader | None) -> list[torch.Tensor]:
         """Every image of the batch as CHW uint8 on the device, at its stored size."""
         images: list[torch.Tensor | None] = [None] * len(batch.payloads)
-        jpegs = [i for i, ext in enumerate(batch.exts) if ext in _JPEG_EXTS]
+        jpegs = [
+            i
+            for i, ext in enumerate(batch.exts)
+            if ext in _JPEG_EXTS and batch.keys[i] not in self._refused
+        ]
         if jpegs:
             data = [
                 torch.frombuffer(bytearray(batch.payloads[i]), dtype=torch.uint8) for i in jpegs
             ]
             try:
-                decoded = self._decode(data)
-            except Exception as exc:  # noqa: BLE001 - find and name the sample that fails
-                decoded = [
-                    self._decode_one(batch, i, t, reader, exc)
-                    for i, t in zip(jpegs, data, strict=True)
-                ]
+                decoded: list[torch.Tensor | None] = list(self._decode(data))
+            except Exception:  # noqa: BLE001 - find the samples nvJPEG refuses, one by one
+                decoded = [self._decode_one(t) for t in data]
             for i, image in zip(jpegs, decoded, strict=True):
+                if image is None:
+                    self._refuse(batch, i, reader)
                 images[i] = image
         for i in range(len(images)):
-            if images[i] is None:  # PNG, WebP, ...: Pillow on the CPU, then to the device
+            if images[i] is None:  # refused by nvJPEG, or PNG, WebP, ...: Pillow on the CPU
                 images[i] = self._decode_on_cpu(batch, i, reader)
+                self.cpu_fallbacks += batch.exts[i] in _JPEG_EXTS
         return images  # type: ignore[return-value] - every slot is filled above
 
-    def _decode_one(self, batch, i, data, reader, batch_error: Exception) -> torch.Tensor:
+    def _decode_one(self, data: torch.Tensor) -> torch.Tensor | None:
+        """One JPEG through nvJPEG; None when it refuses it (the CPU decodes it then)."""
         try:
             return self._decode([data])[0]
-        except Exception as exc:  # noqa: BLE001 - this sample is the bad one: name it
-            raise _sample_error(reader, *batch.keys[i], exc) from batch_error
+        except Exception as exc:  # noqa: BLE001 - refused: decoded on the CPU, logged once
+            self._last_refusal = f"{type(exc).__name__}: {exc}"
+            return None
+
+    def _refuse(self, batch: EncodedBatch, i: int, reader: ShardReader | None) -> None:
+        """Remember a JPEG nvJPEG refused (the CPU decodes it from now on); log the first."""
+        if not self._refused:
+            where = _sample_error(reader, *batch.keys[i], ValueError("refused by nvJPEG"))
+            _log.warning(
+                "nvjpeg backend: %s (%s); such JPEGs are decoded on the CPU and counted in "
+                "the loader's cpu_fallbacks",
+                where, self._last_refusal or "no reason given",
+            )  # fmt: skip
+        self._refused.add(batch.keys[i])
 
     def _decode_on_cpu(self, batch: EncodedBatch, i: int, reader) -> torch.Tensor:
         rng = np.random.default_rng(0)  # geometry "none" draws nothing

@@ -6,7 +6,7 @@ given their decode-time geometry here, because it is cheaper to shrink while dec
 - "rrc" (training, photo preset): the random-resized-crop box is drawn first from the image's
   size (read from the header), then the JPEG is decoded the cheaper of two ways: only the box's
   region, at full resolution, by libjpeg-turbo (`fastdata.read.decoders.jpeg_region`: fastdata's own
-  extension, else nvImageCodec's CPU decoder; columns outside the box skip IDCT and colour
+  extension; columns outside the box skip IDCT and colour
   conversion, rows above it the IDCT, rows below it are not decoded), resized by torch's uint8
   antialiased bilinear kernel; or, when the
   box is so large that a DCT scale of 1/2, 1/4 or 1/8 still covers the output size, the whole
@@ -60,6 +60,7 @@ __all__ = [
     "decode_batch",
     "decode_image",
     "decode_raw",
+    "draw_crop",
     "jpeg_region_decoder",
     "stored_hw",
 ]
@@ -194,8 +195,8 @@ def decode_batch(
 
     Each image draws its random geometry from its own generator `rngs[i]`, so the result does not
     depend on the order in which images are decoded (nor on `threads`). Every image's JPEG region
-    is decoded (fastdata's extension; nvImageCodec decodes the batch's regions in one call first,
-    on `threads` threads), resized and flipped, or the image decoded whole by Pillow-SIMD, by the
+    is decoded (fastdata's extension; a batched region decoder would decode the batch's regions in
+    one call first, on `threads` threads), resized and flipped, or the image decoded whole by Pillow-SIMD, by the
     calling thread and ``threads - 1`` threads of this process's decode pool (created on first
     use, and anew in a forked child). The pool's threads have finished when it returns, even on
     an error: `out` may be shared memory that the caller hands on.
@@ -226,7 +227,7 @@ def decode_batch(
         )
     jobs = [_region_job(payloads[i], geometry, rngs[i]) if roi else None for i in range(n)]
     regions: dict[int, np.ndarray | None] = dict.fromkeys(range(n))
-    # nvImageCodec decodes the batch's regions in one call here; fastdata's own decoder decodes
+    # A batched region decoder decodes the batch's regions in one call here; fastdata's own decodes
     # each region in `one`, just before it is resized (the region is still in the cache).
     together = [i for i in range(n) if jobs[i] is not None and jobs[i].region and jobs[i].batched]
     if together:
@@ -308,24 +309,53 @@ def _region_job(
     if found is None:
         return None
     decoder, stream = found
-    box, flip = _draw(stream.size, geometry, rng)
+    box, flip = draw_crop(stream.size, geometry, rng)
     return _Job(decoder, stream, box, flip, _region_is_cheaper(stream.size, box, geometry.size))
 
 
-def _draw(
+def draw_crop(
     size: tuple[int, int], geometry: Geometry, rng: np.random.Generator
 ) -> tuple[tuple[int, int, int, int], bool]:
-    """The crop box ("rrc": random; "center"), then the flip: the order of the draws."""
+    """The crop window and flip of one image: the one geometry of every backend.
+
+    The draws, in order: the box ("rrc": `fastdata.augment.rrc_params` from `rng`; "center": the
+    centre square of side ``min(width, height) / resize_ratio``; "cover": the centre window of the
+    image's aspect ratio that covers `Geometry.hw`, rounded to whole pixels; "none": the whole
+    image; only "rrc" draws), then the flip (one draw when ``flip_p > 0``). The cpu backend crops
+    these windows (the Pillow path's "cover" resizes the same window at sub-pixel precision), the
+    nvjpeg backend crops them on the GPU, and a backend that hands the windows to another library
+    (DALI) takes them from here.
+
+    Args:
+        size: the image's (width, height) in stored (not EXIF-rotated) pixels, as Pillow's
+            `Image.size`.
+        geometry: the decode-time geometry.
+        rng: the sample's generator (`fastdata.read.plan.sample_seed`).
+
+    Returns:
+        ((left, top, right, bottom) in full-resolution pixels, flip).
+    """
     width, height = size
     if geometry.kind == "rrc":
         from fastdata.augment import rrc_params
 
         top, left, h, w = rrc_params(height, width, geometry.scale, geometry.ratio, rng)
-    else:
+    elif geometry.kind == "center":
         h = w = max(1, round(min(width, height) / geometry.resize_ratio))
         top, left = (height - h) // 2, (width - w) // 2
+    elif geometry.kind == "cover":
+        th, tw = geometry.hw
+        scale = max(tw / width, th / height)  # the scale at which the image just covers hw
+        h = min(height, max(1, round(th / scale)))
+        w = min(width, max(1, round(tw / scale)))
+        top, left = (height - h) // 2, (width - w) // 2
+    else:
+        top, left, h, w = 0, 0, height, width
     flip = geometry.flip_p > 0 and bool(rng.random() < geometry.flip_p)
     return (left, top, left + w, top + h), flip
+
+
+_draw = draw_crop  # the name tests/augment/test_targets.py imports
 
 
 def _region_is_cheaper(size: tuple[int, int], box: tuple[int, int, int, int], out: int) -> bool:
@@ -382,5 +412,5 @@ def _decode_pillow(
     if geometry.kind == "cover":
         covered = cover(image, geometry.hw)
         return pillow_path.to_array(pillow_path.maybe_flip(covered, geometry.flip_p, rng))
-    box, flip = _draw(image.size, geometry, rng)
+    box, flip = draw_crop(image.size, geometry, rng)
     return pillow_path.crop_resize_flip(image, box, geometry.size, flip)

@@ -1,28 +1,30 @@
-"""JPEG crop-region decoding on the CPU: libjpeg-turbo, through fastdata's own small extension
-(`fastdata.read._jpeg`, built from `_jpeg.c` at install) or nvImageCodec's CPU decoder.
+"""JPEG crop-region decoding on the CPU: libjpeg-turbo through fastdata's own small extension
+(`fastdata.read._jpeg`, built from `_jpeg.c` at install).
 
 libjpeg-turbo decodes a region (`jpeg_crop_scanline` / `jpeg_skip_scanlines`): columns outside it
-skip the IDCT and colour conversion, rows above it skip the IDCT. Both decoders give the pixels of a
-full Pillow decode (fancy chroma upsampling, islow IDCT, no EXIF rotation). They differ in the rows
-below the box: fastdata's extension stops at the box's last row, nvImageCodec entropy-decodes the
-rest of the image; and in how they are called: the extension decodes one image in the thread that
-then resizes it (the region is still in the cache), nvImageCodec a batch's regions in one call.
+skip the IDCT and colour conversion, rows above it skip the IDCT, and decoding stops at the box's
+last row. The pixels are those of a full Pillow decode (fancy chroma upsampling, islow IDCT, no
+EXIF rotation). The extension decodes one image in the thread that then resizes it (the region is
+still in the cache).
 
-`region_decoder()` gives this thread's decoder: $FASTDATA_REGION_DECODER picks one ("libjpeg",
-"nvimgcodec", or "pillow" for none); by default ("auto") the extension where it was built (a C
-compiler and the libjpeg headers at install time), else nvImageCodec where its wheel is installed,
-else None: Pillow-SIMD then decodes whole images (`fastdata.read.decoders.image`).
+`region_decoder()` gives this thread's decoder: $FASTDATA_REGION_DECODER picks "libjpeg" or
+"pillow" (none); by default ("auto") the extension where it was built (a C compiler and the
+libjpeg headers at install time), else None: Pillow-SIMD then decodes whole JPEGs
+(`fastdata.read.decoders.image`).
 
-nvImageCodec's decoders are per thread, created on first use; a forked child (a DataLoader worker)
-creates new ones and keeps the inherited ones alive, never destroying them: their destructors would
-wait for decoder threads that do not exist in the child.
+There is no other region decoder. nvImageCodec's CPU decoder was one until 2026-12-05: it cost
+more CPU per image than the extension (clothing-small, 224 px, one thread: 0.84 against 0.79 ms
+an image for random-resized crops, 0.90 against 0.89 for centre crops; Pillow-SIMD 1.2 and 1.1),
+gave the same pixels, and loaded nvImageCodec's CUDA libraries into every cpu-backend worker
+that used it (the GPU check of 2026-12-04 saw the cpu row take 3.3 GB of device memory with DALI,
+which installs it, against 188 MB without; and its cpu baseline move 2.3x with it). A cpu worker
+now imports nothing of NVIDIA's (tests/read/test_cpu_no_cuda.py).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +36,6 @@ __all__ = [
     "DecoderChoiceError",
     "JpegStream",
     "LibjpegDecoder",
-    "NvImageCodecDecoder",
     "RegionDecoder",
     "jpeg_stream",
     "region_decoder",
@@ -51,17 +52,6 @@ class DecoderChoiceError(RuntimeError):
 
 
 _local = threading.local()
-_import_lock = threading.Lock()
-_inherited: list[object] = []
-
-
-def _forget_parent_decoders() -> None:
-    global _local, _import_lock
-    _inherited.append(_local)
-    _local, _import_lock = threading.local(), threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_parent_decoders)
 
 
 @dataclass(frozen=True)
@@ -69,8 +59,7 @@ class JpegStream:
     """A parsed JPEG and its (width, height) in stored (not EXIF-rotated) pixels.
 
     Attributes:
-        code: what the decoder decodes (the bytes for `LibjpegDecoder`, an nvImageCodec
-            `CodeStream` for `NvImageCodecDecoder`).
+        code: what the decoder decodes (the bytes, for `LibjpegDecoder`).
         size: (width, height), as Pillow's `Image.size`.
     """
 
@@ -91,8 +80,7 @@ class RegionDecoder:
     batched: bool = False
 
     def open(self, data: memoryview | bytes) -> JpegStream | None:
-        """The JPEG's parsed header, None unless it is an 8-bit grey, YCbCr (or, for
-        `LibjpegDecoder`, RGB) JPEG."""
+        """The JPEG's parsed header, None unless it is an 8-bit grey, YCbCr or RGB JPEG."""
         raise NotImplementedError
 
     def region(self, stream: JpegStream, box: tuple[int, int, int, int]) -> np.ndarray | None:
@@ -144,83 +132,6 @@ class LibjpegDecoder(RegionDecoder):
         return out if ok else None
 
 
-class NvImageCodecDecoder(RegionDecoder):
-    """nvImageCodec's CPU decoder (libjpeg-turbo); a batch's regions in one call.
-
-    Fancy chroma upsampling and no EXIF rotation, as libjpeg and Pillow do by default: the
-    region's pixels are then those of a full Pillow decode (nvImageCodec's default upsampling is
-    the cheaper box filter, which differs by up to ~70 levels at colour edges).
-
-    Attributes:
-        name: the library, its version and the backend, for logs and benchmark records.
-
-    Raises:
-        ImportError: nvImageCodec is not installed (`region_decoder()` then returns None).
-    """
-
-    batched = True
-
-    def __init__(self) -> None:
-        nvimgcodec = _import_nvimgcodec()
-        self._nv = nvimgcodec
-        self._decoders: dict[int, Any] = {}  # threads -> nvimgcodec.Decoder
-        self._params = nvimgcodec.DecodeParams(
-            apply_exif_orientation=False, color_spec=nvimgcodec.ColorSpec.SRGB
-        )
-        self.name = f"nvimgcodec {nvimgcodec.__version__} (libjpeg-turbo, CPU)"
-        self._decoder(1)  # fail here, not at the first decode, where nvImageCodec cannot start
-
-    def open(self, data: memoryview | bytes) -> JpegStream | None:
-        """The JPEG's parsed header, None unless it is an 8-bit grey or YCbCr JPEG."""
-        try:
-            stream = self._nv.CodeStream(bytes(data))
-            kind = (stream.codec_name, stream.num_channels, stream.precision)
-            size = (stream.width, stream.height)
-        except RuntimeError:  # not parseable: Pillow says why
-            return None
-        # CMYK / YCCK (4 channels) and 12-bit JPEGs: Pillow converts them, as before.
-        return JpegStream(stream, size) if kind in (("jpeg", 1, 8), ("jpeg", 3, 8)) else None
-
-    def region(self, stream: JpegStream, box: tuple[int, int, int, int]) -> np.ndarray | None:
-        """RGB pixels of ``box = (left, top, right, bottom)``, None when the decode fails."""
-        return self.regions([(stream, box)])[0]
-
-    def regions(
-        self, items: list[tuple[JpegStream, tuple[int, int, int, int]]], threads: int = 1
-    ) -> list[np.ndarray | None]:
-        """`region` of each (stream, box), in one call on `threads` libjpeg-turbo threads.
-
-        One call per batch instead of per image: the decoder hands the work to its threads and
-        waits once (measured ~60 us an image less CPU than one call each, single-threaded).
-        """
-        nv = self._nv
-        try:
-            subs = [
-                stream.code.get_sub_code_stream(region=nv.Region(top, left, bottom, right))
-                for stream, (left, top, right, bottom) in items
-            ]
-            images = self._decoder(threads).decode(subs, params=self._params)
-        except RuntimeError:
-            images = []
-        if len(images) != len(items):  # a failure left no placeholder: decode one by one
-            if len(items) == 1:
-                return [None]
-            return [self.regions([item])[0] for item in items]
-        return [None if image is None else np.asarray(image.cpu()) for image in images]
-
-    def _decoder(self, threads: int) -> Any:
-        decoder = self._decoders.get(threads)
-        if decoder is None:
-            nv = self._nv
-            decoder = self._decoders[threads] = nv.Decoder(
-                device_id=nv.NVIMGCODEC_DEVICE_CPU_ONLY,
-                max_num_cpu_threads=threads,
-                backends=[nv.Backend(nv.CPU_ONLY)],
-                options=":fancy_upsampling=1",
-            )
-        return decoder
-
-
 def jpeg_stream(data: memoryview | bytes) -> tuple[RegionDecoder, JpegStream] | None:
     """(this thread's region decoder, the parsed JPEG) when region decoding applies, else None.
 
@@ -242,38 +153,13 @@ def _bomb(size: tuple[int, int]) -> bool:
     return limit is not None and size[0] * size[1] > 2 * limit  # Pillow's error threshold
 
 
-def _import_nvimgcodec() -> Any:
-    """Import nvImageCodec without the notes it prints where its GPU libraries are missing."""
-    with _import_lock:
-        if "nvidia.nvimgcodec" in sys.modules:
-            return sys.modules["nvidia.nvimgcodec"]
-        # Failed decodes are re-done by Pillow, which raises with the reason; nvImageCodec would
-        # also log each failure (read at import; a user's own setting is kept).
-        os.environ.setdefault("PYNVIMGCODEC_VERBOSITY", "0")
-        # At import, its GPU extensions print "Failed to load nvjpeg library! Please install CUDA
-        # toolkit..." (and nvJPEG2000, nvTIFF) from C++ when those wheels are absent, as in a
-        # CPU-only install; its CPU decoder needs none of them. An import error still raises.
-        sys.stderr.flush()
-        saved = os.dup(2)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, 2)
-            from nvidia import nvimgcodec
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            os.close(devnull)
-        return nvimgcodec
-
-
 def region_decoder() -> RegionDecoder | None:
     """This thread's region decoder, as $FASTDATA_REGION_DECODER asks (see the module's doc).
 
     None where none is available (Pillow-SIMD decodes whole images then), or for "pillow".
 
     Raises:
-        DecoderChoiceError: $FASTDATA_REGION_DECODER is not one of auto, libjpeg, nvimgcodec,
-            pillow.
+        DecoderChoiceError: $FASTDATA_REGION_DECODER is not one of auto, libjpeg, pillow.
     """
     choice = os.environ.get(DECODER_ENV, "auto").strip().lower() or "auto"
     decoders = getattr(_local, "decoders", None)
@@ -290,9 +176,8 @@ def region_decoder() -> RegionDecoder | None:
 
 #: $FASTDATA_REGION_DECODER's values -> the decoders tried, in order ("pillow": none).
 _DECODERS: dict[str, tuple[type[RegionDecoder], ...]] = {
-    "auto": (LibjpegDecoder, NvImageCodecDecoder),
+    "auto": (LibjpegDecoder,),
     "libjpeg": (LibjpegDecoder,),
-    "nvimgcodec": (NvImageCodecDecoder,),
     "pillow": (),
 }
 
