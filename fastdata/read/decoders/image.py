@@ -60,6 +60,7 @@ __all__ = [
     "decode_batch",
     "decode_image",
     "decode_raw",
+    "draw_crop",
     "jpeg_region_decoder",
     "stored_hw",
 ]
@@ -308,14 +309,19 @@ def _region_job(
     if found is None:
         return None
     decoder, stream = found
-    box, flip = _draw(stream.size, geometry, rng)
+    box, flip = draw_crop(stream.size, geometry, rng)
     return _Job(decoder, stream, box, flip, _region_is_cheaper(stream.size, box, geometry.size))
 
 
-def _draw(
+def draw_crop(
     size: tuple[int, int], geometry: Geometry, rng: np.random.Generator
 ) -> tuple[tuple[int, int, int, int], bool]:
-    """The crop box ("rrc": random; "center"), then the flip: the order of the draws."""
+    """The crop box ("rrc": random; "center"), then the flip: the order of the draws.
+
+    The one crop geometry of every backend: the cpu backend decodes these windows, the dali
+    backend hands them to DALI's decoder. `size` is the image's stored (width, height); the box
+    is (left, top, right, bottom) in its pixels, `rng` the sample's generator.
+    """
     width, height = size
     if geometry.kind == "rrc":
         from fastdata.augment import rrc_params
@@ -382,5 +388,5 @@ def _decode_pillow(
     if geometry.kind == "cover":
         covered = cover(image, geometry.hw)
         return pillow_path.to_array(pillow_path.maybe_flip(covered, geometry.flip_p, rng))
-    box, flip = _draw(image.size, geometry, rng)
+    box, flip = draw_crop(image.size, geometry, rng)
     return pillow_path.crop_resize_flip(image, box, geometry.size, flip)
