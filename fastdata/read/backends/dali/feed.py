@@ -28,7 +28,7 @@ from fastdata.read.rows import PlannedBatch, RowReader
 from fastdata.read.shardio import ShardReader
 from fastdata.write.images import header_size
 
-__all__ = ["PlanFeeder"]
+__all__ = ["PlanFeeder", "weight_inside"]
 
 
 class PlanFeeder:
@@ -127,7 +127,8 @@ class PlanFeeder:
 def _window_inputs(
     windows: np.ndarray, boxes: np.ndarray, hw: tuple[int, int]
 ) -> tuple[np.ndarray, ...]:
-    """(anchor, shape, pad_h, pad_w, roi_start, roi_end) of `pipeline.WINDOW_INPUTS`.
+    """(anchor, shape, pad_h, pad_w, roi_start, roi_end, rows, cols) of
+    `pipeline.WINDOW_INPUTS`.
 
     The window is padded on every side by the resize filter's reach (the triangle's radius,
     the downscale factor, at least one pixel, plus one), so the ROI moves by that padding.
@@ -136,6 +137,18 @@ def _window_inputs(
     extent = boxes[:, 2:] - boxes[:, :2]
     reach = np.ceil(np.maximum(np.max(extent / [hw[1], hw[0]], axis=1), 1.0)) + 1
     pad = reach[:, None]
+    rows = np.stack(
+        [
+            weight_inside(h, lo, hi, hw[0])
+            for h, lo, hi in zip(size[:, 1], boxes[:, 1], boxes[:, 3], strict=True)
+        ]
+    )
+    cols = np.stack(
+        [
+            weight_inside(w, lo, hi, hw[1])
+            for w, lo, hi in zip(size[:, 0], boxes[:, 0], boxes[:, 2], strict=True)
+        ]
+    )
     arrays = (
         (windows[:, :2], np.int32),
         (size, np.int32),
@@ -143,5 +156,26 @@ def _window_inputs(
         (size[:, 0] + 2 * reach, np.float32),
         (boxes[:, [1, 0]] + pad, np.float32),
         (boxes[:, [3, 2]] + pad, np.float32),
+        (rows[:, :, None, None], np.float32),
+        (cols[:, None, :, None], np.float32),
     )
     return tuple(np.ascontiguousarray(a, dtype=t) for a, t in arrays)  # DALI takes no strides
+
+
+def weight_inside(length: float, start: float, end: float, n: int) -> np.ndarray:
+    """Per output pixel of a 1-D resize of [start, end) to `n` pixels, the share of its filter's
+    weight that falls on the image's `length` pixels (1 inside, less at the edges).
+
+    The filter is the antialiased linear one of Pillow, torch and DALI: a triangle of radius
+    ``max(1, scale)`` input pixels around the output pixel's centre, scale = (end - start) / n.
+    Pillow renormalizes the weights on the image; DALI's resize of an image padded with zeros
+    does not: dividing its output by this share gives Pillow's (`pipeline._resize_like_pillow`).
+    """
+    scale = (end - start) / n
+    radius = max(1.0, scale)
+    centre = start + (np.arange(n) + 0.5) * scale
+    k = int(np.ceil(radius)) + 1
+    pixel = np.floor(centre)[:, None] + np.arange(-k, k + 1)[None, :]
+    weight = np.clip(1.0 - np.abs(pixel + 0.5 - centre[:, None]) / radius, 0.0, None)
+    inside = (pixel >= 0) & (pixel < length)
+    return (weight * inside).sum(axis=1) / weight.sum(axis=1)

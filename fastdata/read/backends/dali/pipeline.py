@@ -82,9 +82,11 @@ def decoder_settings(info: SplitInfo) -> DecoderSettings:
 
 #: The inputs of a batch decoded through windows (`PlanFeeder`): encoded bytes, labels, each
 #: image's window (anchor (x, y), shape (w, h)), the padded window's (h, w), the resize's ROI in
-#: the padded window ((y, x) start and end) and the flip.
+#: the padded window ((y, x) start and end), the share of the filter on the image of each output
+#: row (H, 1, 1) and column (1, W, 1), and the flip.
 WINDOW_INPUTS = (
-    "data", "labels", "anchor", "shape", "pad_h", "pad_w", "roi_start", "roi_end", "mirror"
+    "data", "labels", "anchor", "shape", "pad_h", "pad_w", "roi_start", "roi_end", "rows",
+    "cols", "mirror",
 )  # fmt: skip
 
 
@@ -143,6 +145,8 @@ def build_pipeline(
         "pad_w": types.FLOAT,
         "roi_start": types.FLOAT,
         "roi_end": types.FLOAT,
+        "rows": types.FLOAT,
+        "cols": types.FLOAT,
     }
     with pipe:
         nodes = fn.external_source(
@@ -192,22 +196,21 @@ def _resize_like_pillow(
     DALI's antialiased linear resize is Pillow's (and torch's) triangle filter inside the image,
     but it repeats the edge pixels where the filter reaches past the image, where Pillow leaves
     them out and renormalizes: up to ~15 grey levels apart on the edge rows of a downscaled
-    crop. So the window gets a fourth channel of ones, is padded with zeros by the filter's
-    reach (``pad_h`` x ``pad_w``, centred), resized, and divided by the resized ones channel:
-    the weights past the edge drop out of both sums, which is Pillow's renormalization
-    (within a grey level of the cpu backend's pixels: tests/read/test_dali_backend.py).
+    crop. So the window is padded with zeros by the filter's reach (``pad_h`` x ``pad_w``,
+    centred), resized, and divided by the share of each output pixel's filter weight that fell
+    on the image (``rows`` x ``cols``, separable: `feed.weight_inside`), which is Pillow's
+    renormalization (within a grey level of the cpu backend's pixels:
+    tests/read/test_dali_backend.py).
     """
     from nvidia.dali import fn, types
 
-    pixels = fn.cast(window, device=device, dtype=types.FLOAT)
-    ones = pixels[:, :, 0:1] * 0.0 + 1.0
     padded = fn.crop(
-        fn.cat(pixels, ones, axis=2, device=device),
+        window,
         device=device,
         crop_h=inputs["pad_h"],
         crop_w=inputs["pad_w"],
         out_of_bounds_policy="pad",
-        fill_values=0.0,
+        fill_values=0,
     )
     resized = fn.resize(
         padded,
@@ -219,4 +222,5 @@ def _resize_like_pillow(
         antialias=True,
         dtype=types.FLOAT,
     )
-    return resized[:, :, 0:3] / resized[:, :, 3:4]
+    share = inputs["rows"] * inputs["cols"]
+    return resized / (share.gpu() if device == "gpu" else share)
