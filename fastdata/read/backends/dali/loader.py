@@ -116,7 +116,7 @@ class DaliLoader(PlannedLoader):
         self.start_at(spec)
 
     def _iterate(self, plan: EpochPlan) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        pipe = self._pipeline(plan)
+        pipe = self._pipeline()
         # keys=True: DALI yields every planned sample in plan order (on_error='raise' only).
         table = row_keys(self.spec) if self.spec.keys else None
         self._feed, self._clean = self._feeder.batches(plan), False
@@ -138,7 +138,7 @@ class DaliLoader(PlannedLoader):
             yield images, labels, batch_keys(table, rows, pads)
         self._drain()
 
-    def _pipeline(self, plan: EpochPlan) -> Any:
+    def _pipeline(self) -> Any:
         """The loader's pipeline, built on the first pass; a later pass finds it reset."""
         if self._pipe is None:
             spec = self.spec
