@@ -103,7 +103,6 @@ BACKENDS: dict[str, Backend] = {
             "fastdata.read.backends.dali:dali_status",
             uses_workers=False,
             decodes_on_gpu=True,
-            user_transforms=False,
         ),
         Backend(
             "nvjpeg",

@@ -1,26 +1,35 @@
-"""The DALI backend (CPU operators, device_id=None): fed the epoch plan, presets as DALI graphs.
+"""The DALI backend (CPU operators, device_id=None): one pipeline fed the epoch plan and the cpu
+backend's crop windows.
 
-Label order against the other backends and the refusal of user callables are tested in
-tests/read/test_contract.py; these test DALI's own graphs, resume and errors.
+Label order and pixels against the other backends are also tested in
+tests/read/test_contract_matrix.py; these test DALI's crops on photos, the pipeline built once,
+resume, the decoder's settings and errors.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 pytest.importorskip("nvidia.dali")
 
-from fastdata.augment import crop_with_padding, flip_horizontal  # noqa: E402
+from fastdata import ShardDataModule, WorkerSettings  # noqa: E402
 from fastdata.format.manifest_io import load_manifest  # noqa: E402
 from fastdata.format.schema import label_and_id  # noqa: E402
 from fastdata.read.backends.dali import make_dali_loader  # noqa: E402
+from fastdata.read.backends.dali.loader import _device_id  # noqa: E402
+from fastdata.read.backends.dali.pipeline import HW_DECODER_LOAD  # noqa: E402
 from fastdata.read.base import LoaderSpec  # noqa: E402
 from fastdata.read.plan import PAD_LABEL  # noqa: E402
 from fastdata.read.shardio import ShardReader  # noqa: E402
-from tests.conftest import unique_label_source  # noqa: E402
+from tests.read.test_contract_matrix import GREY_TOLERANCE  # noqa: E402
 
 pytestmark = pytest.mark.dali
+CPU = torch.device("cpu")
 
 
 def _spec(root, **kw) -> LoaderSpec:
@@ -123,29 +132,144 @@ def test_new_order_each_epoch_same_order_for_the_same_epoch(tiny_shards):
     assert second != first and sorted(sum(second, [])) == sorted(sum(first, [])) == list(range(300))
 
 
-def _pad_crop_flip_candidates(pixels: torch.Tensor) -> torch.Tensor:
-    """All 81 x 2 outcomes of the cifar train crop and flip for one uint8 CHW image."""
-    n = 9 * 9 * 2
-    offsets = torch.tensor([[dy, dx] for dy in range(9) for dx in range(9)] * 2)
-    flips = torch.arange(n) >= n // 2
-    batch = pixels[None].expand(n, *pixels.shape)
-    return flip_horizontal(crop_with_padding(batch, 4, offsets), flips)
+def _photos(root: Path, n: int = 24, png_every: int = 3) -> Path:
+    """JPEG (and every `png_every`-th a PNG) photos of 40..60 px a side, labels == ids, as shards:
+    below twice the 32 px output, so the cpu backend decodes them at full resolution (no DCT
+    scaling), the pixels DALI decodes."""
+    import csv
+
+    from fastdata.write import ShardOptions, write_shards
+    from fastdata.write.sources.listfile import ListSource
+
+    rng = np.random.default_rng(7)
+    root.mkdir(parents=True)
+    with open(root / "list.csv", "w", newline="") as f:
+        rows = csv.writer(f)
+        rows.writerow(["path", "label", "split"])
+        for i in range(n):
+            h, w = (int(v) for v in rng.integers(40, 61, 2))
+            yy, xx = np.mgrid[0:h, 0:w]
+            smooth = np.stack([xx * 255 // w, yy * 255 // h, (xx + yy) * 4 % 256], -1)
+            pixels = (smooth + rng.integers(-25, 26, smooth.shape)).clip(0, 255).astype(np.uint8)
+            name = f"img{i}.{'png' if i % png_every == 0 else 'jpg'}"
+            Image.fromarray(pixels).save(root / name)
+            rows.writerow([name, i, "train" if i < n - 8 else "val"])
+    options = ShardOptions(workers=1, progress=False, max_count=6, encoding="keep")
+    write_shards(ListSource(root / "list.csv"), root / "shards", options)
+    return root / "shards"
 
 
-def test_cifar_train_is_a_padded_crop_and_flip_of_the_source(tiny_shards):
-    source = unique_label_source()
-    outcomes = set()
-    loader = make_dali_loader(_spec(tiny_shards, preset="cifar"))
-    assert (loader.normalized, loader.applied_ops) == (False, 1)  # the PadCrop, in the graph
-    for images, labels in loader:
-        assert images.dtype == torch.uint8
-        for image, label in zip(images, labels.tolist(), strict=True):
-            pixels = torch.from_numpy(source.item("train", label).pixels).permute(2, 0, 1)
-            candidates = _pad_crop_flip_candidates(pixels).int()
-            error = (candidates - image.int()).abs().flatten(1).amax(dim=1)
-            assert error.min() == 0, f"sample {label} is no padded crop / flip of its source"
-            outcomes.add(int(error.argmin()))
-    assert len(outcomes) > 50  # random offsets and flips (of 162), not one fixed choice
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory) -> Path:
+    return _photos(tmp_path_factory.mktemp("dali-photos") / "files")
+
+
+@pytest.mark.parametrize(
+    ("preset", "split", "image_size"),
+    [("photo", "train", 32), ("photo", "val", 32), ("none", "train", 32), ("photo", "train", 80)],
+)
+def test_dali_decodes_the_cpu_backends_crops(photos, preset, split, image_size):
+    # rrc + flip (train), centre crop (val), cover (none), and an upscale: DALI decodes the windows
+    # the cpu backend draws, with Pillow's filter, to within a grey level of its pixels.
+    from fastdata.read.backends.cpu import make_cpu_loader
+
+    spec = _spec(
+        photos, split=split, train=split == "train", preset=preset, image_size=image_size,
+        batch_size=5,
+    )  # fmt: skip
+    dali, cpu = make_dali_loader(spec), make_cpu_loader(spec)
+    assert dali.applied_ops == cpu.applied_ops
+    batches = 0
+    for (x, y), (xc, yc) in zip(dali, cpu, strict=True):
+        assert torch.equal(y, yc) and x.shape == xc.shape and x.dtype == torch.uint8
+        diff = (x.int() - xc.int()).abs()
+        assert diff.max() <= GREY_TOLERANCE, f"labels {y.tolist()}: {diff.amax(dim=(1, 2, 3))}"
+        batches += 1
+    assert batches == len(dali) > 0
+
+
+def test_one_pipeline_for_the_loaders_life(photos, monkeypatch):
+    import nvidia.dali
+
+    built = []
+
+    class Counted(nvidia.dali.Pipeline):
+        def __init__(self, *args, **kwargs):
+            built.append(kwargs)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(nvidia.dali, "Pipeline", Counted)
+    loader = make_dali_loader(_spec(photos, preset="photo", image_size=32, batch_size=4))
+    first = [x for x, _ in loader]
+    next(iter(loader))  # a pass abandoned after one batch: the next one starts afresh
+    assert all(torch.equal(a, b) for a, b in zip(first, (x for x, _ in loader), strict=True))
+    for epoch in (1, 2):
+        loader.set_epoch(epoch)
+        assert len([y for _, y in loader]) == len(first)
+    assert len(built) == loader.builds == 1
+    assert built[0]["prefetch_queue_depth"] >= 2
+
+
+def test_decoder_hints_come_from_the_manifest(photos):
+    loader = make_dali_loader(_spec(photos, preset="photo", image_size=32))
+    stats = loader.spec.manifest.split("train").image_stats
+    assert loader.decoder.preallocate_width_hint == stats["max_width"] > 0
+    assert loader.decoder.preallocate_height_hint == stats["max_height"]
+    assert loader.decoder.hw_decoder_load == HW_DECODER_LOAD and loader.device_id is None
+
+
+def test_the_gpu_is_the_local_ranks(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert _device_id("cuda") == 3 and _device_id("cuda:1") == 1
+    monkeypatch.delenv("LOCAL_RANK")
+    assert _device_id("cuda") == 0
+
+
+def _module(root: Path) -> ShardDataModule:
+    return ShardDataModule(
+        root,
+        backend="dali",
+        batch_size=4,
+        seed=3,
+        image_size=32,
+        train_transforms="photo",
+        workers=WorkerSettings(num_workers=0),
+    )
+
+
+def test_a_mid_epoch_resume_is_exact(photos):
+    full = _module(photos)
+    full.setup("fit")
+    epoch = [(x, y) for x, y in full.prepared(full.train_dataloader(), CPU)]
+    partial = _module(photos)
+    partial.setup("fit")
+    for step, batch in enumerate(partial.train_dataloader(), start=1):
+        partial.on_after_batch_transfer(partial.transfer_batch_to_device(batch, CPU, 0), 0)
+        if step == 2:
+            break
+    resumed = _module(photos)
+    resumed.load_state_dict(partial.state_dict())
+    resumed.setup("fit")
+    rest = list(resumed.prepared(resumed.train_dataloader(), CPU))
+    assert len(rest) == len(epoch) - 2
+    for (x, y), (xr, yr) in zip(epoch[2:], rest, strict=True):
+        assert torch.equal(y, yr) and torch.equal(x, xr)
+
+
+def test_cifar_pad_crop_runs_on_the_device_as_for_the_cpu_backend(tiny_shards):
+    batches = {}
+    for backend in ("cpu", "dali"):
+        dm = ShardDataModule(
+            tiny_shards, backend=backend, batch_size=32, seed=3, train_transforms="cifar",
+            workers=WorkerSettings(num_workers=0),
+        )  # fmt: skip
+        dm.setup("fit")
+        batches[backend] = list(dm.prepared(dm.train_dataloader(), CPU))
+    assert len(batches["dali"]) == len(batches["cpu"]) == 9  # drop_last
+    for (x, y), (xc, yc) in zip(batches["dali"], batches["cpu"], strict=True):
+        assert torch.equal(y, yc) and torch.equal(x, xc)
 
 
 @pytest.mark.realdata

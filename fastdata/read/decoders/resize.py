@@ -13,7 +13,7 @@ from PIL import Image
 
 from fastdata._util.native import pixels as _pixels  # None: not built
 
-__all__ = ["cover", "resize_aa"]
+__all__ = ["cover", "cover_box", "resize_aa"]
 
 # The ATen op behind `F.interpolate(..., mode="bilinear", antialias=True)`, with an `out` tensor
 # (`resize_aa`); None where this torch lacks it (`interpolate` is used then).
@@ -68,16 +68,32 @@ def cover(image: Image.Image, hw: tuple[int, int]) -> Image.Image:
     rgb = image.convert("RGB")
     # The image spans draft's extent (w / k, h / k) of the decoded pixels (`pillow_path.crop_resize`).
     ew, eh = drafted[1][2:] if drafted is not None else rgb.size
+    box = cover_box((ew, eh), rgb.size, hw)
+    if rgb.size != (tw, th):
+        rgb = rgb.resize((tw, th), Image.Resampling.BILINEAR, box=box)
+    return rgb
+
+
+def cover_box(
+    extent: tuple[float, float], pixels: tuple[int, int], hw: tuple[int, int]
+) -> tuple[float, float, float, float]:
+    """The sub-pixel window (left, top, right, bottom) of an image that, resized to `hw`, just
+    covers it with the centre kept: what `cover` resizes (the dali backend hands it to DALI).
+
+    Args:
+        extent: the image's (width, height) in the decoded pixels (a DCT-scaled decode's extent).
+        pixels: the decoded image's (width, height) in pixels (the box is clamped to it).
+        hw: the output (height, width).
+    """
+    th, tw = hw
+    ew, eh = extent
     scale = max(tw / ew, th / eh)
     half_w, half_h = tw / scale / 2, th / scale / 2
     # Clamped: tw / (tw / ew) can exceed ew by an ulp (one image size in 20: 103 x 103 to
     # 256 x 256), and Pillow refuses a box beyond the image ("box offset can't be negative").
-    box = (
+    return (
         max(0.0, ew / 2 - half_w),
         max(0.0, eh / 2 - half_h),
-        min(float(rgb.size[0]), ew / 2 + half_w),
-        min(float(rgb.size[1]), eh / 2 + half_h),
+        min(float(pixels[0]), ew / 2 + half_w),
+        min(float(pixels[1]), eh / 2 + half_h),
     )
-    if rgb.size != (tw, th):
-        rgb = rgb.resize((tw, th), Image.Resampling.BILINEAR, box=box)
-    return rgb

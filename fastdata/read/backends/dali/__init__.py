@@ -1,26 +1,34 @@
-"""The DALI backend: NVIDIA DALI reads the shards, decodes and augments (GPU, or CPU operators).
+"""The DALI backend: NVIDIA DALI decodes the plan's samples with the cpu backend's crops (GPU, or
+CPU operators).
 
-With a CUDA training device, JPEG/PNG are decoded by DALI's ``mixed`` decoders (nvJPEG and the
-hardware JPEG decoder) and every crop, resize and flip runs on the GPU, so the batches come out
-already augmented (``applied_ops`` = all the preset's ops): uint8 NCHW images on the training
-device, normalized there by `ShardDataModule.on_after_batch_transfer` like every backend's, and
-int64 labels. Without a GPU the same graph is built from DALI's CPU operators
-(pipeline ``device_id=None``), which is what the tests exercise.
+With a CUDA training device, JPEGs are decoded by DALI's ``mixed`` decoders (nvJPEG and the
+hardware JPEG decoder) and the crops resized on the GPU, so the batches come out on the training
+device: uint8 NCHW images and int64 labels, with the same decode-time geometry as the cpu backend
+(`cpu_batches.decode_geometry`: a random-resized crop and flip, a centre crop, or the stored size)
+and the same ``applied_ops``; the rest of the preset (a pad-crop, a user callable) and the
+normalization run on the device in `ShardDataModule.on_after_batch_transfer`, like every
+backend's. Without a GPU the same graph runs on DALI's CPU operators (``device_id=None``), which
+is what the tests exercise.
 
-Presets: `build_graph` maps the preset's typed ops to a DALI graph (the semantics of
-`fastdata.augment`): a `PadCrop` (zero-pad, random crop at integer offsets, flip), a
-`RandomResizedCrop` + `Flip` fused with the decoder, a `ResizeCenterCrop`, or no op; a user's
-`BatchTransform` cannot run in a DALI graph (ValueError naming the backends that can).
+One pipeline per loader (`loader.DaliLoader`), built on the first pass and reset at the end of
+each: the decoders start once, not every epoch. Its one ``fn.external_source`` takes each
+planned batch as per-batch arrays (`feed.PlanFeeder`): the encoded bytes, int64 labels, and for
+each image the window and flip the cpu backend draws for it
+(`fastdata.read.decoders.image.draw_crop` seeded by the sample's position in the epoch), which
+``fn.decoders.image_slice`` decodes and ``fn.resize`` brings to the output size with Pillow's
+filter (`pipeline`). So DALI yields exactly the plan's samples, order, batch sizes, padding (eval
+padding labelled `PAD_LABEL`) and crops, up to the resize's rounding (one grey level; the cpu
+backend's DCT-scaled decode of a large downscale differs by more), and a resumed epoch gives the
+batches the uninterrupted one would have.
 
-Epochs. The samples come from the epoch plan (`fastdata.read.plan`) through
-``fn.external_source``: a Python source reads each planned batch's bytes from the shards by the
-index offsets, so DALI yields exactly the plan's samples, order, batch sizes and padding (eval
-padding labelled `PAD_LABEL`), the same as the cpu and memory backends; a resumed epoch starts
-after the consumed samples without decoding them. DALI's random draws (crop offsets, flips) come
-from DALI's generators seeded from (seed, epoch, rank, consumed), not from the plan's batch seeds.
+The GPU is the training device's index, else the process's local rank (``LOCAL_RANK``), else
+the current device. The decoder is told the split's largest image (manifest ``image_stats``) to
+preallocate the hardware decoder's buffers, and the hardware decoder's share
+(`pipeline.HW_DECODER_LOAD`); both are recorded in `DaliLoader.decoder`.
 
 Not supported here: ``on_error="skip"`` (DALI stops at a corrupt sample; shards are fully decoded
-once at write time, so a corrupt sample means a damaged file).
+once at write time, so a corrupt sample means a damaged file), per-sample digests, and splits of
+more than an image and a label (detection, segmentation).
 """
 
 from __future__ import annotations

@@ -1,203 +1,226 @@
-"""DALI graphs of the presets' typed ops: encoded or raw samples -> augmented uint8 CHW images.
+"""The DALI pipeline of a loader: built once, fed every batch of the plan with its crop windows.
 
-`build_graph` reads the preset's ops (never its name): a single `PadCrop` (the cifar graph), a
-`RandomResizedCrop` optionally followed by a `Flip` (decode-and-crop), a `ResizeCenterCrop`, or no
-op. Other ops (user callables among them) cannot run inside a DALI graph: ValueError. The
-semantics are those of `fastdata.augment`. The graph runs every op of the preset but not the
-normalization: its images are uint8, as every backend's (`ShardDataModule.on_after_batch_transfer`
-normalizes them on the training device). `nvidia.dali` is imported inside the builders only, so
-importing this module never needs DALI.
+The graph does what the cpu backend's decoder does (`fastdata.read.decoders.image`), with the
+cpu backend's geometry (`cpu_batches.decode_geometry`) and the windows it draws for each sample
+(`fastdata.read.backends.dali.feed`), so both backends give the same images up to the resize
+kernels' rounding:
+
+- "rrc" / "center": ``fn.decoders.image_slice`` decodes the drawn window (absolute anchor and
+  shape inputs: only that region of a JPEG is decoded), ``fn.resize`` (linear, antialiased)
+  brings it to size x size, ``fn.crop_mirror_normalize`` flips it where the draw said so and
+  writes uint8 CHW;
+- "cover": ``fn.decoders.image`` decodes the whole image and ``fn.resize`` resizes the sub-pixel
+  window of `resize.cover_box` to the stored size;
+- "none": the decoded image as it is; raw splits: the gathered NCHW batch as it is.
+
+The rest of the preset (a pad-crop, user callables) runs batched on the training device like
+every backend's (`ShardDataModule.on_after_batch_transfer`). Decoding runs on the ``mixed``
+backend (nvJPEG, the hardware JPEG decoder) with a CUDA device, else on the CPU
+(``device_id=None``); JPEG chroma is upsampled as libjpeg-turbo does by default (the cpu
+backend's decoder) and EXIF orientation is ignored, as there. `nvidia.dali` is imported inside
+the builders only, so importing this module never needs DALI.
 """
 
 from __future__ import annotations
 
-import math
+import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
-from fastdata.augment import Flip, PadCrop, RandomResizedCrop, ResizeCenterCrop
-from fastdata.read.base import LoaderSpec
-from fastdata.read.decoders.image import stored_hw
+from fastdata.format.manifest import SplitInfo
+from fastdata.read.decoders.image import Geometry
 
-__all__ = ["GRAPHS", "build_graph"]
+__all__ = [
+    "HW_DECODER_LOAD",
+    "WINDOW_INPUTS",
+    "DecoderSettings",
+    "GraphShape",
+    "build_pipeline",
+    "decoder_settings",
+]
+
+log = logging.getLogger("fastdata")
+
+#: Share of the JPEGs given to the hardware decoder (A100/H100/H200) by the mixed decoder: DALI's
+#: documented default, set explicitly and recorded (`DaliLoader.decoder`); not tuned on a GPU yet.
+HW_DECODER_LOAD = 0.65
 
 
 @dataclass(frozen=True)
-class _Graph:
-    """What the preset graphs need to know; fixed for the life of the loader."""
+class DecoderSettings:
+    """What the DALI decoder is told (recorded as `DaliLoader.decoder`).
 
-    kind: str  # a key of GRAPHS
-    train: bool
-    encoding: str
-    raw_shape: tuple[int, int, int] | None
-    size: tuple[int, int]  # output (H, W)
-    gpu: bool
-    op: Any = None  # the fused op (PadCrop, RandomResizedCrop, ResizeCenterCrop) or None
-    flip_p: float = 0.0
+    Attributes:
+        hw_decoder_load: share of the JPEGs for the hardware decoder (mixed backend).
+        preallocate_width_hint: the split's widest image (manifest `image_stats`; 0: unknown),
+            so the hardware decoder's buffers are allocated once, not grown.
+        preallocate_height_hint: the split's tallest image (0: unknown).
+        jpeg_fancy_upsampling: chroma upsampled as libjpeg-turbo does (the cpu backend's pixels).
+        adjust_orientation: EXIF orientation applied (False, as the cpu backend).
+    """
 
-    @property
-    def decoder_device(self) -> str:
-        return "mixed" if self.gpu else "cpu"
+    hw_decoder_load: float = HW_DECODER_LOAD
+    preallocate_width_hint: int = 0
+    preallocate_height_hint: int = 0
+    jpeg_fancy_upsampling: bool = True
+    adjust_orientation: bool = False
 
-    @property
-    def op_device(self) -> str:
-        return "gpu" if self.gpu else "cpu"
-
-
-def _decode(data: Any, g: _Graph) -> Any:
-    """Encoded bytes or raw pixels -> uint8 HWC on the graph's device."""
-    from nvidia.dali import fn, types
-
-    if g.encoding == "raw":
-        images = fn.reshape(data, shape=list(g.raw_shape), layout="HWC")
-        return images.gpu() if g.gpu else images
-    return fn.decoders.image(data, device=g.decoder_device, output_type=types.RGB)
+    def kwargs(self) -> dict[str, Any]:
+        """The settings as DALI decoder arguments."""
+        return asdict(self)
 
 
-def _finish(images: Any, g: _Graph, **crop: Any) -> Any:
-    """The last crop and the flip, to uint8 CHW (no normalization: the DataModule's)."""
-    from nvidia.dali import fn, types
-
-    mirror = fn.random.coin_flip(probability=g.flip_p) if g.flip_p > 0 else 0
-    return fn.crop_mirror_normalize(
-        images,
-        device=g.op_device,
-        dtype=types.UINT8,
-        output_layout="CHW",
-        mirror=mirror,
-        **crop,
+def decoder_settings(info: SplitInfo) -> DecoderSettings:
+    """The decoder settings of a split: buffer hints from its largest image (`image_stats`)."""
+    stats = info.image_stats or {}
+    return DecoderSettings(
+        preallocate_width_hint=int(stats.get("max_width", 0)),
+        preallocate_height_hint=int(stats.get("max_height", 0)),
     )
 
 
-def _cover(images: Any, g: _Graph) -> Any:
-    """Resize to just cover the output size and keep the centre window (the decoder's "cover")."""
-    from nvidia.dali import fn
+#: The inputs of a batch decoded through windows (`PlanFeeder`): encoded bytes, labels, each
+#: image's window (anchor (x, y), shape (w, h)), the padded window's (h, w), the resize's ROI in
+#: the padded window ((y, x) start and end), the share of the filter on the image of each output
+#: row (H, 1, 1) and column (1, W, 1), and the flip.
+WINDOW_INPUTS = (
+    "data", "labels", "anchor", "shape", "pad_h", "pad_w", "roi_start", "roi_end", "rows",
+    "cols", "mirror",
+)  # fmt: skip
 
-    if g.raw_shape is not None and g.size == g.raw_shape[:2]:
-        return images  # every image already has the output size
-    h, w = g.size
-    images = fn.resize(images, device=g.op_device, size=[h, w], mode="not_smaller")
-    return fn.crop(images, device=g.op_device, crop=(h, w))
+
+@dataclass(frozen=True)
+class GraphShape:
+    """What the graph needs to know; fixed for the life of the loader.
+
+    Attributes:
+        geometry: the decode-time geometry (the cpu backend's, `decode_geometry`).
+        raw: the split is raw pixels (fed as gathered NCHW batches).
+        gpu: decode on the ``mixed`` backend and run the ops on the GPU.
+        decoder: the decoder's settings.
+    """
+
+    geometry: Geometry
+    raw: bool
+    gpu: bool
+    decoder: DecoderSettings
+
+    @property
+    def inputs(self) -> tuple[str, ...]:
+        """The names of the per-batch inputs, in the order the feeder yields them."""
+        if self.raw or self.geometry.kind == "none":
+            return ("data", "labels")
+        return WINDOW_INPUTS
 
 
-def _cifar_graph(data: Any, g: _Graph) -> Any:
-    from nvidia.dali import fn
+def build_pipeline(
+    shape: GraphShape,
+    source: Callable[[], tuple[Any, ...]],
+    *,
+    batch_size: int,
+    threads: int,
+    device_id: int | None,
+    prefetch: int,
+    seed: int,
+) -> Any:
+    """A built DALI pipeline whose one external source calls `source` for each batch's inputs
+    (`GraphShape.inputs`; StopIteration ends the epoch, ``pipe.reset()`` starts the next)."""
+    from nvidia.dali import Pipeline, fn, types
 
-    images = _cover(_decode(data, g), g)
-    h, w = g.size
-    pad = g.op.pad
-    # A centred (H + 8) x (W + 8) window of an H x W image starts at -4: zero padding on each side.
+    pipe = Pipeline(
+        batch_size=batch_size,
+        num_threads=threads,
+        device_id=device_id,
+        seed=seed,
+        prefetch_queue_depth=prefetch,
+    )
+    dtypes = {
+        "data": types.UINT8,
+        "labels": types.INT64,
+        "anchor": types.INT32,
+        "shape": types.INT32,
+        "mirror": types.INT32,
+        "pad_h": types.FLOAT,
+        "pad_w": types.FLOAT,
+        "roi_start": types.FLOAT,
+        "roi_end": types.FLOAT,
+        "rows": types.FLOAT,
+        "cols": types.FLOAT,
+    }
+    with pipe:
+        nodes = fn.external_source(
+            source=source,
+            num_outputs=len(shape.inputs),
+            batch=True,
+            dtype=[dtypes[name] for name in shape.inputs],
+        )
+        inputs = dict(zip(shape.inputs, nodes, strict=True))
+        images = _images(inputs, shape)
+        labels = inputs["labels"]
+        pipe.set_outputs(images, labels.gpu() if shape.gpu else labels)
+    pipe.build()
+    return pipe
+
+
+def _images(inputs: dict[str, Any], shape: GraphShape) -> Any:
+    """The graph: a batch's inputs -> uint8 CHW images at the geometry's output size."""
+    from nvidia.dali import fn, types
+
+    data, g = inputs["data"], shape.geometry
+    if shape.raw:  # gathered NCHW pixels: every op runs on the device
+        return data.gpu() if shape.gpu else data
+    decoder = "mixed" if shape.gpu else "cpu"
+    device = "gpu" if shape.gpu else "cpu"
+    settings = shape.decoder.kwargs()
+    if g.kind == "none":
+        images = fn.decoders.image(data, device=decoder, output_type=types.RGB, **settings)
+        return fn.crop_mirror_normalize(
+            images, device=device, dtype=types.UINT8, output_layout="CHW"
+        )
+    # Only the window is decoded (the JPEG's region); then `_resize_like_pillow`.
+    window = fn.decoders.image_slice(
+        data, inputs["anchor"], inputs["shape"], device=decoder, output_type=types.RGB, **settings
+    )
+    images = _resize_like_pillow(window, inputs, g.out_hw, device)
+    return fn.crop_mirror_normalize(
+        images, device=device, dtype=types.UINT8, output_layout="CHW", mirror=inputs["mirror"]
+    )
+
+
+def _resize_like_pillow(
+    window: Any, inputs: dict[str, Any], hw: tuple[int, int], device: str
+) -> Any:
+    """The window's ROI resized to `hw` with the cpu backend's filter, as float HWC.
+
+    DALI's antialiased linear resize is Pillow's (and torch's) triangle filter inside the image,
+    but it repeats the edge pixels where the filter reaches past the image, where Pillow leaves
+    them out and renormalizes: up to ~15 grey levels apart on the edge rows of a downscaled
+    crop. So the window is padded with zeros by the filter's reach (``pad_h`` x ``pad_w``,
+    centred), resized, and divided by the share of each output pixel's filter weight that fell
+    on the image (``rows`` x ``cols``, separable: `feed.weight_inside`), which is Pillow's
+    renormalization (within a grey level of the cpu backend's pixels:
+    tests/read/test_dali_backend.py).
+    """
+    from nvidia.dali import fn, types
+
     padded = fn.crop(
-        images,
-        device=g.op_device,
-        crop=(h + 2 * pad, w + 2 * pad),
+        window,
+        device=device,
+        crop_h=inputs["pad_h"],
+        crop_w=inputs["pad_w"],
         out_of_bounds_policy="pad",
         fill_values=0,
     )
-    # crop_pos p places the window at p * (padded - crop) = p * 2 * pad: p = k / (2 * pad) gives
-    # the integer offset k, uniform over 0..2 * pad like `augment.random_crop_with_padding`.
-    offsets = [k / (2 * pad) for k in range(2 * pad + 1)]
-    return _finish(
+    resized = fn.resize(
         padded,
-        g,
-        crop=(h, w),
-        crop_pos_x=fn.random.uniform(values=offsets),
-        crop_pos_y=fn.random.uniform(values=offsets),
+        device=device,
+        size=list(hw),
+        roi_start=inputs["roi_start"],
+        roi_end=inputs["roi_end"],
+        interp_type=types.INTERP_LINEAR,
+        antialias=True,
+        dtype=types.FLOAT,
     )
-
-
-def _rrc_graph(data: Any, g: _Graph) -> Any:
-    from nvidia.dali import fn, types
-
-    h, w = g.size
-    area, ratio = list(g.op.scale), list(g.op.ratio)
-    if g.encoding == "raw":
-        images = fn.random_resized_crop(
-            _decode(data, g),
-            device=g.op_device,
-            size=[h, w],
-            random_area=area,
-            random_aspect_ratio=ratio,
-        )
-        return _finish(images, g)
-    # Fused decode + crop: only the crop window's part of the JPEG is decoded.
-    images = fn.decoders.image_random_crop(
-        data,
-        device=g.decoder_device,
-        output_type=types.RGB,
-        random_area=area,
-        random_aspect_ratio=ratio,
-        num_attempts=10,
-    )
-    images = fn.resize(images, device=g.op_device, resize_y=h, resize_x=w)
-    return _finish(images, g)
-
-
-def _center_graph(data: Any, g: _Graph) -> Any:
-    from nvidia.dali import fn
-
-    h, w = g.size
-    # floor(S * ratio) like `augment.center_crop_params` (the epsilon keeps 224 -> 256).
-    shorter = math.floor(min(h, w) * g.op.ratio + 1e-6)
-    images = fn.resize(_decode(data, g), device=g.op_device, resize_shorter=shorter)
-    return _finish(images, g, crop=(h, w))
-
-
-def _plain_graph(data: Any, g: _Graph) -> Any:
-    return _finish(_cover(_decode(data, g), g), g)
-
-
-#: Graph kind -> builder ``(encoded or raw sample, _Graph) -> uint8 CHW images``.
-GRAPHS: dict[str, Callable[[Any, _Graph], Any]] = {
-    "pad_crop": _cifar_graph,
-    "rrc": _rrc_graph,
-    "center": _center_graph,
-    "plain": _plain_graph,
-}
-
-
-def _kind(spec: LoaderSpec) -> tuple[str, Any, float]:
-    """(graph kind, fused op, flip probability) of the preset's ops for the split."""
-    preset, ops = spec.preset, spec.preset.ops(spec.train)
-    if not ops:
-        return "plain", None, 0.0
-    if (pad := preset.pad_crop(spec.train)) is not None:
-        return "pad_crop", pad, pad.flip_p
-    crop, flip_p, covered = preset.decode_crop(spec.train)
-    if crop is not None and covered == len(ops):
-        return ("rrc" if isinstance(crop, RandomResizedCrop) else "center"), crop, flip_p
-    names = ", ".join(type(op).__name__ for op in ops)
-    supported = ", ".join(t.__name__ for t in (PadCrop, RandomResizedCrop, Flip, ResizeCenterCrop))
-    raise ValueError(
-        f"the dali backend fuses decoding and augmentation into one DALI graph and cannot run "
-        f"the ops [{names}] (it runs {supported} as the built-in presets use them); use "
-        "backend='cpu' or 'memory', which hand uint8 batches to your transform"
-    )
-
-
-def build_graph(spec: LoaderSpec, gpu: bool) -> Callable[[Any], Any]:
-    """The DALI graph of the split: ``images = graph(data)`` inside a pipeline definition."""
-    kind, op, flip_p = _kind(spec)
-    info = spec.manifest.split(spec.split)
-    raw_shape = tuple(int(v) for v in info.raw_shape) if info.raw_shape else None
-    if info.encoding == "raw" and (raw_shape is None or raw_shape[2] != 3):
-        raise ValueError(
-            f"split {spec.split!r} is raw but its raw_shape is {info.raw_shape}; re-run `fastdata shard`"
-        )
-    if kind in ("rrc", "center"):
-        size = (spec.preset.image_size,) * 2
-    else:
-        # ValueError for photos of varying size
-        size = stored_hw(info, spec.image_size, margin=spec.preset.resizes(spec.train))
-    graph = _Graph(
-        kind,
-        spec.train,
-        info.encoding,
-        raw_shape,
-        tuple(size),
-        gpu,
-        op,
-        flip_p,
-    )
-    return lambda data: GRAPHS[kind](data, graph)
+    share = inputs["rows"] * inputs["cols"]
+    return resized / (share.gpu() if device == "gpu" else share)
