@@ -17,9 +17,10 @@ import importlib
 import logging
 import shlex
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from fastdata._util.sizes import parse_size
 from fastdata._util.version import __version__
 
 __all__ = ["build_parser", "main"]
@@ -79,7 +80,7 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:
         "shard",
         help="convert a dataset into tar shards + manifest + DALI index",
         description="Convert a dataset into tar shards + manifest + DALI index.",
-        epilog=f"sources:\n{kinds}\n\n{_LIST_COLUMNS}",
+        epilog=f"sources:\n{kinds}\n\n{_LIST_COLUMNS}\n\n{_SIZES}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("source", choices=list(REGISTRY), help="the kind of dataset (see below)")
@@ -91,66 +92,12 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:
         "IMAGES MASKS for segmentation; none for cifar with --download), then the output folder "
         "or s3://bucket/prefix (uploaded, manifest last)",
     )
-    p.add_argument(
-        "--download", action="store_true", help="cifar: download the official archive (MD5-checked)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the cross-shard shuffle")
-    p.add_argument("--max-count", type=int, default=10_000, help="most samples per shard")
-    p.add_argument("--max-size", type=_size, default=None, help="most bytes per shard, e.g. 256M")
-    p.add_argument(
-        "--workers", type=int, default=None, help="writer processes (default: usable cores)"
-    )
-    p.add_argument("--encoding", default="auto", choices=["auto", "raw", "png", "jpeg", "keep"])
-    p.add_argument(
-        "--resize", type=int, default=None, help="shrink the shorter side to this many pixels"
-    )
-    p.add_argument("--quality", type=int, default=90, help="JPEG quality when re-encoding")
-    p.add_argument(
-        "--strict", action="store_true", help="stop at the first bad image instead of skipping it"
-    )
-    p.add_argument("--overwrite", action="store_true", help="replace a different dataset in OUT")
-    p.add_argument(
-        "--val-fraction",
-        type=float,
-        default=None,
-        metavar="F",
-        help="carve this share of the training split into a 'val' split (seeded by --seed), "
-        "for sources without one (cifar10/100, a folder without val/, a list file)",
-    )
-    p.add_argument(
-        "--max-side",
-        type=int,
-        default=None,
-        metavar="N",
-        help="store images no larger than N pixels on their longer side (resized, JPEG "
-        "re-encoded at --quality only when shrunk; masks and boxes move with them)",
-    )
-    p.add_argument(
-        "--classes",
-        default=None,
-        metavar="FILE",
-        help="list, segmentation, parquet: class names, one a line (index i = line i)",
-    )
-    p.add_argument(
-        "--split",
-        default=None,
-        help="coco: the split's name; parquet: that of files their path names no split for "
-        "(default train)",
-    )
-    p.add_argument(
-        "--max-json-bytes",
-        type=_size,
-        default=None,
-        metavar="SIZE",
-        help="coco: largest annotations json read, e.g. 4G (default 2G; raise it for a trusted "
-        "file)",
-    )
-    p.add_argument(
-        "--ignore-index",
-        type=int,
-        default=255,
-        help="segmentation: the mask value of pixels with no class (default 255; -1: none)",
-    )
+    _add_shard_options(p)
+    for name, (keywords, _) in _SOURCE_FLAGS.items():  # help: the sources that take it first
+        takers = ", ".join(k.name for k in REGISTRY.values() if name in k.options)
+        default = _source_default(REGISTRY, name)
+        keywords = {**keywords, "help": f"{takers}: {keywords['help']}".format(default=default)}
+        p.add_argument("--" + name.replace("_", "-"), default=None, **keywords)
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
         "--part",
@@ -159,7 +106,6 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:
         help="write only part I of N (0 <= I < N; e.g. $SLURM_ARRAY_TASK_ID/8), no manifest: "
         "run every part, then `fastdata merge OUT`",
     )
-    _add_shard_limits(p)
     _add_shard_engine(p)
     p.set_defaults(func=_shard)
     merge = sub.add_parser("merge", help="check that every --part finished, write the manifest")
@@ -167,39 +113,254 @@ def _add_shard(sub: argparse._SubParsersAction) -> None:
     merge.set_defaults(func=_merge)
 
 
-def _add_shard_limits(p: argparse.ArgumentParser) -> None:
-    """Bounds on untrusted input (see `ShardOptions` and `ListSource`)."""
-    from fastdata.write.encode import DEFAULT_MAX_PIXELS
-    from fastdata.write.sources.listfile import DEFAULT_MAX_CLASSES
+_SIZES = "sizes: 500MB or 500M = 500*10**6 bytes; 512MiB or 512Mi = 512*2**20 (K, M, G, T)"
 
+
+def _add_shard_options(p: argparse.ArgumentParser) -> None:
+    """The flags of `ShardOptions`' fields, with its defaults (read from the dataclass)."""
+    from fastdata.write import ENCODINGS, ShardOptions
+
+    d = ShardOptions()
+    p.add_argument("--seed", type=int, default=d.seed, help="seed of the cross-shard shuffle")
+    p.add_argument("--max-count", type=int, default=d.max_count, help="most samples per shard")
+    p.add_argument(
+        "--max-size", type=_size, default=d.max_size, help="most bytes per shard, e.g. 256MB"
+    )
+    p.add_argument(
+        "--workers", type=int, default=d.workers, help="writer processes (default: usable cores)"
+    )
+    p.add_argument("--encoding", default=d.encoding, choices=list(ENCODINGS))
+    p.add_argument(
+        "--resize", type=int, default=d.resize, help="shrink the shorter side to this many pixels"
+    )
+    p.add_argument("--quality", type=int, default=d.quality, help="JPEG quality when re-encoding")
+    p.add_argument(
+        "--strict", action="store_true", help="stop at the first bad image instead of skipping it"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace a different dataset in OUT")
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=d.val_fraction,
+        metavar="F",
+        help="carve this share of the training split into a 'val' split (seeded by --seed), "
+        "for sources without one (cifar10/100, a folder without val/, a list file)",
+    )
+    p.add_argument(
+        "--max-side",
+        type=int,
+        default=d.max_side,
+        metavar="N",
+        help="store images no larger than N pixels on their longer side (resized, JPEG "
+        "re-encoded at --quality only when shrunk; masks and boxes move with them)",
+    )
+    _add_shard_limits(p, d)
+
+
+def _add_shard_limits(p: argparse.ArgumentParser, d: Any) -> None:
+    """Bounds on untrusted input (`ShardOptions` `d`'s defaults)."""
     p.add_argument(
         "--max-bad",
         type=float,
-        default=0.1,
+        default=d.max_bad,
         metavar="F",
         help="stop (exit 1, no manifest) when more than this fraction of the inputs is bad "
-        "(default 0.1; 1 never stops)",
+        f"(default {d.max_bad}; 1 never stops)",
     )
     p.add_argument(
         "--max-pixels",
         type=int,
-        default=DEFAULT_MAX_PIXELS,
+        default=d.max_pixels,
         help="skip images with more pixels than this, read from the header before decoding "
-        f"(default {DEFAULT_MAX_PIXELS:,})",
-    )
-    p.add_argument(
-        "--max-classes",
-        type=int,
-        default=DEFAULT_MAX_CLASSES,
-        help=f"list: most classes the labels may imply (default {DEFAULT_MAX_CLASSES:,})",
+        f"(default {d.max_pixels:,})",
     )
     p.add_argument(
         "--lock-timeout",
         type=float,
-        default=0.0,
+        default=d.lock_timeout,
         metavar="S",
-        help="wait up to S seconds for another run writing into OUT (default 0: refuse at once)",
+        help="wait up to S seconds for another run writing into OUT (default "
+        f"{d.lock_timeout:g}: refuse at once)",
     )
+
+
+def _size(text: str) -> int:
+    """A size flag's bytes (`fastdata._util.sizes.parse_size`: "500MB", "2G", "512MiB")."""
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _read_classes(path: str) -> list[str]:
+    """Class names, one a line (blank lines at the end ignored)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read(16 << 20)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"--classes {path}: cannot read ({exc})") from exc
+    names = [line.strip() for line in text.rstrip("\n").split("\n")]
+    if not names or not all(names):
+        raise ValueError(f"--classes {path}: needs one non-empty name a line")
+    return names
+
+
+#: Flags that set the source's keyword option of the same name: the registry's
+#: `SourceKind.options` says which sources take each. Each: (argparse keywords, the option's
+#: value from the flag's). Not given (None): the source's own default.
+_SOURCE_FLAGS: dict[str, tuple[dict[str, Any], Callable[[Any], Any]]] = {
+    "download": (
+        {"action": "store_true", "help": "download the official archive (MD5-checked)"},
+        bool,
+    ),
+    "classes": (
+        {"metavar": "FILE", "help": "class names, one a line (index i = line i)"},
+        _read_classes,
+    ),
+    "split": (
+        {
+            "help": "the split's name (coco); that of files their path names no split for "
+            "(parquet); default train"
+        },
+        str,
+    ),
+    "max_json_bytes": (
+        {
+            "type": _size,
+            "metavar": "SIZE",
+            "help": "largest annotations json read, e.g. 4GB "
+            "(default {default:,} bytes; raise it for a trusted file)",
+        },
+        int,
+    ),
+    "ignore_index": (
+        {
+            "type": int,
+            "help": "the mask value of pixels with no class (default {default}; -1: none)",
+        },
+        lambda value: None if value < 0 else value,
+    ),
+    "max_classes": (
+        {"type": int, "help": "most classes the labels may imply (default {default:,})"},
+        int,
+    ),
+}
+
+
+def _source_default(registry: dict[str, Any], name: str) -> Any:
+    """The default of keyword option `name` of the first source that takes it."""
+    import inspect
+
+    kind = next(k for k in registry.values() if name in k.options)
+    return inspect.signature(kind.factory).parameters[name].default
+
+
+def _shard(args: argparse.Namespace) -> int:
+    from dataclasses import fields
+
+    from fastdata.format.manifest import MANIFEST_NAME
+    from fastdata.format.summary import summarize
+    from fastdata.write import ShardOptions, TooManyBadSamplesError, write_shards
+    from fastdata.write.sources import open_source
+
+    options = ShardOptions(
+        **{f.name: getattr(args, f.name) for f in fields(ShardOptions) if f.name != "progress"},
+        progress=not args.no_progress,
+    )
+    kwargs = _source_options(args)
+    source = open_source(args.source, *_split_paths(args), **kwargs)
+    engine = _engine(args)
+    try:
+        if args.part is not None:
+            return _shard_part(args, source, options)
+        manifest = write_shards(source, args.out, options, engine=engine)
+    except TooManyBadSamplesError as exc:  # the input, not the tool, failed: exit 1
+        print(f"fastdata shard: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if engine is not None:
+            engine.close()
+    print(summarize(manifest))
+    print(f"wrote {args.out}/{MANIFEST_NAME}")
+    return 0
+
+
+def _source_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The source's keyword options from the `_SOURCE_FLAGS` given (one given to a source that
+    does not take it is refused, naming those that do)."""
+    from fastdata.write.sources import REGISTRY
+
+    kwargs: dict[str, Any] = {}
+    for name, (_, value_of) in _SOURCE_FLAGS.items():
+        value = getattr(args, name)
+        if value is None or value is False:
+            continue
+        if name not in REGISTRY[args.source].options:
+            takers = [k.name for k in REGISTRY.values() if name in k.options]
+            plural = "s" if len(takers) > 1 else ""
+            raise ValueError(
+                f"--{name.replace('_', '-')} is for the {', '.join(takers)} source{plural}, "
+                f"not {args.source}"
+            )
+        kwargs[name] = value_of(value)
+    return kwargs
+
+
+def _split_paths(args: argparse.Namespace) -> list[str | None]:
+    """The source's inputs from `paths` (OUT, the last, goes to `args.out`); checks the count."""
+    from fastdata.write.sources import REGISTRY
+
+    wanted = REGISTRY[args.source].inputs
+    *inputs, args.out = args.paths
+    if args.download and not inputs:
+        inputs = [None]
+    if len(inputs) != len(wanted):
+        raise ValueError(
+            f"{args.source}: expected {' '.join(wanted)} OUT, got "
+            f"{len(args.paths)} path(s)"
+            + (" (or --download OUT)" if args.source.startswith("cifar") else "")
+        )
+    return inputs
+
+
+def _shard_part(args: argparse.Namespace, source: Any, options: Any) -> int:
+    from fastdata.write.parts import Part, write_part
+
+    part = Part.parse(args.part)
+    if "://" in args.out:
+        raise ValueError(
+            "--part writes into a folder that every part can reach (or that is copied together "
+            "before `fastdata merge`), not to a URL"
+        )
+    report = write_part(source, args.out, options, part, command=_part_command(args))
+    if report.merged:
+        print(f"{args.out} is already merged; nothing to do")
+        return 0
+    print(
+        f"part {part}: {len(report.shards)} shards in {args.out} "
+        f"({report.already_done} already written before this run)"
+    )
+    print(f"when all {part.count} parts have finished: fastdata merge {shlex.quote(args.out)}")
+    return 0
+
+
+#: Arguments that do not change what a part writes: left out of the command `merge` shows.
+_NOT_IN_PART_COMMAND = {"overwrite", "no_progress", "lock_timeout", "engine", "address", "tasks"}
+
+
+def _part_command(args: argparse.Namespace) -> str:
+    """The command line that runs any part of this sharding, with "{part}" for I/N: the flags
+    whose value is not the parser's default."""
+    words = ["fastdata", "shard", args.source, *args.paths]
+    defaults = build_parser(features=False).parse_args(["shard", args.source, *args.paths])
+    skip = _NOT_IN_PART_COMMAND | {"command", "func", "source", "paths", "part", "verbose", "out"}
+    for name, value in vars(args).items():
+        if name not in skip and value != getattr(defaults, name, value):
+            flag = "--" + name.replace("_", "-")
+            words += [flag] if value is True else [flag, str(value)]
+    # Braces escaped for str.format: only the "{part}" placeholder stays.
+    quoted = shlex.join(words).replace("{", "{{").replace("}", "}}")
+    return quoted + " --part {part}"
 
 
 def _add_shard_engine(p: argparse.ArgumentParser) -> None:
@@ -226,69 +387,6 @@ def _add_shard_engine(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _size(text: str) -> int:
-    units = {"K": 2**10, "M": 2**20, "G": 2**30}
-    text = text.strip().upper().removesuffix("B")
-    try:
-        return int(float(text[:-1]) * units[text[-1]]) if text[-1] in units else int(text)
-    except (ValueError, IndexError) as exc:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 500M or 1G)") from exc
-
-
-def _shard(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-    from fastdata.format.manifest import MANIFEST_NAME
-    from fastdata.format.summary import summarize
-    from fastdata.write import ShardOptions, TooManyBadSamplesError, write_shards
-    from fastdata.write.sources import open_source
-
-    if args.download and args.source not in ("cifar10", "cifar100"):
-        raise SystemExit(
-            f"fastdata shard: --download is only for cifar10/cifar100, not {args.source}"
-        )
-    inputs = _split_paths(args)
-    source = open_source(args.source, *inputs, **_source_options(args))
-    options = ShardOptions(
-        seed=args.seed,
-        max_count=args.max_count,
-        max_size=args.max_size,
-        workers=args.workers,
-        encoding=args.encoding,
-        resize=args.resize,
-        quality=args.quality,
-        strict=args.strict,
-        overwrite=args.overwrite,
-        progress=not args.no_progress,
-        val_fraction=args.val_fraction,
-        max_bad=args.max_bad,
-        max_pixels=args.max_pixels,
-        lock_timeout=args.lock_timeout,
-        max_side=args.max_side,
-    )
-    engine = _engine(args)
-    try:
-        if args.part is not None:
-            return _shard_part(args, source, options)
-        if "://" in args.out:  # an object store: write locally, then upload (manifest last)
-            from fastdata.write.upload import staged_upload
-
-            with staged_upload(args.out) as local:
-                manifest = write_shards(source, local, options, engine=engine)
-            manifest = replace(manifest, root=args.out)  # name the uploaded copy, not staging
-        else:
-            manifest = write_shards(source, args.out, options, engine=engine)
-    except TooManyBadSamplesError as exc:  # the input, not the tool, failed: exit 1
-        print(f"fastdata shard: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        if engine is not None:
-            engine.close()
-    print(summarize(manifest))
-    print(f"wrote {args.out}/{MANIFEST_NAME}")
-    return 0
-
-
 def _engine(args: argparse.Namespace) -> Any:
     """The `--engine` (None: local), after checking the options that go with it."""
     if args.engine == "local":
@@ -310,104 +408,6 @@ def _engine(args: argparse.Namespace) -> Any:
         return open_engine(args.engine, address=args.address, tasks=args.tasks)
     except EngineUnavailableError as exc:
         raise SystemExit(f"fastdata shard: --engine ray: {exc}") from None
-
-
-def _split_paths(args: argparse.Namespace) -> list[str | None]:
-    """The source's inputs from `paths` (OUT, the last, goes to `args.out`); checks the count."""
-    from fastdata.write.sources import REGISTRY
-
-    wanted = REGISTRY[args.source].inputs
-    *inputs, args.out = args.paths
-    if args.download and not inputs:
-        inputs = [None]
-    if len(inputs) != len(wanted):
-        raise ValueError(
-            f"{args.source}: expected {' '.join(wanted)} OUT, got "
-            f"{len(args.paths)} path(s)"
-            + (" (or --download OUT)" if args.source.startswith("cifar") else "")
-        )
-    args.input = inputs[0]
-    return inputs
-
-
-def _source_options(args: argparse.Namespace) -> dict[str, Any]:
-    """Keyword options of the source class from the shard flags that concern it."""
-    kwargs: dict[str, Any] = {"download": True} if args.download else {}
-    if args.source == "list":
-        kwargs["max_classes"] = args.max_classes
-    if args.classes is not None:
-        if args.source not in ("list", "segmentation", "parquet"):
-            raise ValueError("--classes is for list, segmentation and parquet sources")
-        kwargs["classes"] = _read_classes(args.classes)
-    if args.split is not None:
-        if args.source not in ("coco", "parquet"):
-            raise ValueError("--split is for the coco and parquet sources")
-        kwargs["split"] = args.split
-    if args.max_json_bytes is not None:
-        if args.source != "coco":
-            raise ValueError("--max-json-bytes is for the coco source")
-        kwargs["max_json_bytes"] = args.max_json_bytes
-    if args.source == "segmentation":
-        kwargs["ignore_index"] = None if args.ignore_index < 0 else args.ignore_index
-    return kwargs
-
-
-def _read_classes(path: str) -> list[str]:
-    """Class names, one a line (blank lines at the end ignored)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read(16 << 20)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"--classes {path}: cannot read ({exc})") from exc
-    names = [line.strip() for line in text.rstrip("\n").split("\n")]
-    if not names or not all(names):
-        raise ValueError(f"--classes {path}: needs one non-empty name a line")
-    return names
-
-
-def _shard_part(args: argparse.Namespace, source: Any, options: Any) -> int:
-    from fastdata.write.parts import Part, write_part
-
-    part = Part.parse(args.part)
-    if "://" in args.out:
-        raise ValueError(
-            "--part writes into a folder that every part can reach (or that is copied together "
-            "before `fastdata merge`), not to a URL"
-        )
-    report = write_part(source, args.out, options, part, command=_part_command(args))
-    if report.merged:
-        print(f"{args.out} is already merged; nothing to do")
-        return 0
-    print(
-        f"part {part}: {len(report.shards)} shards in {args.out} "
-        f"({report.already_done} already written before this run)"
-    )
-    print(f"when all {part.count} parts have finished: fastdata merge {shlex.quote(args.out)}")
-    return 0
-
-
-def _part_command(args: argparse.Namespace) -> str:
-    """The command line that runs any part of this sharding, with "{part}" for I/N."""
-    from fastdata.write.encode import DEFAULT_MAX_PIXELS
-    from fastdata.write.sources.listfile import DEFAULT_MAX_CLASSES
-
-    words = ["fastdata", "shard", args.source, *args.paths]
-    defaults = {"seed": 0, "max_count": 10_000, "max_size": None, "encoding": "auto"}
-    defaults |= {"resize": None, "quality": 90, "workers": None, "val_fraction": None}
-    defaults |= {"max_side": None, "classes": None, "split": None, "ignore_index": 255}
-    defaults |= {"max_json_bytes": None}
-    defaults |= {
-        "max_bad": 0.1,
-        "max_pixels": DEFAULT_MAX_PIXELS,
-        "max_classes": DEFAULT_MAX_CLASSES,
-    }
-    for name, default in defaults.items():
-        if getattr(args, name) != default:
-            words += ["--" + name.replace("_", "-"), str(getattr(args, name))]
-    words += ["--download"] * args.download + ["--strict"] * args.strict
-    # Braces escaped for str.format: only the "{part}" placeholder stays.
-    quoted = shlex.join(words).replace("{", "{{").replace("}", "}}")
-    return quoted + " --part {part}"
 
 
 def _merge(args: argparse.Namespace) -> int:

@@ -16,7 +16,7 @@ import multiprocessing as mp
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -154,7 +154,11 @@ def write_shards(
 
     Args:
         source: the dataset.
-        out: the output folder (on a cluster: one that every node reaches at the same path).
+        out: the output folder (on a cluster: one that every node reaches at the same path),
+            or an object-store URL (`s3://bucket/prefix`, `gs://...`): the shards are written
+            into a local temporary folder, then uploaded, the manifest last
+            (`fastdata.write.upload.staged_upload`; credentials and endpoint from the
+            environment, as fsspec reads them), and the manifest returned names the URL.
         options: how to shard.
         engine: where the shards are written (`fastdata.write.engine`): None or "local" forks
             `options.workers` processes here; "ray" runs the same tasks on a local Ray
@@ -168,9 +172,24 @@ def write_shards(
         FolderLockedError: another run is writing into `out`.
         TooManyBadSamplesError: more than `max_bad` of the inputs are bad (no manifest written).
         ValueError: an encoding that does not fit the source, or a `val_fraction` it cannot take.
+        RemoteError: the upload to a URL `out` failed (the finished local folder is kept; the
+            message says how to finish the upload).
     """
+    if "://" in os.fspath(out):  # an object store: write locally, then upload (manifest last)
+        from fastdata.write.upload import staged_upload
+
+        url = os.fspath(out)
+        with staged_upload(url) as local:
+            manifest = _write_local(source, local, options, engine)
+        return replace(manifest, root=url)  # names the uploaded copy, not the staging folder
+    return _write_local(source, Path(out), options, engine)
+
+
+def _write_local(
+    source: Source, out_dir: Path, options: ShardOptions, engine: Engine | str | None
+) -> Manifest:
+    """`write_shards` into a local folder."""
     source = carve_source(source, options.val_fraction, options.seed)
-    out_dir = Path(out)
     identity = dataset_identity(source, options)
     with lock_folder(out_dir, timeout=options.lock_timeout):
         existing = prepare_out(out_dir, identity, options.overwrite)
@@ -384,78 +403,104 @@ def _test_hooks(job: ShardJob) -> None:
         ShardTarWriter = _Dying  # type: ignore[misc]  # this process dies with it
 
 
+@dataclass
+class _Tally:
+    """What a shard's written samples add up to, while `_write_job` writes them."""
+
+    result: ShardResult
+    keys: list[str] = field(default_factory=list)
+    digests: list[str] = field(default_factory=list)  # per sample, for verify_samples=True
+    heights: list[int] = field(default_factory=list)
+    widths: list[int] = field(default_factory=list)
+    exts: set[str] = field(default_factory=set)
+    pixels: PixelStats = field(default_factory=PixelStats)  # the default normalization
+    source_ids: dict[str, int | str] = field(default_factory=dict)  # key -> the source's id
+
+    def add(self, key: str, components: dict[str, bytes], item: SourceItem, encoded: Any) -> None:
+        """Count one written sample (its image `encoded`: ext, data, height, width)."""
+        self.keys.append(key)
+        self.digests.append(schema.sample_digest(components))
+        if item.source_id is not None:
+            self.source_ids[key] = item.source_id
+        self.heights.append(encoded.height)
+        self.widths.append(encoded.width)
+        self.exts.add(encoded.ext)
+        if self.result.split == "train":
+            self.pixels.add(encoded.ext, encoded.data, encoded.height, encoded.width)
+
+    def add_labels(self, labels: Any) -> None:
+        counts = self.result.class_counts
+        for label in map(str, labels):
+            counts[label] = counts.get(label, 0) + 1
+
+
 def _write_job(job: ShardJob) -> int:
     """Write one shard (in a worker process). Returns the number of source samples processed."""
     source: Source = _WORKER_STATE["source"]
     out_dir: Path = _WORKER_STATE["out"]
-    options: ShardOptions = _WORKER_STATE["options"]
-    encoding: str = _WORKER_STATE["encoding"]
     writer = ShardTarWriter(out_dir / f"{job.stem}.tar", out_dir / f"{job.stem}.idx")
-    result = ShardResult(job.split, f"{job.stem}.tar", f"{job.stem}.idx", 0, 0, "", {})
-    heights: list[int] = []
-    widths: list[int] = []
-    exts: set[str] = set()
-    pixels = PixelStats()  # streamed per-channel statistics (the default normalization)
-    keys: list[str] = []
-    digests: list[str] = []  # per sample, for verify_samples=True
-    source_ids: dict[str, int | str] = {}  # key -> the source's own id (the split's id file)
-    sums_path = out_dir / f"{job.stem}{SUMS_SUFFIX}"
+    tally = _Tally(ShardResult(job.split, f"{job.stem}.tar", f"{job.stem}.idx", 0, 0, "", {}))
     specs = source_fields(source, job.split)  # None: classification (image + label)
-    result.fields = fields_to_json(specs) if specs is not None else None
-    extra = specs is not None or options.max_side is not None
-    classes = ()
+    tally.result.fields = fields_to_json(specs) if specs is not None else None
     try:
         # Raw-encoded array sources: many samples at once (same bytes; see rawblock).
-        if fast := block_path(source, encoding):
-            done = write_blocks(source, writer, job, pixels if job.split == "train" else None)
-            keys, digests, heights, widths = done.keys, done.digests, done.heights, done.widths
-            exts, result.class_counts = {schema.RAW_EXT}, done.class_counts
-        for sample_id in job.sample_ids.tolist() if not fast else ():
-            item = source.item(job.split, sample_id)
-            parts = None
-            try:
-                encoded = encode_item(
-                    item, encoding, options.resize, options.quality, options.max_pixels
-                )
-                if extra or item.size is not None:
-                    encoded, parts, classes = encode_with_fields(
-                        item,
-                        specs,
-                        encoded,
-                        options.max_side,
-                        options.quality,
-                        options.max_pixels,
-                        len(source.classes),
-                    )
-            except BadSampleError as exc:
-                if options.strict:
-                    raise ShardingError(f"bad sample (strict mode): {exc}") from exc
-                result.skipped.append([exc.origin, exc.reason])
-                _count_bad(result.skipped)
-                continue
-            key = _key(job.split, item)
-            components = parts or _components(item, encoded.ext, encoded.data)
-            writer.write(key, components)
-            keys.append(key)
-            digests.append(schema.sample_digest(components))
-            if item.source_id is not None:
-                source_ids[key] = item.source_id
-            heights.append(encoded.height)
-            widths.append(encoded.width)
-            exts.add(encoded.ext)
-            if job.split == "train":
-                pixels.add(encoded.ext, encoded.data, encoded.height, encoded.width)
-            for label in map(str, sorted(classes) if parts is not None else (item.label,)):
-                result.class_counts[label] = result.class_counts.get(label, 0) + 1
+        if block_path(source, _WORKER_STATE["encoding"]):
+            train = tally.pixels if job.split == "train" else None
+            done = write_blocks(source, writer, job, train)
+            tally.keys, tally.digests = done.keys, done.digests
+            tally.heights, tally.widths = done.heights, done.widths
+            tally.exts, tally.result.class_counts = {schema.RAW_EXT}, done.class_counts
+        else:
+            for sample_id in job.sample_ids.tolist():
+                _write_sample(source.item(job.split, sample_id), specs, writer, tally)
     except BaseException:
         writer.abort()
         raise
+    _finish_job(job, writer, tally, out_dir)
+    return job.count
+
+
+def _write_sample(item: SourceItem, specs: Any, writer: ShardTarWriter, tally: _Tally) -> None:
+    """Encode and write one sample; a bad one is recorded as skipped (or raises when strict)."""
+    options: ShardOptions = _WORKER_STATE["options"]
+    parts, classes = None, ()
+    try:
+        encoded = encode_item(
+            item, _WORKER_STATE["encoding"], options.resize, options.quality, options.max_pixels
+        )
+        if specs is not None or options.max_side is not None or item.size is not None:
+            encoded, parts, classes = encode_with_fields(
+                item,
+                specs,
+                encoded,
+                options.max_side,
+                options.quality,
+                options.max_pixels,
+                len(_WORKER_STATE["source"].classes),
+            )
+    except BadSampleError as exc:
+        if options.strict:
+            raise ShardingError(f"bad sample (strict mode): {exc}") from exc
+        tally.result.skipped.append([exc.origin, exc.reason])
+        _count_bad(tally.result.skipped)
+        return
+    key = _key(tally.result.split, item)
+    components = parts or _components(item, encoded.ext, encoded.data)
+    writer.write(key, components)
+    tally.add(key, components, item, encoded)
+    tally.add_labels(sorted(classes) if parts is not None else (item.label,))
+
+
+def _finish_job(job: ShardJob, writer: ShardTarWriter, tally: _Tally, out_dir: Path) -> None:
+    """Commit the shard (its digests first) and write its `done` record."""
+    result = tally.result
+    sums_path = out_dir / f"{job.stem}{SUMS_SUFFIX}"
     if writer.num_samples == 0:
         writer.abort()
         result.name = result.index = ""
     else:
         # The digests first: a shard whose tar is in place always has its sums file.
-        atomic_write(sums_path, schema.sums_text(keys, digests))
+        atomic_write(sums_path, schema.sums_text(tally.keys, tally.digests))
         try:
             result.bytes, result.sha256 = writer.commit()
         except BaseException:
@@ -464,15 +509,14 @@ def _write_job(job: ShardJob) -> int:
         result.index_sha256 = sha256_file(writer.index_path)
         result.sums, result.sums_sha256 = sums_path.name, sha256_file(sums_path)
     result.num_samples = writer.num_samples
-    result.heights = [min(heights), max(heights), sum(heights)] if heights else []
-    result.widths = [min(widths), max(widths), sum(widths)] if widths else []
-    result.exts = sorted(exts)
-    result.pixel_sums = pixels.to_list() if pixels.count else []
-    if source_ids:  # sorted, beside the done record: the split's file is a merge of these runs
+    for name, values in (("heights", tally.heights), ("widths", tally.widths)):
+        setattr(result, name, [min(values), max(values), sum(values)] if values else [])
+    result.exts = sorted(tally.exts)
+    result.pixel_sums = tally.pixels.to_list() if tally.pixels.count else []
+    if tally.source_ids:  # sorted, beside the done record: the split's file merges these runs
         result.source_ids_run = f"{job.stem}{IDS_RUN_SUFFIX}"
-        write_id_run(out_dir / WORK_DIR / result.source_ids_run, source_ids)
+        write_id_run(out_dir / WORK_DIR / result.source_ids_run, tally.source_ids)
     atomic_write(done_path(out_dir / WORK_DIR, job.stem), json.dumps(asdict(result)))
-    return job.count
 
 
 def _count_bad(mine: list[list[str]]) -> None:
