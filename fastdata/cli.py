@@ -18,6 +18,7 @@ import logging
 import shlex
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from fastdata._util.sizes import parse_size
@@ -27,7 +28,6 @@ __all__ = ["build_parser", "main"]
 
 # Subcommands that live with their feature: "module:function" taking the subparsers object.
 EXTERNAL_COMMANDS = {
-    "index": "fastdata.write.index:register",
     "tune": "fastdata.tune.command:register",
     "train": "fastdata.train.command:register",
 }
@@ -35,7 +35,7 @@ EXTERNAL_COMMANDS = {
 
 #: Commands defined in this module: running one imports no feature command (`tune` imports
 #: torch, `train` Lightning: seconds of start-up that `fastdata shard` does not need).
-BUILTIN_COMMANDS = ("shard", "merge", "inspect", "verify")
+BUILTIN_COMMANDS = ("shard", "merge", "index", "inspect", "verify")
 
 
 def build_parser(features: bool = True) -> argparse.ArgumentParser:
@@ -45,6 +45,7 @@ def build_parser(features: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     _add_shard(sub)
+    _add_index(sub)
     inspect = sub.add_parser("inspect", help="print a summary of a shard folder")
     inspect.add_argument("out", help="shard folder (holding manifest.json)")
     inspect.set_defaults(func=_inspect)
@@ -423,6 +424,62 @@ def _merge(args: argparse.Namespace) -> int:
         return 1
     print(summarize(manifest))
     print(f"wrote {args.out}/{MANIFEST_NAME}")
+    return 0
+
+
+def _add_index(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "index",
+        help="index other tools' WebDataset tars in place (manifest + DALI index, tars untouched)",
+    )
+    p.add_argument(
+        "source",
+        help="folder of tars (.tar; .tar.gz/.tgz are inflated into OUT), URL pattern "
+        "(shards-{000..009}.tar) or URL list",
+    )
+    p.add_argument(
+        "--out", default=None, help="folder for manifest and index files (default: SOURCE)"
+    )
+    p.add_argument(
+        "--split",
+        action="append",
+        default=[],
+        metavar="NAME=PATTERN",
+        help="tars matching PATTERN form split NAME (default: by file-name prefix)",
+    )
+    p.add_argument("--classes", default=None, help="file of class names, one a line")
+    p.add_argument(
+        "--workers", type=int, default=None, help="tars read at once (default: usable cores)"
+    )
+    p.set_defaults(func=_index)
+
+
+def _index(args: argparse.Namespace) -> int:
+    from fastdata.format.manifest import MANIFEST_NAME
+    from fastdata.write.index import ORDERED_LABELS, IndexOptions, index_shards
+
+    splits = {}
+    for item in args.split:
+        name, eq, pattern = item.partition("=")
+        if not eq or not name or not pattern:
+            raise SystemExit(f"--split {item!r}: expected NAME=PATTERN, e.g. train='train-*.tar'")
+        splits[name] = pattern
+    classes = None
+    if args.classes:
+        classes = [ln.strip() for ln in Path(args.classes).read_text().splitlines() if ln.strip()]
+    manifest = index_shards(
+        args.source, args.out, IndexOptions(splits, classes, workers=args.workers)
+    )
+    order = manifest.source.get("label_order", {})
+    for name, split in manifest.splits.items():
+        kinds = ", ".join(f"{n} ({f.kind})" for n, f in split.field_specs.items())
+        line = f"{name}: {split.num_samples} samples in {len(split.shards)} tars; fields {kinds}"
+        if name in order:
+            ordered = " (ordered: see the warning)" if order[name] > ORDERED_LABELS else ""
+            line += f"; label_order {order[name]:.2f}{ordered}"
+        print(line)
+    where = manifest.data_root or manifest.root
+    print(f"wrote {manifest.root}/{MANIFEST_NAME} (tars read from {where})")
     return 0
 
 

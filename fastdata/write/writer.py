@@ -26,7 +26,7 @@ from fastdata.format import schema
 from fastdata.format.fields import fields_to_json
 from fastdata.format.manifest import Manifest
 from fastdata.write.carve import carve_source
-from fastdata.write.encode import DEFAULT_MAX_PIXELS, BadSampleError, encode_item, resolve_encoding
+from fastdata.write.encode import BadSampleError, encode_item, resolve_encoding
 from fastdata.write.engine import Engine, LocalEngine
 from fastdata.write.engines import open_engine
 from fastdata.write.errors import (
@@ -37,6 +37,7 @@ from fastdata.write.errors import (
     too_many_message,
 )
 from fastdata.write.lock import lock_folder
+from fastdata.write.options import ShardOptions
 from fastdata.write.outdir import WORK_DIR, atomic_write, prepare_out, same_identity
 from fastdata.write.plan import PLAN_DIR, ShardJob, plan_jobs
 from fastdata.write.rawblock import block_path, write_blocks
@@ -73,78 +74,10 @@ __all__ = [
 log = logging.getLogger("fastdata")
 
 
-@dataclass(frozen=True)
-class ShardOptions:
-    """How to shard a source.
-
-    Args:
-        seed: seed of the cross-shard pre-shuffle (same seed and input give byte-identical shards).
-        max_count: most samples per shard.
-        max_size: most bytes per shard, estimated from the source's bytes (a re-encoded sample can
-            differ in size, so a shard may end slightly over). None: no size limit.
-        workers: writer processes; None uses the usable cores.
-        encoding: "auto", "raw", "png", "jpeg" or "keep" (see `fastdata.write.encode`).
-        resize: shrink images so the shorter side is at most this many pixels (re-encodes).
-        quality: JPEG quality for re-encoding.
-        strict: stop at the first bad sample instead of skipping and reporting it (also at an
-            input the source itself found unusable: an unpaired segmentation file, a broken
-            symlink, before anything is written).
-        overwrite: replace shards of a different dataset found in the output folder.
-        progress: show a progress bar.
-        val_fraction: carve this share of the training split into a "val" split
-            (`fastdata.write.carve`, seeded with `seed`), for a source without one; None: no.
-        max_bad: most fraction (0..1) of the inputs that may be bad (skipped); one more stops the
-            run with `TooManyBadSamplesError` and the first reasons, and writes no manifest.
-        max_pixels: most width x height of an image file, checked from its header before it is
-            decoded (a bigger one is a bad sample); None: no bound.
-        lock_timeout: seconds to wait for another run that writes into the same output folder
-            (0: refuse at once; see `fastdata.write.lock`).
-        max_side: store images no larger than this on their longer side (FFCV's
-            `max_resolution`): a larger one is resized and re-encoded (JPEG at `quality`), its
-            mask resized with nearest and its boxes scaled with it; None: as they are.
-    """
-
-    seed: int = 0
-    max_count: int = 10_000
-    max_size: int | None = None
-    workers: int | None = None
-    encoding: str = "auto"
-    resize: int | None = None
-    quality: int = 90
-    strict: bool = False
-    overwrite: bool = False
-    progress: bool = True
-    val_fraction: float | None = None
-    max_bad: float = 0.1
-    max_pixels: int | None = DEFAULT_MAX_PIXELS
-    lock_timeout: float = 0.0
-    max_side: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_side is not None and self.max_side < 1:
-            raise ValueError(f"max_side must be >= 1 or None, got {self.max_side}")
-        if not 0.0 <= self.max_bad <= 1.0:
-            raise ValueError(f"max_bad must be a fraction from 0 to 1, got {self.max_bad}")
-        if self.max_pixels is not None and self.max_pixels < 1:
-            raise ValueError(f"max_pixels must be >= 1 or None, got {self.max_pixels}")
-
-    def signature(self) -> dict[str, Any]:
-        """The options that change the bytes written (not workers, strict, progress, max_bad)."""
-        keys = ("seed", "max_count", "max_size", "encoding", "resize", "quality")
-        signature = {k: getattr(self, k) for k in keys}
-        if self.val_fraction is not None:  # absent otherwise: older folders keep their identity
-            signature["val_fraction"] = self.val_fraction
-        if self.max_pixels != DEFAULT_MAX_PIXELS:  # folders written before the option match
-            signature["max_pixels"] = self.max_pixels
-        if self.max_side is not None:  # absent otherwise: older folders keep their identity
-            signature["max_side"] = self.max_side
-        return signature
-
-
 def write_shards(
     source: Source,
     out: str | os.PathLike[str],
-    options: ShardOptions = ShardOptions(),
+    options: ShardOptions = ShardOptions(),  # noqa: B008 - frozen: one shared default is safe
     engine: Engine | str | None = None,
 ) -> Manifest:
     """Shard `source` into `out` and return the manifest (see module docstring).
