@@ -1,65 +1,18 @@
-"""The `fastdata` command line: a thin layer over library functions.
-
-fastdata shard SOURCE INPUT... OUT [options]  # cifar10 | cifar100 | folder | list | coco | segmentation
-fastdata shard SOURCE INPUT OUT --part I/N  # part I of N, on any machine; then:
-fastdata merge OUT                          # check the parts, write the manifest
-fastdata index DIR_OR_URL [--out OUT]       # other tools' WebDataset tars, read in place
-fastdata inspect OUT
-fastdata verify OUT
-fastdata tune OUT [--sweep]
-fastdata train cifar100 [--data ARCHIVE | --download] [options]
-"""
+"""`fastdata shard` and `fastdata merge`: the flags, read into `ShardOptions` (whose defaults
+they take) and the source's keyword options (those the registry's `SourceKind.options` names for
+it), then `write_shards` or `write_part`."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
-import logging
 import shlex
 import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from fastdata._util.sizes import parse_size
-from fastdata._util.version import __version__
 
-__all__ = ["build_parser", "main"]
-
-# Subcommands that live with their feature: "module:function" taking the subparsers object.
-EXTERNAL_COMMANDS = {
-    "tune": "fastdata.tune.command:register",
-    "train": "fastdata.train.command:register",
-}
-
-
-#: Commands defined in this module: running one imports no feature command (`tune` imports
-#: torch, `train` Lightning: seconds of start-up that `fastdata shard` does not need).
-BUILTIN_COMMANDS = ("shard", "merge", "index", "inspect", "verify")
-
-
-def build_parser(features: bool = True) -> argparse.ArgumentParser:
-    """The `fastdata` parser; `features=False` leaves out `EXTERNAL_COMMANDS` (not imported)."""
-    parser = argparse.ArgumentParser(prog="fastdata", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--version", action="version", version=f"fastdata {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True)
-    _add_shard(sub)
-    _add_index(sub)
-    inspect = sub.add_parser("inspect", help="print a summary of a shard folder")
-    inspect.add_argument("out", help="shard folder (holding manifest.json)")
-    inspect.set_defaults(func=_inspect)
-    verify = sub.add_parser("verify", help="re-hash every shard and decode every sample")
-    verify.add_argument("out", help="shard folder (holding manifest.json)")
-    verify.add_argument("--no-progress", action="store_true")
-    verify.set_defaults(func=_verify)
-    for name, target in EXTERNAL_COMMANDS.items() if features else ():
-        module, func = target.split(":")
-        try:
-            getattr(importlib.import_module(module), func)(sub)
-        except ImportError as exc:  # a feature whose optional dependency is missing
-            logging.getLogger("fastdata").warning("command %r unavailable: %s", name, exc)
-    return parser
+__all__ = ["add_shard"]
 
 
 _LIST_COLUMNS = """\
@@ -71,7 +24,7 @@ list files (CSV with a header, or JSON Lines): `path` (required), `split` (optio
   `<name>.json` (strings stay text). Only path + label (+ split): classification, (x, y)."""
 
 
-def _add_shard(sub: argparse._SubParsersAction) -> None:
+def add_shard(sub: argparse._SubParsersAction) -> None:
     from fastdata.write.sources import REGISTRY
 
     kinds = "\n".join(
@@ -353,7 +306,9 @@ def _part_command(args: argparse.Namespace) -> str:
     """The command line that runs any part of this sharding, with "{part}" for I/N: the flags
     whose value is not the parser's default."""
     words = ["fastdata", "shard", args.source, *args.paths]
-    defaults = build_parser(features=False).parse_args(["shard", args.source, *args.paths])
+    parser = argparse.ArgumentParser()
+    add_shard(parser.add_subparsers(dest="command"))
+    defaults = parser.parse_args(["shard", args.source, *args.paths])
     skip = _NOT_IN_PART_COMMAND | {"command", "func", "source", "paths", "part", "verbose", "out"}
     for name, value in vars(args).items():
         if name not in skip and value != getattr(defaults, name, value):
@@ -425,108 +380,3 @@ def _merge(args: argparse.Namespace) -> int:
     print(summarize(manifest))
     print(f"wrote {args.out}/{MANIFEST_NAME}")
     return 0
-
-
-def _add_index(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "index",
-        help="index other tools' WebDataset tars in place (manifest + DALI index, tars untouched)",
-    )
-    p.add_argument(
-        "source",
-        help="folder of tars (.tar; .tar.gz/.tgz are inflated into OUT), URL pattern "
-        "(shards-{000..009}.tar) or URL list",
-    )
-    p.add_argument(
-        "--out", default=None, help="folder for manifest and index files (default: SOURCE)"
-    )
-    p.add_argument(
-        "--split",
-        action="append",
-        default=[],
-        metavar="NAME=PATTERN",
-        help="tars matching PATTERN form split NAME (default: by file-name prefix)",
-    )
-    p.add_argument("--classes", default=None, help="file of class names, one a line")
-    p.add_argument(
-        "--workers", type=int, default=None, help="tars read at once (default: usable cores)"
-    )
-    p.set_defaults(func=_index)
-
-
-def _index(args: argparse.Namespace) -> int:
-    from fastdata.format.manifest import MANIFEST_NAME
-    from fastdata.write.index import ORDERED_LABELS, IndexOptions, index_shards
-
-    splits = {}
-    for item in args.split:
-        name, eq, pattern = item.partition("=")
-        if not eq or not name or not pattern:
-            raise SystemExit(f"--split {item!r}: expected NAME=PATTERN, e.g. train='train-*.tar'")
-        splits[name] = pattern
-    classes = None
-    if args.classes:
-        classes = [ln.strip() for ln in Path(args.classes).read_text().splitlines() if ln.strip()]
-    manifest = index_shards(
-        args.source, args.out, IndexOptions(splits, classes, workers=args.workers)
-    )
-    order = manifest.source.get("label_order", {})
-    for name, split in manifest.splits.items():
-        kinds = ", ".join(f"{n} ({f.kind})" for n, f in split.field_specs.items())
-        line = f"{name}: {split.num_samples} samples in {len(split.shards)} tars; fields {kinds}"
-        if name in order:
-            ordered = " (ordered: see the warning)" if order[name] > ORDERED_LABELS else ""
-            line += f"; label_order {order[name]:.2f}{ordered}"
-        print(line)
-    where = manifest.data_root or manifest.root
-    print(f"wrote {manifest.root}/{MANIFEST_NAME} (tars read from {where})")
-    return 0
-
-
-def _inspect(args: argparse.Namespace) -> int:
-    from fastdata.format.manifest import ManifestError
-    from fastdata.format.manifest_io import load_manifest
-    from fastdata.format.summary import summarize
-    from fastdata.read.verify import inspect_findings
-
-    try:
-        manifest = load_manifest(args.out)
-    except ManifestError as exc:
-        print(f"bad manifest: {exc}")
-        return 1
-    print(summarize(manifest))
-    findings = inspect_findings(manifest)
-    for finding in findings:
-        print(f"  problem: {finding}")
-    if findings:
-        print(f"{len(findings)} problem(s); run `fastdata verify {args.out}` for every sample")
-    return 1 if findings else 0
-
-
-def _verify(args: argparse.Namespace) -> int:
-    from fastdata.read.verify import verify
-
-    report = verify(args.out, progress=not args.no_progress)
-    print(report)
-    return 0 if report.ok else 1
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `fastdata` console script and `python -m fastdata`."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    # Before the parser is built: it logs (at debug) a feature command that could not load.
-    verbose = "-v" in argv or "--verbose" in argv
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(message)s")
-    # The command is the first word that is not an option (the top-level options take no value).
-    command = next((word for word in argv if not word.startswith("-")), None)
-    args = build_parser(features=command not in BUILTIN_COMMANDS).parse_args(argv)
-    try:
-        return int(args.func(args) or 0)
-    except (ValueError, RuntimeError, OSError) as exc:
-        # User-facing failures (bad input, a refused output folder...) without a traceback.
-        print(f"fastdata {args.command}: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
