@@ -38,3 +38,14 @@ def test_write_shards_to_an_s3_url_uploads_and_names_the_url(
         S3FileSystem.clear_instance_cache()
     assert manifest.root == url and uploaded.root == url
     assert uploaded.splits == local.splits  # the same shards, byte for byte (sha256 in each)
+
+
+def test_a_web_url_is_refused_before_anything_is_written(tmp_path, monkeypatch) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    source = open_source("folder", write_jpeg_folder(tmp_path / "photos"))
+    with pytest.raises(ValueError, match=r"cannot upload to 'https://host/data': give an object"):
+        write_shards(source, "https://host/data", ShardOptions(workers=1, progress=False))
+    assert list((tmp_path / "tmp").iterdir()) == []  # no staging folder left behind
