@@ -1,5 +1,4 @@
-"""The `fastdata` command line: a thin layer over library functions (`shard` and `merge`:
-`fastdata.cli.shard`; `index`: `fastdata.cli.index`; `inspect`, `verify` and the parser: here).
+"""The `fastdata` command line: a thin layer over library functions.
 
 fastdata shard SOURCE INPUT... OUT [options]  # cifar10 | cifar100 | folder | list | coco | segmentation
 fastdata shard SOURCE INPUT OUT --part I/N  # part I of N, on any machine; then:
@@ -9,6 +8,10 @@ fastdata inspect OUT
 fastdata verify OUT
 fastdata tune OUT [--sweep]
 fastdata train cifar100 [--data ARCHIVE | --download] [options]
+
+Each command's glue is in this package (`shard` and `merge`: `fastdata.cli.shard`; `index`:
+`fastdata.cli.index`; `train`: `fastdata.cli.train`; `inspect`, `verify` and the parser: here),
+except `tune`'s, which registers itself from `fastdata.tune.command`.
 """
 
 from __future__ import annotations
@@ -22,20 +25,22 @@ from collections.abc import Sequence
 from fastdata._util.version import __version__
 from fastdata.cli.index import add_index
 from fastdata.cli.shard import add_shard
+from fastdata.cli.train import add_train
 
 __all__ = ["BUILTIN_COMMANDS", "EXTERNAL_COMMANDS", "build_parser", "main"]
 
-# Subcommands that live with their feature: "module:function" taking the subparsers object
-# (their modules import torch or Lightning; the others' glue is this package's: `shard`, `index`).
+# Subcommands that live with their feature: "module:function" taking the subparsers object.
+# Only `tune`, whose module imports torch (and is being reworked in issue 38's tune part);
+# every other command's glue is this package's (`shard`, `index`, `train`, ...).
 EXTERNAL_COMMANDS = {
     "tune": "fastdata.tune.command:register",
-    "train": "fastdata.train.command:register",
 }
 
 
 #: Commands defined in this package: running one imports no feature command (`tune` imports
-#: torch, `train` Lightning: seconds of start-up that `fastdata shard` does not need).
-BUILTIN_COMMANDS = ("shard", "merge", "index", "inspect", "verify")
+#: torch: seconds of start-up that `fastdata shard` does not need). `train` imports its
+#: pipeline (and Lightning) only when it runs.
+BUILTIN_COMMANDS = ("shard", "merge", "index", "inspect", "verify", "train")
 
 
 def build_parser(features: bool = True) -> argparse.ArgumentParser:
@@ -46,6 +51,7 @@ def build_parser(features: bool = True) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     add_shard(sub)
     add_index(sub)
+    add_train(sub)
     inspect = sub.add_parser("inspect", help="print a summary of a shard folder")
     inspect.add_argument("out", help="shard folder (holding manifest.json)")
     inspect.set_defaults(func=_inspect)
