@@ -187,3 +187,18 @@ def test_a_part_names_the_command_of_every_part_with_its_flags(tmp_path, capsys)
     assert main(["merge", str(out)]) == 2  # part 1 has not run: merge names its command
     expected = f"fastdata shard folder {root} {out} --max-count 5 --max-size 1048576 --strict"
     assert f"run `{expected} --part 1/2`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["shard", "index"])
+def test_a_classes_file_is_read_one_way_by_shard_and_index(tmp_path, capsys, command):
+    """Line i names class i: a blank line inside would shift every later class (index dropped
+    it silently), so both commands refuse it naming the file."""
+    names = tmp_path / "names.txt"
+    names.write_text("cat\n\ndog\n")
+    argv = (
+        ["shard", "list", "labels.csv", str(tmp_path / "out"), "--classes", str(names)]
+        if command == "shard"
+        else ["index", str(tmp_path), "--out", str(tmp_path / "out"), "--classes", str(names)]
+    )
+    assert main(argv) == 2
+    assert f"--classes {names}: needs one non-empty name a line" in capsys.readouterr().err

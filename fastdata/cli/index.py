@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 __all__ = ["add_index"]
 
@@ -36,6 +35,7 @@ def add_index(sub: argparse._SubParsersAction) -> None:
 
 
 def _index(args: argparse.Namespace) -> int:
+    from fastdata.cli.shard import read_classes
     from fastdata.format.manifest import MANIFEST_NAME
     from fastdata.write.index import ORDERED_LABELS, IndexOptions, index_shards
 
@@ -47,7 +47,7 @@ def _index(args: argparse.Namespace) -> int:
         splits[name] = pattern
     classes = None
     if args.classes:
-        classes = [ln.strip() for ln in Path(args.classes).read_text().splitlines() if ln.strip()]
+        classes = read_classes(args.classes)
     manifest = index_shards(
         args.source, args.out, IndexOptions(splits, classes, workers=args.workers)
     )

@@ -12,7 +12,7 @@ from typing import Any
 
 from fastdata._util.sizes import parse_size
 
-__all__ = ["add_shard"]
+__all__ = ["add_shard", "read_classes"]
 
 
 _LIST_COLUMNS = """\
@@ -146,8 +146,9 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _read_classes(path: str) -> list[str]:
-    """Class names, one a line (blank lines at the end ignored)."""
+def read_classes(path: str) -> list[str]:
+    """A `--classes` file's names, one a line (`shard` and `index`: line i names class i, so
+    only blank lines at the end are ignored)."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read(16 << 20)
@@ -169,7 +170,7 @@ _SOURCE_FLAGS: dict[str, tuple[dict[str, Any], Callable[[Any], Any]]] = {
     ),
     "classes": (
         {"metavar": "FILE", "help": "class names, one a line (index i = line i)"},
-        _read_classes,
+        read_classes,
     ),
     "split": (
         {
