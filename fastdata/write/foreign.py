@@ -27,7 +27,6 @@ the member.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import re
 import tarfile
@@ -39,6 +38,7 @@ from fastdata.format.fields import GZ_SUFFIX, FieldError, gunzip_bounded
 from fastdata.format.integrity import check_header
 from fastdata.format.schema import sample_digest, split_member, sums_text
 from fastdata.write.tarshard import INDEX_VERSION
+from fastdata.write.tarstream import HashingReader
 
 __all__ = [
     "ForeignTarError",
@@ -55,9 +55,6 @@ __all__ = [
 ]
 
 _BLOCK = 512
-#: Bytes of the stream kept behind the read position: a member's header is always in it when
-#: tarfile hands the member out (tarfile reads ahead at most one 10 KiB record).
-_TAIL = 1 << 20
 
 
 #: The largest tar member `fastdata index` reads (each member of a sample is held whole).
@@ -102,41 +99,6 @@ class ScannedTar:
     @property
     def num_samples(self) -> int:
         return len(self.keys)
-
-
-class _HashingReader(io.RawIOBase):
-    """A read-only stream that hashes and counts what passes through and keeps its last bytes."""
-
-    def __init__(self, raw: BinaryIO) -> None:
-        self.raw = raw
-        self.digest = hashlib.sha256()
-        self.position = 0
-        self.tail = bytearray()
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:  # type: ignore[override]
-        data = self.raw.read(len(buffer))
-        n = len(data)
-        buffer[:n] = data
-        self.digest.update(data)
-        self.position += n
-        self.tail += data
-        if len(self.tail) > 2 * _TAIL:
-            del self.tail[: len(self.tail) - _TAIL]
-        return n
-
-    def window(self, start: int, size: int) -> bytes | None:
-        """Bytes [start, start + size) of the stream, if still kept (None otherwise)."""
-        first = self.position - len(self.tail)
-        if start < first or start + size > self.position:
-            return None
-        return bytes(self.tail[start - first : start - first + size])
-
-    def drain(self) -> None:
-        while self.read(1 << 20):
-            pass
 
 
 @dataclass
@@ -202,7 +164,7 @@ def scan_tar(stream: BinaryIO, name: str, where: str | None = None) -> ScannedTa
             with no sample (names the tar and the member).
     """
     where = where or name
-    reader = _HashingReader(stream)
+    reader = HashingReader(stream)
     position = TarPosition()
     try:
         buffered = io.BufferedReader(reader, buffer_size=64 << 10)
@@ -236,7 +198,7 @@ def _after(position: TarPosition) -> str:
 
 
 def tar_members(
-    tar: tarfile.TarFile, reader: _HashingReader, where: str, position: TarPosition
+    tar: tarfile.TarFile, reader: HashingReader, where: str, position: TarPosition
 ) -> Iterator[Member]:
     """The members of `tar` (opened as a stream over `reader`) that are samples' components,
     each checked alone (webdataset's `tar_file_iterator`); folders and webdataset's metadata
@@ -262,7 +224,7 @@ def tar_members(
         yield Member(member.name, key, ext, member.offset_data, member.size, data)
 
 
-def _check_member(member: tarfile.TarInfo, reader: _HashingReader, where: str) -> tuple[str, str]:
+def _check_member(member: tarfile.TarInfo, reader: HashingReader, where: str) -> tuple[str, str]:
     """(key, component) of a member that may be a sample's component (`tar_members`)."""
     if not member.isreg() or member.issparse():
         raise ForeignTarError(

@@ -14,7 +14,6 @@ from fastdata.write.foreign import (
     Member,
     Sample,
     TarPosition,
-    _HashingReader,
     check_samples,
     digest_samples,
     group_by_key,
@@ -22,6 +21,7 @@ from fastdata.write.foreign import (
     scan_tar,
     tar_members,
 )
+from fastdata.write.tarstream import HashingReader
 from tests.write.index.conftest import solid_jpeg
 
 
@@ -41,7 +41,7 @@ def _tar_bytes(members: list[tuple[str, bytes | None]]) -> bytes:
 
 
 def _members(data: bytes) -> tuple[list[Member], TarPosition]:
-    reader = _HashingReader(io.BytesIO(data))
+    reader = HashingReader(io.BytesIO(data))
     position = TarPosition()
     with tarfile.open(fileobj=io.BufferedReader(reader), mode="r|") as tar:
         return list(tar_members(tar, reader, "t.tar", position)), position
