@@ -132,3 +132,73 @@ def test_real_clothing_folder(real_data, tmp_path):
         label, sample_id = np.frombuffer(sample["lid"], dtype="<i8")
         item = source.item("test", int(sample_id))
         assert sample["jpg"] == item.path.read_bytes() and label == item.label
+
+
+def test_index_and_shard_parse_without_loading_torch():
+    """`fastdata index` is built in (as `shard` is): its parser loads no feature command."""
+    code = (
+        "import sys\nfrom fastdata.cli import main\n"
+        "for command in ('index', 'shard'):\n"
+        "    try:\n        main([command, '--help'])\n    except SystemExit:\n        pass\n"
+        "print(sorted(m for m in ('torch', 'lightning', 'fastdata.tune') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip().endswith("[]"), result.stderr
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--classes", "names.txt"], "--classes is for the list, segmentation, parquet sources"),
+        (["--split", "val"], "--split is for the coco, parquet sources, not folder"),
+        (["--max-json-bytes", "4GB"], "--max-json-bytes is for the coco source, not folder"),
+        (["--max-classes", "5"], "--max-classes is for the list source, not folder"),
+        (["--ignore-index", "0"], "--ignore-index is for the segmentation source, not folder"),
+        (["--download"], "--download is for the cifar10, cifar100 sources, not folder"),
+    ],
+)
+def test_a_source_flag_goes_only_to_the_sources_the_registry_names(
+    tmp_path, capsys, flags, message
+):
+    root = write_jpeg_folder(tmp_path / "imgs")
+    assert main(["shard", "folder", str(root), str(tmp_path / "out"), *flags]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_shard_defaults_are_shard_options_defaults():
+    from dataclasses import fields
+
+    from fastdata.cli import build_parser
+    from fastdata.write import ShardOptions
+
+    args = build_parser(features=False).parse_args(["shard", "folder", "in", "out"])
+    for f in fields(ShardOptions):
+        if f.name != "progress":
+            assert getattr(args, f.name) == getattr(ShardOptions(), f.name), f.name
+
+
+def test_a_part_names_the_command_of_every_part_with_its_flags(tmp_path, capsys):
+    root = write_jpeg_folder(tmp_path / "imgs")
+    out = tmp_path / "out"
+    flags = ["--max-count", "5", "--max-size", "1MiB", "--strict", "--no-progress"]
+    assert main(["shard", "folder", str(root), str(out), *flags, "--part", "0/2"]) == 0
+    capsys.readouterr()
+    assert main(["merge", str(out)]) == 2  # part 1 has not run: merge names its command
+    expected = f"fastdata shard folder {root} {out} --max-count 5 --max-size 1048576 --strict"
+    assert f"run `{expected} --part 1/2`" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["shard", "index"])
+def test_a_classes_file_is_read_one_way_by_shard_and_index(tmp_path, capsys, command):
+    """Line i names class i: a blank line inside would shift every later class (index dropped
+    it silently), so both commands refuse it naming the file."""
+    names = tmp_path / "names.txt"
+    names.write_text("cat\n\ndog\n")
+    argv = (
+        ["shard", "list", "labels.csv", str(tmp_path / "out"), "--classes", str(names)]
+        if command == "shard"
+        else ["index", str(tmp_path), "--out", str(tmp_path / "out"), "--classes", str(names)]
+    )
+    assert main(argv) == 2
+    assert f"--classes {names}: needs one non-empty name a line" in capsys.readouterr().err

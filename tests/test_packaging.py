@@ -30,7 +30,7 @@ def test_packages_list_matches_the_tree_and_pipelines_install_under_our_name():
     assert {p for p in listed if p.startswith("fastdata.") or p == "fastdata"} == tree
     assert config["package-dir"] == {"fastdata_pipelines": "pipelines"}
     assert not any(p == "pipelines" or p.startswith("pipelines.") for p in listed)
-    from fastdata.train.command import available_pipelines
+    from fastdata.cli.train import available_pipelines
 
     assert available_pipelines()["cifar100"] == "fastdata_pipelines.cifar100.train"
 

@@ -1,11 +1,13 @@
-"""Where the shard cache lives and how big it may grow, and sizes written as text ("50GB")."""
+"""Where the shard cache lives and how big it may grow (a size in the one grammar of
+`fastdata._util.sizes.parse_size`, re-exported here: "50GB", "512MiB")."""
 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from fastdata._util.sizes import parse_size
 
 __all__ = [
     "CACHE_DIR_ENV",
@@ -27,27 +29,6 @@ TIMEOUT_ENVS = {
     "read": "FASTDATA_READ_TIMEOUT",
     "lock": "FASTDATA_LOCK_TIMEOUT",
 }
-_UNITS = {"": 1, "B": 1, "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*([KMGT]?)(I?)B?\s*$", re.IGNORECASE)
-
-
-def parse_size(size: str | int) -> int:
-    """Bytes in a size such as "50GB" (10**9), "512MiB" (2**20), "1.5T" or 1000.
-
-    Raises:
-        ValueError: the text is not a size.
-    """
-    if isinstance(size, int):
-        if size < 0:
-            raise ValueError(f"a size cannot be negative: {size}")
-        return size
-    match = _SIZE.match(size)
-    if match is None:
-        raise ValueError(f"not a size: {size!r} (use e.g. 50GB, 512MiB or a number of bytes)")
-    number, unit, binary = match.groups()
-    unit = unit.upper()
-    scale = 1024 ** ("KMGT".index(unit) + 1) if binary and unit else _UNITS[unit]
-    return int(float(number) * scale)
 
 
 def default_cache_dir() -> Path:

@@ -7,7 +7,8 @@
 
 Modules: `precision` (the "auto" rule), `checkpointing` (activation checkpointing), `ddp`
 (accumulation from a global batch size, strategies, gradient compression), `preset`
-(`make_trainer`, step checkpoints for resume), `command` (``fastdata train ...``).
+(`make_trainer`, step checkpoints for resume). The ``fastdata train`` command is
+`fastdata.cli.train`.
 """
 
 from __future__ import annotations

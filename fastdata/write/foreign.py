@@ -27,10 +27,10 @@ the member.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import re
 import tarfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -38,13 +38,23 @@ from fastdata.format.fields import GZ_SUFFIX, FieldError, gunzip_bounded
 from fastdata.format.integrity import check_header
 from fastdata.format.schema import sample_digest, split_member, sums_text
 from fastdata.write.tarshard import INDEX_VERSION
+from fastdata.write.tarstream import HashingReader
 
-__all__ = ["ForeignTarError", "ScannedTar", "scan_tar"]
+__all__ = [
+    "ForeignTarError",
+    "Member",
+    "Sample",
+    "ScannedTar",
+    "TarPosition",
+    "check_samples",
+    "digest_samples",
+    "group_by_key",
+    "index_rows",
+    "scan_tar",
+    "tar_members",
+]
 
 _BLOCK = 512
-#: Bytes of the stream kept behind the read position: a member's header is always in it when
-#: tarfile hands the member out (tarfile reads ahead at most one 10 KiB record).
-_TAIL = 1 << 20
 
 
 #: The largest tar member `fastdata index` reads (each member of a sample is held whole).
@@ -91,43 +101,56 @@ class ScannedTar:
         return len(self.keys)
 
 
-class _HashingReader(io.RawIOBase):
-    """A read-only stream that hashes and counts what passes through and keeps its last bytes."""
+@dataclass
+class TarPosition:
+    """Where `tar_members` is in the tar, for the end-of-archive check and error messages."""
 
-    def __init__(self, raw: BinaryIO) -> None:
-        self.raw = raw
-        self.digest = hashlib.sha256()
-        self.position = 0
-        self.tail = bytearray()
+    last_member: str | None = None
+    end: int = 0  # where the last member's data (padded) ends
 
-    def readable(self) -> bool:
-        return True
 
-    def readinto(self, buffer) -> int:  # type: ignore[override]
-        data = self.raw.read(len(buffer))
-        n = len(data)
-        buffer[:n] = data
-        self.digest.update(data)
-        self.position += n
-        self.tail += data
-        if len(self.tail) > 2 * _TAIL:
-            del self.tail[: len(self.tail) - _TAIL]
-        return n
+@dataclass(frozen=True)
+class Member:
+    """One tar member that is a sample's component.
 
-    def window(self, start: int, size: int) -> bytes | None:
-        """Bytes [start, start + size) of the stream, if still kept (None otherwise)."""
-        first = self.position - len(self.tail)
-        if start < first or start + size > self.position:
-            return None
-        return bytes(self.tail[start - first : start - first + size])
+    Args:
+        name: the member's path in the tar.
+        key: the sample's key (`fastdata.format.schema.split_member`).
+        component: its component (the extension after the key, as spelled in the tar).
+        offset: where its data starts in the tar.
+        size: its data's size.
+        data: its data.
+    """
 
-    def drain(self) -> None:
-        while self.read(1 << 20):
-            pass
+    name: str
+    key: str
+    component: str
+    offset: int
+    size: int
+    data: bytes = field(repr=False)
+
+
+@dataclass
+class Sample:
+    """A sample: the consecutive members that share a key, in tar order; `label` (`cls`),
+    `size` (the image's (height, width)) and `digest` once `check_samples` and
+    `digest_samples` have seen it."""
+
+    key: str
+    members: list[Member]
+    label: int | None = None
+    size: tuple[int, int] | None = None
+    digest: str = ""
+
+    @property
+    def parts(self) -> dict[str, bytes]:
+        """Component -> bytes, as stored (a `.gz` one still compressed)."""
+        return {m.component: m.data for m in self.members}
 
 
 def scan_tar(stream: BinaryIO, name: str, where: str | None = None) -> ScannedTar:
-    """Index one tar read from `stream` (read to its end, never written).
+    """Index one tar read from `stream` (read to its end, never written): the stages
+    `tar_members` -> `group_by_key` -> `check_samples` -> `digest_samples` -> `index_rows`.
 
     Args:
         stream: the tar's bytes, from the start (a file or an HTTP body).
@@ -141,108 +164,166 @@ def scan_tar(stream: BinaryIO, name: str, where: str | None = None) -> ScannedTa
             with no sample (names the tar and the member).
     """
     where = where or name
-    reader = _HashingReader(stream)
-    out = ScannedTar(name)
-    lines: list[str] = []
-    digests: list[str] = []
-    group: dict[str, bytes] = {}
-    entries: list[str] = []
-    last_member = None
-    end = 0  # where the last member's data (padded) ends
-
-    def close_group() -> None:
-        if not group:
-            return
-        digests.append(sample_digest(group))
-        lines.append(" ".join(entries))
-        key = out.keys[-1]
-        out.components.append(tuple(group))
-        plain = {ext.lower(): data for ext, data in group.items()}
-        for ext, data in plain.items():
-            if ext.endswith(GZ_SUFFIX):
-                try:
-                    plain[ext] = gunzip_bounded(data, ext)
-                except FieldError as exc:
-                    raise ForeignTarError(f"{where}: sample {key!r}: {exc}") from exc
-        label = plain.get("cls", plain.get("cls" + GZ_SUFFIX))
-        out.labels.append(_label(label, where, key))
-        _check_lid(plain.get("lid"), out.labels[-1], where, key)
-        out.sizes.append(_image_size(plain))
-        group.clear()
-        entries.clear()
-
+    reader = HashingReader(stream)
+    position = TarPosition()
     try:
         buffered = io.BufferedReader(reader, buffer_size=64 << 10)
         with tarfile.open(fileobj=buffered, mode="r|") as tar:
-            for member in tar:
-                last_member = member.name
-                if member.isdir():
-                    end = member.offset_data
-                    continue
-                if _is_meta(member.name):  # webdataset's metadata, no sample's: not indexed
-                    end = member.offset_data + member.size + (-member.size % _BLOCK)
-                    continue
-                member_where = f"{where}: member {member.name!r}"
-                if not member.isreg() or member.issparse():
-                    raise ForeignTarError(
-                        f"{member_where} is a link, sparse or special file, not a sample's "
-                        "data in one piece; re-write the tar with regular members only"
-                    )
-                _check_member_name(member.name, member_where)
-                parsed = split_member(member.name)
-                if parsed is None:
-                    raise ForeignTarError(
-                        f"{member_where} belongs to no sample (a sample's member is "
-                        "KEY.COMPONENT, e.g. 000001.jpg); remove it from the tar"
-                    )
-                key, ext = parsed
-                header = reader.window(member.offset_data - _BLOCK, _BLOCK)
-                problem = (
-                    "its header is no longer in the read window"
-                    if header is None
-                    else check_header(header, _BLOCK, member.size, member.name)
-                )
-                if problem is not None:
-                    raise ForeignTarError(f"{member_where}: {problem}")
-                if not group or out.keys[-1] != key:
-                    close_group()
-                    out.keys.append(key)
-                elif ext.lower() in {e.lower() for e in group}:
-                    raise ForeignTarError(
-                        f"{member_where}: sample {key!r} holds component {ext!r} twice "
-                        "(components are compared ignoring case, as webdataset lower-cases them)"
-                    )
-                if member.size > MAX_MEMBER_BYTES:  # read whole below: bound it first
-                    raise ForeignTarError(
-                        f"{member_where} is {member.size} bytes, more than a sample component "
-                        f"may be ({MAX_MEMBER_BYTES}); it is not a dataset sample"
-                    )
-                file = tar.extractfile(member)
-                data = file.read() if file is not None else b""
-                group[ext] = data
-                entries.append(f"{ext} {member.offset_data} {member.size} {member.name}")
-                end = member.offset_data + member.size + (-member.size % _BLOCK)
-            close_group()
+            members = tar_members(tar, reader, where, position)
+            samples = check_samples(group_by_key(members, where), where)
+            out = index_rows(digest_samples(samples), name)
             stop = tar.offset  # where tarfile stopped: the end-of-archive block, if whole
         marker = reader.window(stop, _BLOCK)
         reader.drain()
     except tarfile.TarError as exc:
-        after = f" after member {last_member!r}" if last_member else ""
         raise ForeignTarError(
-            f"{where}: not a readable uncompressed tar ({exc}){after}: it is truncated or "
-            "corrupt; download or write it again"
+            f"{where}: not a readable uncompressed tar ({exc}){_after(position)}: it is "
+            "truncated or corrupt; download or write it again"
         ) from exc
-    if marker is None or marker != bytes(_BLOCK) or stop < end:
-        after = f" after member {last_member!r}" if last_member else ""
+    if marker is None or marker != bytes(_BLOCK) or stop < position.end:
         raise ForeignTarError(
-            f"{where}: the tar ends without its end-of-archive block{after} (at byte {stop} of "
-            f"{reader.position}): it is truncated or has garbage where a header belongs; "
-            "download or write it again"
+            f"{where}: the tar ends without its end-of-archive block{_after(position)} (at byte "
+            f"{stop} of {reader.position}): it is truncated or has garbage where a header "
+            "belongs; download or write it again"
         )
     if not out.keys:
         raise ForeignTarError(f"{where}: the tar holds no sample")
     out.bytes = reader.position
     out.sha256 = reader.digest.hexdigest()
+    return out
+
+
+def _after(position: TarPosition) -> str:
+    return f" after member {position.last_member!r}" if position.last_member else ""
+
+
+def tar_members(
+    tar: tarfile.TarFile, reader: HashingReader, where: str, position: TarPosition
+) -> Iterator[Member]:
+    """The members of `tar` (opened as a stream over `reader`) that are samples' components,
+    each checked alone (webdataset's `tar_file_iterator`); folders and webdataset's metadata
+    are passed over. `position` follows the read.
+
+    Raises:
+        ForeignTarError: a link or special member, a path leaving the archive or holding
+            whitespace, a member of no sample, a bad header, a member over `MAX_MEMBER_BYTES`.
+    """
+    for member in tar:
+        position.last_member = member.name
+        if member.isdir():
+            position.end = member.offset_data
+            continue
+        padded_end = member.offset_data + member.size + (-member.size % _BLOCK)
+        if _is_meta(member.name):  # webdataset's metadata, no sample's: not indexed
+            position.end = padded_end
+            continue
+        key, ext = _check_member(member, reader, f"{where}: member {member.name!r}")
+        file = tar.extractfile(member)
+        data = file.read() if file is not None else b""
+        position.end = padded_end
+        yield Member(member.name, key, ext, member.offset_data, member.size, data)
+
+
+def _check_member(member: tarfile.TarInfo, reader: HashingReader, where: str) -> tuple[str, str]:
+    """(key, component) of a member that may be a sample's component (`tar_members`)."""
+    if not member.isreg() or member.issparse():
+        raise ForeignTarError(
+            f"{where} is a link, sparse or special file, not a sample's data in one piece; "
+            "re-write the tar with regular members only"
+        )
+    _check_member_name(member.name, where)
+    parsed = split_member(member.name)
+    if parsed is None:
+        raise ForeignTarError(
+            f"{where} belongs to no sample (a sample's member is KEY.COMPONENT, e.g. "
+            "000001.jpg); remove it from the tar"
+        )
+    header = reader.window(member.offset_data - _BLOCK, _BLOCK)
+    problem = (
+        "its header is no longer in the read window"
+        if header is None
+        else check_header(header, _BLOCK, member.size, member.name)
+    )
+    if problem is not None:
+        raise ForeignTarError(f"{where}: {problem}")
+    if member.size > MAX_MEMBER_BYTES:  # read whole: bound it first
+        raise ForeignTarError(
+            f"{where} is {member.size} bytes, more than a sample component may be "
+            f"({MAX_MEMBER_BYTES}); it is not a dataset sample"
+        )
+    return parsed
+
+
+def group_by_key(members: Iterable[Member], where: str) -> Iterator[Sample]:
+    """Consecutive members with one key, as one `Sample` (webdataset's `group_by_keys`).
+
+    Raises:
+        ForeignTarError: a component twice in one sample (compared ignoring case, as
+            webdataset lower-cases them).
+    """
+    sample: Sample | None = None
+    for member in members:
+        if sample is None or sample.key != member.key:
+            if sample is not None:
+                yield sample
+            sample = Sample(member.key, [])
+        elif member.component.lower() in {m.component.lower() for m in sample.members}:
+            raise ForeignTarError(
+                f"{where}: member {member.name!r}: sample {member.key!r} holds component "
+                f"{member.component!r} twice (components are compared ignoring case, as "
+                "webdataset lower-cases them)"
+            )
+        sample.members.append(member)
+    if sample is not None:
+        yield sample
+
+
+def check_samples(samples: Iterable[Sample], where: str) -> Iterator[Sample]:
+    """Each sample with its `label` (its `cls`, or `cls.gz`) and image `size` (from the
+    header), its `.gz` components inflated once, bounded, to check them.
+
+    Raises:
+        ForeignTarError: a `.gz` component that does not inflate (or a bomb), a `cls` that is
+            not a class index, a `lid` that disagrees with `cls`.
+    """
+    for sample in samples:
+        plain = {ext.lower(): data for ext, data in sample.parts.items()}
+        for ext, data in plain.items():
+            if ext.endswith(GZ_SUFFIX):
+                try:
+                    plain[ext] = gunzip_bounded(data, ext)
+                except FieldError as exc:
+                    raise ForeignTarError(f"{where}: sample {sample.key!r}: {exc}") from exc
+        label = plain.get("cls", plain.get("cls" + GZ_SUFFIX))
+        sample.label = _label(label, where, sample.key)
+        _check_lid(plain.get("lid"), sample.label, where, sample.key)
+        sample.size = _image_size(plain)
+        yield sample
+
+
+def digest_samples(samples: Iterable[Sample]) -> Iterator[Sample]:
+    """Each sample with its digest (`fastdata.format.schema.sample_digest` of its components
+    as stored), what `verify_samples=True` checks."""
+    for sample in samples:
+        sample.digest = sample_digest(sample.parts)
+        yield sample
+
+
+def index_rows(samples: Iterable[Sample], name: str) -> ScannedTar:
+    """The tar's `ScannedTar` (its size and sha256 left to `scan_tar`): one DALI index line
+    and one digest per sample, each sample's key, components, label and image size."""
+    out = ScannedTar(name)
+    lines: list[str] = []
+    digests: list[str] = []
+    for sample in samples:
+        out.keys.append(sample.key)
+        out.components.append(tuple(m.component for m in sample.members))
+        out.labels.append(sample.label)
+        out.sizes.append(sample.size)
+        lines.append(
+            " ".join(f"{m.component} {m.offset} {m.size} {m.name}" for m in sample.members)
+        )
+        digests.append(sample.digest)
     out.index_text = f"{INDEX_VERSION} {len(lines)}\n" + "".join(line + "\n" for line in lines)
     out.sums_text = sums_text(out.keys, digests)
     return out

@@ -30,7 +30,6 @@ temporaries of a run killed outright (SIGKILL) are removed by the next run into 
 
 from __future__ import annotations
 
-import argparse
 import fnmatch
 import logging
 import os
@@ -59,7 +58,7 @@ from fastdata.write.locate import (
     stored_name,
 )
 
-__all__ = ["IndexingError", "IndexOptions", "expand_braces", "index_shards", "register"]
+__all__ = ["ORDERED_LABELS", "IndexOptions", "IndexingError", "expand_braces", "index_shards"]
 
 log = logging.getLogger("fastdata")
 
@@ -234,14 +233,7 @@ def index_shards(
     options = options or IndexOptions()
     text = os.fspath(source)
     located = locate(text, options)
-    if out is None:
-        if located.local_dir is None or not os.access(located.local_dir, os.W_OK):
-            raise IndexingError(
-                f"{text} is {'a URL' if located.local_dir is None else 'read-only'}: pass "
-                "--out OUT, a local folder for the manifest and index files"
-            )
-        out = located.local_dir
-    out_dir = Path(out).resolve()
+    out_dir = _out_dir(located, out, text)
     in_place = located.local_dir is not None and Path(located.local_dir) == out_dir
     _check_out(out_dir)
     if in_place:
@@ -254,25 +246,7 @@ def index_shards(
     try:
         found = dict(zip(order, _scan_all(located, order, options, copies), strict=True))
         scanned = {split: [found[name] for name in names] for split, names in by_split.items()}
-        classes = _classes(scanned, options.classes)
-        splits = {split: split_info(split, tars, len(classes)) for split, tars in scanned.items()}
-        order_of = {split: label_order(tars) for split, tars in scanned.items()}
-        warn_ordered(order_of, scanned)
-        manifest = Manifest(
-            root=str(out_dir),
-            classes=classes,
-            splits=splits,
-            source={
-                "kind": SOURCE_KIND,
-                "path": text,
-                "tars": len(order),
-                "inflated": len(copies),
-                "label_order": {k: v for k, v in order_of.items() if v is not None},
-            },
-            seed=0,
-            fastdata_version=__version__,
-            data_root=None if in_place or copies else located.data_root.rstrip("/"),
-        )
+        manifest = _manifest(scanned, options.classes, out_dir, located, text, copies, in_place)
         tars = [t for tars in scanned.values() for t in tars]
         write_index_files(
             out_dir, tars, manifest, {stored_name(n): Path(c) for n, c in copies.items()}
@@ -281,6 +255,53 @@ def index_shards(
         for copy in copies.values():
             Path(copy).unlink(missing_ok=True)
     return load_manifest(out_dir)
+
+
+def _out_dir(located: Located, out: str | os.PathLike[str] | None, text: str) -> Path:
+    """OUT, resolved; None: SOURCE itself, when it is a writable local folder.
+
+    Raises:
+        IndexingError: no OUT for a URL or a read-only folder.
+    """
+    if out is None:
+        if located.local_dir is None or not os.access(located.local_dir, os.W_OK):
+            raise IndexingError(
+                f"{text} is {'a URL' if located.local_dir is None else 'read-only'}: pass "
+                "--out OUT, a local folder for the manifest and index files"
+            )
+        out = located.local_dir
+    return Path(out).resolve()
+
+
+def _manifest(
+    scanned: dict[str, list[ScannedTar]],
+    given: list[str] | None,
+    out_dir: Path,
+    located: Located,
+    text: str,
+    copies: dict[str, str],
+    in_place: bool,
+) -> Manifest:
+    """The manifest of the scanned tars (classes, splits, label order; warns of ordered ones)."""
+    classes = _classes(scanned, given)
+    splits = {split: split_info(split, tars, len(classes)) for split, tars in scanned.items()}
+    order_of = {split: label_order(tars) for split, tars in scanned.items()}
+    warn_ordered(order_of, scanned)
+    return Manifest(
+        root=str(out_dir),
+        classes=classes,
+        splits=splits,
+        source={
+            "kind": SOURCE_KIND,
+            "path": text,
+            "tars": sum(len(tars) for tars in scanned.values()),
+            "inflated": len(copies),
+            "label_order": {k: v for k, v in order_of.items() if v is not None},
+        },
+        seed=0,
+        fastdata_version=__version__,
+        data_root=None if in_place or copies else located.data_root.rstrip("/"),
+    )
 
 
 def _copies(
@@ -366,57 +387,3 @@ def _classes(scanned: dict[str, list[ScannedTar]], given: list[str] | None) -> l
                 "of --classes; fix the class file or the tar"
             )
     return list(given)
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    """Add `fastdata index` to the CLI."""
-    p = sub.add_parser(
-        "index",
-        help="index other tools' WebDataset tars in place (manifest + DALI index, tars untouched)",
-    )
-    p.add_argument(
-        "source",
-        help="folder of tars (.tar; .tar.gz/.tgz are inflated into OUT), URL pattern "
-        "(shards-{000..009}.tar) or URL list",
-    )
-    p.add_argument(
-        "--out", default=None, help="folder for manifest and index files (default: SOURCE)"
-    )
-    p.add_argument(
-        "--split",
-        action="append",
-        default=[],
-        metavar="NAME=PATTERN",
-        help="tars matching PATTERN form split NAME (default: by file-name prefix)",
-    )
-    p.add_argument("--classes", default=None, help="file of class names, one a line")
-    p.add_argument(
-        "--workers", type=int, default=None, help="tars read at once (default: usable cores)"
-    )
-    p.set_defaults(func=_command)
-
-
-def _command(args: argparse.Namespace) -> int:
-    splits = {}
-    for item in args.split:
-        name, eq, pattern = item.partition("=")
-        if not eq or not name or not pattern:
-            raise SystemExit(f"--split {item!r}: expected NAME=PATTERN, e.g. train='train-*.tar'")
-        splits[name] = pattern
-    classes = None
-    if args.classes:
-        classes = [ln.strip() for ln in Path(args.classes).read_text().splitlines() if ln.strip()]
-    manifest = index_shards(
-        args.source, args.out, IndexOptions(splits, classes, workers=args.workers)
-    )
-    order = manifest.source.get("label_order", {})
-    for name, split in manifest.splits.items():
-        kinds = ", ".join(f"{n} ({f.kind})" for n, f in split.field_specs.items())
-        line = f"{name}: {split.num_samples} samples in {len(split.shards)} tars; fields {kinds}"
-        if name in order:
-            ordered = " (ordered: see the warning)" if order[name] > ORDERED_LABELS else ""
-            line += f"; label_order {order[name]:.2f}{ordered}"
-        print(line)
-    where = manifest.data_root or manifest.root
-    print(f"wrote {manifest.root}/{MANIFEST_NAME} (tars read from {where})")
-    return 0

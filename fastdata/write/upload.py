@@ -27,7 +27,7 @@ from fastdata.format.manifest_io import load_manifest
 from fastdata.remote.fs import join_url, remove, upload_file
 from fastdata.remote.retry import DEFAULT_RETRY, RemoteError, RetryPolicy
 
-__all__ = ["staged_upload", "upload_dataset"]
+__all__ = ["check_upload_url", "staged_upload", "upload_dataset"]
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +55,7 @@ def upload_dataset(
         ValueError: `url` is a web server (http/https takes no uploads) or a local path.
         RemoteError: a file could not be uploaded after the retries.
     """
-    if "://" not in url or url.split("://", 1)[0] in ("http", "https"):
-        raise ValueError(
-            f"cannot upload to {url!r}: give an object-store URL (s3://, gs://); to serve over "
-            "HTTP, copy the shard folder to the web server's directory"
-        )
+    check_upload_url(url)
     local = Path(local_dir)
     manifest = load_manifest(local)
     names = [
@@ -81,13 +77,26 @@ def upload_dataset(
     return load_manifest(url, options)
 
 
+def check_upload_url(url: str) -> None:
+    """Raise ValueError unless `url` is an object-store URL (s3://, gs://, ...) fsspec writes to."""
+    if "://" not in url or url.split("://", 1)[0] in ("http", "https"):
+        raise ValueError(
+            f"cannot upload to {url!r}: give an object-store URL (s3://, gs://); to serve over "
+            "HTTP, copy the shard folder to the web server's directory"
+        )
+
+
 @contextmanager
 def staged_upload(url: str, storage_options: Mapping[str, Any] | None = None) -> Iterator[Path]:
     """A temporary local folder to write a dataset into; uploaded to `url` when the block ends.
 
     The folder is deleted after a successful upload, and after a failure inside the block. When
     the upload itself fails, it is kept and the error says how to finish the upload.
+
+    Raises:
+        ValueError: `url` is no object-store URL (before any folder is made).
     """
+    check_upload_url(url)
     staging = Path(tempfile.mkdtemp(prefix="fastdata-upload-"))
     try:
         yield staging

@@ -16,7 +16,7 @@ import multiprocessing as mp
 import os
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from fastdata.format import schema
 from fastdata.format.fields import fields_to_json
 from fastdata.format.manifest import Manifest
 from fastdata.write.carve import carve_source
-from fastdata.write.encode import DEFAULT_MAX_PIXELS, BadSampleError, encode_item, resolve_encoding
+from fastdata.write.encode import BadSampleError, encode_item, resolve_encoding
 from fastdata.write.engine import Engine, LocalEngine
 from fastdata.write.engines import open_engine
 from fastdata.write.errors import (
@@ -37,6 +37,7 @@ from fastdata.write.errors import (
     too_many_message,
 )
 from fastdata.write.lock import lock_folder
+from fastdata.write.options import ShardOptions
 from fastdata.write.outdir import WORK_DIR, atomic_write, prepare_out, same_identity
 from fastdata.write.plan import PLAN_DIR, ShardJob, plan_jobs
 from fastdata.write.rawblock import block_path, write_blocks
@@ -73,78 +74,10 @@ __all__ = [
 log = logging.getLogger("fastdata")
 
 
-@dataclass(frozen=True)
-class ShardOptions:
-    """How to shard a source.
-
-    Args:
-        seed: seed of the cross-shard pre-shuffle (same seed and input give byte-identical shards).
-        max_count: most samples per shard.
-        max_size: most bytes per shard, estimated from the source's bytes (a re-encoded sample can
-            differ in size, so a shard may end slightly over). None: no size limit.
-        workers: writer processes; None uses the usable cores.
-        encoding: "auto", "raw", "png", "jpeg" or "keep" (see `fastdata.write.encode`).
-        resize: shrink images so the shorter side is at most this many pixels (re-encodes).
-        quality: JPEG quality for re-encoding.
-        strict: stop at the first bad sample instead of skipping and reporting it (also at an
-            input the source itself found unusable: an unpaired segmentation file, a broken
-            symlink, before anything is written).
-        overwrite: replace shards of a different dataset found in the output folder.
-        progress: show a progress bar.
-        val_fraction: carve this share of the training split into a "val" split
-            (`fastdata.write.carve`, seeded with `seed`), for a source without one; None: no.
-        max_bad: most fraction (0..1) of the inputs that may be bad (skipped); one more stops the
-            run with `TooManyBadSamplesError` and the first reasons, and writes no manifest.
-        max_pixels: most width x height of an image file, checked from its header before it is
-            decoded (a bigger one is a bad sample); None: no bound.
-        lock_timeout: seconds to wait for another run that writes into the same output folder
-            (0: refuse at once; see `fastdata.write.lock`).
-        max_side: store images no larger than this on their longer side (FFCV's
-            `max_resolution`): a larger one is resized and re-encoded (JPEG at `quality`), its
-            mask resized with nearest and its boxes scaled with it; None: as they are.
-    """
-
-    seed: int = 0
-    max_count: int = 10_000
-    max_size: int | None = None
-    workers: int | None = None
-    encoding: str = "auto"
-    resize: int | None = None
-    quality: int = 90
-    strict: bool = False
-    overwrite: bool = False
-    progress: bool = True
-    val_fraction: float | None = None
-    max_bad: float = 0.1
-    max_pixels: int | None = DEFAULT_MAX_PIXELS
-    lock_timeout: float = 0.0
-    max_side: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_side is not None and self.max_side < 1:
-            raise ValueError(f"max_side must be >= 1 or None, got {self.max_side}")
-        if not 0.0 <= self.max_bad <= 1.0:
-            raise ValueError(f"max_bad must be a fraction from 0 to 1, got {self.max_bad}")
-        if self.max_pixels is not None and self.max_pixels < 1:
-            raise ValueError(f"max_pixels must be >= 1 or None, got {self.max_pixels}")
-
-    def signature(self) -> dict[str, Any]:
-        """The options that change the bytes written (not workers, strict, progress, max_bad)."""
-        keys = ("seed", "max_count", "max_size", "encoding", "resize", "quality")
-        signature = {k: getattr(self, k) for k in keys}
-        if self.val_fraction is not None:  # absent otherwise: older folders keep their identity
-            signature["val_fraction"] = self.val_fraction
-        if self.max_pixels != DEFAULT_MAX_PIXELS:  # folders written before the option match
-            signature["max_pixels"] = self.max_pixels
-        if self.max_side is not None:  # absent otherwise: older folders keep their identity
-            signature["max_side"] = self.max_side
-        return signature
-
-
 def write_shards(
     source: Source,
     out: str | os.PathLike[str],
-    options: ShardOptions = ShardOptions(),
+    options: ShardOptions = ShardOptions(),  # noqa: B008 - frozen: one shared default is safe
     engine: Engine | str | None = None,
 ) -> Manifest:
     """Shard `source` into `out` and return the manifest (see module docstring).
@@ -154,7 +87,11 @@ def write_shards(
 
     Args:
         source: the dataset.
-        out: the output folder (on a cluster: one that every node reaches at the same path).
+        out: the output folder (on a cluster: one that every node reaches at the same path),
+            or an object-store URL (`s3://bucket/prefix`, `gs://...`): the shards are written
+            into a local temporary folder, then uploaded, the manifest last
+            (`fastdata.write.upload.staged_upload`; credentials and endpoint from the
+            environment, as fsspec reads them), and the manifest returned names the URL.
         options: how to shard.
         engine: where the shards are written (`fastdata.write.engine`): None or "local" forks
             `options.workers` processes here; "ray" runs the same tasks on a local Ray
@@ -168,9 +105,24 @@ def write_shards(
         FolderLockedError: another run is writing into `out`.
         TooManyBadSamplesError: more than `max_bad` of the inputs are bad (no manifest written).
         ValueError: an encoding that does not fit the source, or a `val_fraction` it cannot take.
+        RemoteError: the upload to a URL `out` failed (the finished local folder is kept; the
+            message says how to finish the upload).
     """
+    if "://" in os.fspath(out):  # an object store: write locally, then upload (manifest last)
+        from fastdata.write.upload import staged_upload
+
+        url = os.fspath(out)
+        with staged_upload(url) as local:
+            manifest = _write_local(source, local, options, engine)
+        return replace(manifest, root=url)  # names the uploaded copy, not the staging folder
+    return _write_local(source, Path(out), options, engine)
+
+
+def _write_local(
+    source: Source, out_dir: Path, options: ShardOptions, engine: Engine | str | None
+) -> Manifest:
+    """`write_shards` into a local folder."""
     source = carve_source(source, options.val_fraction, options.seed)
-    out_dir = Path(out)
     identity = dataset_identity(source, options)
     with lock_folder(out_dir, timeout=options.lock_timeout):
         existing = prepare_out(out_dir, identity, options.overwrite)
@@ -385,78 +337,104 @@ def _test_hooks(job: ShardJob) -> None:
         ShardTarWriter = _Dying  # type: ignore[misc]  # this process dies with it
 
 
+@dataclass
+class _Tally:
+    """What a shard's written samples add up to, while `_write_job` writes them."""
+
+    result: ShardResult
+    keys: list[str] = field(default_factory=list)
+    digests: list[str] = field(default_factory=list)  # per sample, for verify_samples=True
+    heights: list[int] = field(default_factory=list)
+    widths: list[int] = field(default_factory=list)
+    exts: set[str] = field(default_factory=set)
+    pixels: PixelStats = field(default_factory=PixelStats)  # the default normalization
+    source_ids: dict[str, int | str] = field(default_factory=dict)  # key -> the source's id
+
+    def add(self, key: str, components: dict[str, bytes], item: SourceItem, encoded: Any) -> None:
+        """Count one written sample (its image `encoded`: ext, data, height, width)."""
+        self.keys.append(key)
+        self.digests.append(schema.sample_digest(components))
+        if item.source_id is not None:
+            self.source_ids[key] = item.source_id
+        self.heights.append(encoded.height)
+        self.widths.append(encoded.width)
+        self.exts.add(encoded.ext)
+        if self.result.split == "train":
+            self.pixels.add(encoded.ext, encoded.data, encoded.height, encoded.width)
+
+    def add_labels(self, labels: Any) -> None:
+        counts = self.result.class_counts
+        for label in map(str, labels):
+            counts[label] = counts.get(label, 0) + 1
+
+
 def _write_job(job: ShardJob) -> int:
     """Write one shard (in a worker process). Returns the number of source samples processed."""
     source: Source = _WORKER_STATE["source"]
     out_dir: Path = _WORKER_STATE["out"]
-    options: ShardOptions = _WORKER_STATE["options"]
-    encoding: str = _WORKER_STATE["encoding"]
     writer = ShardTarWriter(out_dir / f"{job.stem}.tar", out_dir / f"{job.stem}.idx")
-    result = ShardResult(job.split, f"{job.stem}.tar", f"{job.stem}.idx", 0, 0, "", {})
-    heights: list[int] = []
-    widths: list[int] = []
-    exts: set[str] = set()
-    pixels = PixelStats()  # streamed per-channel statistics (the default normalization)
-    keys: list[str] = []
-    digests: list[str] = []  # per sample, for verify_samples=True
-    source_ids: dict[str, int | str] = {}  # key -> the source's own id (the split's id file)
-    sums_path = out_dir / f"{job.stem}{SUMS_SUFFIX}"
+    tally = _Tally(ShardResult(job.split, f"{job.stem}.tar", f"{job.stem}.idx", 0, 0, "", {}))
     specs = source_fields(source, job.split)  # None: classification (image + label)
-    result.fields = fields_to_json(specs) if specs is not None else None
-    extra = specs is not None or options.max_side is not None
-    classes = ()
+    tally.result.fields = fields_to_json(specs) if specs is not None else None
     try:
         # Raw-encoded array sources: many samples at once (same bytes; see rawblock).
-        if fast := block_path(source, encoding):
-            done = write_blocks(source, writer, job, pixels if job.split == "train" else None)
-            keys, digests, heights, widths = done.keys, done.digests, done.heights, done.widths
-            exts, result.class_counts = {schema.RAW_EXT}, done.class_counts
-        for sample_id in job.sample_ids.tolist() if not fast else ():
-            item = source.item(job.split, sample_id)
-            parts = None
-            try:
-                encoded = encode_item(
-                    item, encoding, options.resize, options.quality, options.max_pixels
-                )
-                if extra or item.size is not None:
-                    encoded, parts, classes = encode_with_fields(
-                        item,
-                        specs,
-                        encoded,
-                        options.max_side,
-                        options.quality,
-                        options.max_pixels,
-                        len(source.classes),
-                    )
-            except BadSampleError as exc:
-                if options.strict:
-                    raise ShardingError(f"bad sample (strict mode): {exc}") from exc
-                result.skipped.append([exc.origin, exc.reason])
-                _count_bad(result.skipped)
-                continue
-            key = _key(job.split, item)
-            components = parts or _components(item, encoded.ext, encoded.data)
-            writer.write(key, components)
-            keys.append(key)
-            digests.append(schema.sample_digest(components))
-            if item.source_id is not None:
-                source_ids[key] = item.source_id
-            heights.append(encoded.height)
-            widths.append(encoded.width)
-            exts.add(encoded.ext)
-            if job.split == "train":
-                pixels.add(encoded.ext, encoded.data, encoded.height, encoded.width)
-            for label in map(str, sorted(classes) if parts is not None else (item.label,)):
-                result.class_counts[label] = result.class_counts.get(label, 0) + 1
+        if block_path(source, _WORKER_STATE["encoding"]):
+            train = tally.pixels if job.split == "train" else None
+            done = write_blocks(source, writer, job, train)
+            tally.keys, tally.digests = done.keys, done.digests
+            tally.heights, tally.widths = done.heights, done.widths
+            tally.exts, tally.result.class_counts = {schema.RAW_EXT}, done.class_counts
+        else:
+            for sample_id in job.sample_ids.tolist():
+                _write_sample(source.item(job.split, sample_id), specs, writer, tally)
     except BaseException:
         writer.abort()
         raise
+    _finish_job(job, writer, tally, out_dir)
+    return job.count
+
+
+def _write_sample(item: SourceItem, specs: Any, writer: ShardTarWriter, tally: _Tally) -> None:
+    """Encode and write one sample; a bad one is recorded as skipped (or raises when strict)."""
+    options: ShardOptions = _WORKER_STATE["options"]
+    parts, classes = None, ()
+    try:
+        encoded = encode_item(
+            item, _WORKER_STATE["encoding"], options.resize, options.quality, options.max_pixels
+        )
+        if specs is not None or options.max_side is not None or item.size is not None:
+            encoded, parts, classes = encode_with_fields(
+                item,
+                specs,
+                encoded,
+                options.max_side,
+                options.quality,
+                options.max_pixels,
+                len(_WORKER_STATE["source"].classes),
+            )
+    except BadSampleError as exc:
+        if options.strict:
+            raise ShardingError(f"bad sample (strict mode): {exc}") from exc
+        tally.result.skipped.append([exc.origin, exc.reason])
+        _count_bad(tally.result.skipped)
+        return
+    key = _key(tally.result.split, item)
+    components = parts or _components(item, encoded.ext, encoded.data)
+    writer.write(key, components)
+    tally.add(key, components, item, encoded)
+    tally.add_labels(sorted(classes) if parts is not None else (item.label,))
+
+
+def _finish_job(job: ShardJob, writer: ShardTarWriter, tally: _Tally, out_dir: Path) -> None:
+    """Commit the shard (its digests first) and write its `done` record."""
+    result = tally.result
+    sums_path = out_dir / f"{job.stem}{SUMS_SUFFIX}"
     if writer.num_samples == 0:
         writer.abort()
         result.name = result.index = ""
     else:
         # The digests first: a shard whose tar is in place always has its sums file.
-        atomic_write(sums_path, schema.sums_text(keys, digests))
+        atomic_write(sums_path, schema.sums_text(tally.keys, tally.digests))
         try:
             result.bytes, result.sha256 = writer.commit()
         except BaseException:
@@ -465,15 +443,14 @@ def _write_job(job: ShardJob) -> int:
         result.index_sha256 = sha256_file(writer.index_path)
         result.sums, result.sums_sha256 = sums_path.name, sha256_file(sums_path)
     result.num_samples = writer.num_samples
-    result.heights = [min(heights), max(heights), sum(heights)] if heights else []
-    result.widths = [min(widths), max(widths), sum(widths)] if widths else []
-    result.exts = sorted(exts)
-    result.pixel_sums = pixels.to_list() if pixels.count else []
-    if source_ids:  # sorted, beside the done record: the split's file is a merge of these runs
+    for name, values in (("heights", tally.heights), ("widths", tally.widths)):
+        setattr(result, name, [min(values), max(values), sum(values)] if values else [])
+    result.exts = sorted(tally.exts)
+    result.pixel_sums = tally.pixels.to_list() if tally.pixels.count else []
+    if tally.source_ids:  # sorted, beside the done record: the split's file merges these runs
         result.source_ids_run = f"{job.stem}{IDS_RUN_SUFFIX}"
-        write_id_run(out_dir / WORK_DIR / result.source_ids_run, source_ids)
+        write_id_run(out_dir / WORK_DIR / result.source_ids_run, tally.source_ids)
     atomic_write(done_path(out_dir / WORK_DIR, job.stem), json.dumps(asdict(result)))
-    return job.count
 
 
 def _count_bad(mine: list[list[str]]) -> None:

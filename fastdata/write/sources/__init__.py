@@ -60,12 +60,16 @@ class SourceKind:
         factory: builds the source from its inputs and keyword options.
         help: one line for `fastdata shard --help`.
         inputs: the names of its positional inputs, before OUT (e.g. ("IMAGES", "ANNOTATIONS")).
+        options: the factory's keyword options that `fastdata shard` sets from the flag of the
+            same name (`max_json_bytes` from `--max-json-bytes`); the flag is refused for the
+            other sources.
     """
 
     name: str
     factory: Callable[..., Source]
     help: str
     inputs: tuple[str, ...] = ("INPUT",)
+    options: tuple[str, ...] = ()
 
 
 REGISTRY: dict[str, SourceKind] = {
@@ -75,35 +79,41 @@ REGISTRY: dict[str, SourceKind] = {
             "cifar10",
             partial(CifarSource, kind="cifar10"),
             "CIFAR-10 python archive or folder (or --download)",
+            options=("download",),
         ),
         SourceKind(
             "cifar100",
             partial(CifarSource, kind="cifar100"),
             "CIFAR-100 python archive or folder (or --download)",
+            options=("download",),
         ),
         SourceKind("folder", FolderSource, "class-per-folder images, optional train/val/test"),
         SourceKind(
             "list",
             ListSource,
             "CSV/JSONL list: path, label | labels (multi-label) | caption/text, other columns",
+            options=("classes", "max_classes"),
         ),
         SourceKind(
             "coco",
             CocoSource,
             "COCO detection: image folder + instances json (boxes; crowd kept apart)",
             ("IMAGES", "ANNOTATIONS"),
+            ("split", "max_json_bytes"),
         ),
         SourceKind(
             "segmentation",
             SegmentationSource,
             "image folder + PNG class-index mask folder, paired by stem",
             ("IMAGES", "MASKS"),
+            ("classes", "ignore_index"),
         ),
         SourceKind(
             "parquet",
             ParquetSource,
             "Parquet file(s): Hugging Face image datasets (image struct, label, class names) or "
             "plain columns (image bytes or path, label, other columns as fields)",
+            options=("classes", "split"),
         ),
     )
 }

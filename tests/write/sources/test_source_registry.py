@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from fastdata.cli import _part_command, build_parser, main
+from fastdata.cli import build_parser, main
+from fastdata.cli.shard import _part_command
 from fastdata.write.sources import REGISTRY, SOURCES, open_source
 from tests.write.sources.family_data import write_coco, write_segmentation
 

@@ -16,7 +16,7 @@ import argparse
 import importlib
 from importlib.metadata import entry_points
 
-__all__ = ["GROUP", "available_pipelines", "register"]
+__all__ = ["GROUP", "add_train", "available_pipelines"]
 
 GROUP = "fastdata.pipelines"
 
@@ -26,7 +26,7 @@ def available_pipelines() -> dict[str, str]:
     return {ep.name: ep.value for ep in entry_points(group=GROUP)}
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def add_train(subparsers: argparse._SubParsersAction) -> None:
     """Add ``train NAME [options]`` to the ``fastdata`` command line."""
     names = available_pipelines()
     train = subparsers.add_parser(

@@ -1,0 +1,51 @@
+"""`write_shards` into object storage from the library (not only `fastdata shard`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from fastdata.format.manifest_io import load_manifest
+from fastdata.write import ShardOptions, write_shards
+from fastdata.write.sources import open_source
+from tests.conftest import write_jpeg_folder
+from tests.remote.conftest import moto_s3  # noqa: F401 - the fixture
+from tests.remote.servers import MotoS3
+
+
+def test_write_shards_to_an_s3_url_uploads_and_names_the_url(
+    moto_s3: MotoS3,  # noqa: F811
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from s3fs import S3FileSystem
+
+    for name, value in {
+        "AWS_ENDPOINT_URL": moto_s3.url,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    S3FileSystem.clear_instance_cache()  # an earlier instance may hold another endpoint
+    source = open_source("folder", write_jpeg_folder(tmp_path / "photos"))
+    options = ShardOptions(max_count=5, workers=1, progress=False)
+    local = write_shards(source, tmp_path / "local", options)
+    url = "s3://fastdata-test/library"
+    try:
+        manifest = write_shards(source, url, options)
+        uploaded = load_manifest(url)
+    finally:
+        S3FileSystem.clear_instance_cache()
+    assert manifest.root == url and uploaded.root == url
+    assert uploaded.splits == local.splits  # the same shards, byte for byte (sha256 in each)
+
+
+def test_a_web_url_is_refused_before_anything_is_written(tmp_path, monkeypatch) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    source = open_source("folder", write_jpeg_folder(tmp_path / "photos"))
+    with pytest.raises(ValueError, match=r"cannot upload to 'https://host/data': give an object"):
+        write_shards(source, "https://host/data", ShardOptions(workers=1, progress=False))
+    assert list((tmp_path / "tmp").iterdir()) == []  # no staging folder left behind
