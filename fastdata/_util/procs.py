@@ -104,30 +104,29 @@ def _dispatch(
 ) -> Iterator[tuple[int, Any]]:
     pending = iter(enumerate(tasks))
     running: dict[Connection, int] = {}  # a worker's pipe -> the task index it runs
-    by_sentinel = {proc.sentinel: (proc, conn) for proc, conn in procs}
+    proc_of = {conn: proc for proc, conn in procs}
+    conn_of = {proc.sentinel: conn for proc, conn in procs}
     for _proc, conn in procs:
         if not _send_next(conn, pending, running):
             break
     while running:
         ready = wait([*running, *(p.sentinel for p, c in procs if c in running)], timeout=1.0)
         for item in ready:
-            conn = item if isinstance(item, Connection) else by_sentinel[item][1]
+            conn = item if isinstance(item, Connection) else conn_of[item]
             if conn not in running:
                 continue
             index = running[conn]
+            task = tasks[index]
             if not conn.poll():  # the process ended and left nothing to read
-                proc = by_sentinel[item][0]
-                proc.join(JOIN_SECONDS)
-                raise WorkerDiedError(
-                    f"worker process {proc.pid} running task {describe(tasks[index])} "
-                    f"ended without a result ({_exit_text(proc.exitcode)}); "
-                    "if the machine ran out of memory, use fewer workers"
-                )
-            status, value, text = _receive(conn, tasks[index], describe)
+                raise _died(proc_of[conn], describe(task))
+            try:
+                status, value, text = conn.recv()
+            except (EOFError, OSError) as exc:  # ended before or while it replied
+                raise _died(proc_of[conn], describe(task)) from exc
             del running[conn]
             if status == "error":
                 if value is None:
-                    raise RuntimeError(f"task {describe(tasks[index])} failed:\n{text}")
+                    raise RuntimeError(f"task {describe(task)} failed:\n{text}")
                 raise value from _RemoteTraceback(text)
             yield index, value
             _send_next(conn, pending, running)
@@ -142,11 +141,12 @@ def _send_next(conn: Connection, pending: Iterator[tuple[int, Any]], running: di
     return True
 
 
-def _receive(conn: Connection, task: Any, describe: Callable[[Any], str]) -> tuple[str, Any, str]:
-    try:
-        return conn.recv()
-    except (EOFError, OSError) as exc:  # died while sending: the sentinel says so next round
-        raise WorkerDiedError(f"task {describe(task)}: its worker process ended mid-reply") from exc
+def _died(proc: Any, task: str) -> WorkerDiedError:
+    proc.join(JOIN_SECONDS)  # it has ended (EOF or its sentinel): the join only reaps it
+    return WorkerDiedError(
+        f"worker process {proc.pid} running task {task} ended without a result "
+        f"({_exit_text(proc.exitcode)}); if the machine ran out of memory, use fewer workers"
+    )
 
 
 def _exit_text(code: int | None) -> str:
