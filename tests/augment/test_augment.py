@@ -280,6 +280,42 @@ def test_resized_crop_crops_each_sample_to_its_own_box(antialias):
         torch.testing.assert_close(y[i : i + 1], expected, rtol=0, atol=1e-3)
 
 
+def test_warp_of_whole_pixel_regions_is_resized_crop_then_flip():
+    # One set of filter weights (kernels.resize_weights) serves both: a target warp of a box on
+    # whole pixels is the crop-then-resize of resized_crop, mirrored where the region says so.
+    from fastdata.augment.region import Region
+    from fastdata.augment.warp import warp_images
+
+    x = _images(3, 37, 50)
+    boxes = torch.tensor([[3, 5, 20, 30], [0, 0, 37, 50], [17, 20, 20, 30]])  # top, left, h, w
+    flips = [False, True, True]
+    regions = [
+        Region((left, top, left + w, top + h), flip, (16, 24))
+        for (top, left, h, w), flip in zip(boxes.tolist(), flips, strict=True)
+    ]
+    warped = warp_images(x, regions, antialias=True, dtype=torch.float32)
+    expected = A.resized_crop(x, boxes, (16, 24))
+    expected[1:] = expected[1:].flip(-1)
+    torch.testing.assert_close(warped, expected, rtol=0, atol=1e-4)
+
+
+def test_resize_weights_reach_padding_past_the_edges():
+    from fastdata.augment.kernels import resize_weights
+
+    # A span from -2 to 6 over a 4-pixel axis: 2 padding pixels on each side count in the
+    # normalization, then are cut off, so the weights of the real pixels sum to less than 1.
+    w = resize_weights(torch.tensor([-2.0]), torch.tensor([8.0]), 4, 4, True, pad=(2, 2))
+    assert w.shape == (1, 4, 4)
+    # Output pixel 0 is centred at -1 (half-width 2): taps -1.5 and -0.5 (padding, 0.75 each)
+    # and 0.5 (pixel 0, 0.25) -> 0.25 / 1.75 for pixel 0, the padding's share cut off.
+    torch.testing.assert_close(w[0, 0], torch.tensor([1 / 7, 0.0, 0.0, 0.0]))
+    inside = resize_weights(torch.tensor([0.0]), torch.tensor([4.0]), 4, 2, True)
+    torch.testing.assert_close(inside.sum(2), torch.ones(1, 2))
+    mirror = torch.tensor([True])
+    flipped = resize_weights(torch.tensor([-2.0]), torch.tensor([8.0]), 4, 4, True, mirror, (2, 2))
+    assert torch.equal(flipped, w.flip(1))
+
+
 @pytest.mark.parametrize(("height", "width"), [(60, 80), (80, 60), (48, 48)])
 def test_resize_center_crop_matches_resize_then_crop(height, width):
     x = _images(2, height, width)
