@@ -21,23 +21,19 @@ import numpy as np
 from PIL import Image
 
 from fastdata.format import schema
-from fastdata.format.fields import FieldError, FieldSpec
+from fastdata.format.fields import FieldError, FieldSpec, read_mask_png
 from fastdata.write.diagnose import not_an_image, sniff_format
 from fastdata.write.encode import BadSampleError, EncodedSample
 from fastdata.write.images import UnreadableImage, clean_message, open_image, to_rgb
 from fastdata.write.sources.base import MaskFile, SourceItem
 
 __all__ = [
-    "MASK_MODES",
     "encode_with_fields",
     "read_mask",
     "sample_classes",
     "sample_components",
     "shrink_encoded",
 ]
-
-#: PNG modes read as a class map: 8-bit grey, palette (its indices), 16-bit grey.
-MASK_MODES = ("L", "P", "I;16", "I;16L", "I;16B", "I;16N", "I")
 
 
 def shrink_encoded(
@@ -90,25 +86,9 @@ def read_mask(mask: MaskFile, max_pixels: int | None, origin: str) -> np.ndarray
     except OSError as exc:
         raise BadSampleError(where, f"cannot read the mask ({exc.strerror or exc})") from exc
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            if image.format != "PNG":
-                raise BadSampleError(where, f"a mask must be a PNG, this is {image.format}")
-            if max_pixels is not None and image.width * image.height > max_pixels:
-                raise BadSampleError(where, f"mask is larger than max_pixels={max_pixels:,}")
-            if image.mode not in MASK_MODES:
-                raise BadSampleError(
-                    where,
-                    f"mask mode {image.mode} is not a single-channel class map (8/16-bit grey "
-                    "or palette); convert colour masks to class indices first",
-                )
-            values = np.asarray(image)
-    except (OSError, SyntaxError, ValueError) as exc:
-        if isinstance(exc, BadSampleError):
-            raise
-        raise BadSampleError(where, f"unreadable PNG ({_mask_problem(exc, data)})") from exc
-    if values.size and (values.min() < 0 or values.max() > 65535):
-        raise BadSampleError(where, "mask values must be 0..65535")
-    values = values.astype(np.uint16 if values.size and values.max() > 255 else np.uint8)
+        values = read_mask_png(data, max_pixels, _mask_problem)
+    except FieldError as exc:
+        raise BadSampleError(where, str(exc).removeprefix("mask: ")) from exc
     if mask.num_classes is not None:
         classes = values[values != mask.ignore_index] if mask.ignore_index is not None else values
         if classes.size and int(classes.max()) >= mask.num_classes:
