@@ -13,10 +13,7 @@ from fastdata import augment as A
 
 CUDA = pytest.param(
     "cuda",
-    marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    ],
+    marks=pytest.mark.gpu,
 )
 DEVICES = ["cpu", CUDA]
 
@@ -433,7 +430,6 @@ def test_pixels_extension_checks_its_buffers():
 
 # ----------------------------------------------------------------------------- CUDA
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ["cifar", "photo", "none"])
 def test_cuda_matches_cpu_with_a_cpu_generator(name):
     preset = A.get_preset(name, image_size=None if name in ("cifar", "none") else 24)

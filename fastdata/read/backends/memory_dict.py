@@ -12,7 +12,7 @@ A split that is not classification (`fastdata.read.decoders.dict_batch`) is deco
 Each batch of the epoch plan gathers its rows (rows skipped as corrupt under
 ``on_error="skip"`` are left out), draws each sample's `Region` from the plan's batch seed and
 the sample's own size (`fastdata.augment.targets.draw_regions`) and moves image, masks and boxes
-with it (`samples.warp_fields`), then collates (`collate_samples`: evaluation padding marked):
+with it (`fastdata.read.decoders.dict_batch.warp_fields`), then collates (`collate_samples`: evaluation padding marked):
 the same functions on the same inputs as the cpu backend's workers, so for the same plan
 position every field equals the cpu backend's, bit for bit on the CPU. On an accelerator torch
 has no uint8 antialiased resize: the image is resized with float weights (`warp_on_device`),
@@ -180,7 +180,7 @@ class ResidentSamples(PlannedLoader):
         return self._keys
 
     def _warp(self, samples: list[dict[str, Any]], batch_seed: int) -> list[dict[str, Any]]:
-        """The batch's samples moved by their regions, as `samples.decode_samples` moves them."""
+        """The batch's samples moved by their regions, as `dict_batch.decode_samples` moves them."""
         sspec = self.sample_spec
         if sspec.out_hw is None or sspec.image is None or not samples:
             return samples
@@ -194,7 +194,7 @@ class ResidentSamples(PlannedLoader):
 
 
 def warp_on_device(values: dict[str, Any], spec: SampleSpec, region: Any) -> dict[str, Any]:
-    """`samples.warp_fields` of a sample whose image and masks live on an accelerator.
+    """`dict_batch.warp_fields` of a sample whose image and masks live on an accelerator.
 
     torch resizes uint8 with antialiasing on the CPU only (`warp_sample`'s fast path), so the
     image takes `warp_images`' float weights on its device, rounded (within a grey level of
