@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fastdata._util.native import pixels as _pixels  # None: not built (numpy does it)
-from fastdata.augment.params import _rand, center_crop_params, pad_crop_params
+from fastdata.augment.params import _rand, center_crop_box, pad_crop_params
 
 __all__ = [
     "crop_with_padding",
@@ -177,19 +177,15 @@ def resized_crop(x: Tensor, boxes: Tensor, size: _Size, antialias: bool = True) 
 def resize_center_crop(
     x: Tensor, size: int, resize_ratio: float = 256 / 224, antialias: bool = True
 ) -> Tensor:
-    """Resize the shorter side to ``floor(size * resize_ratio)``, then crop the centre `size`.
-
-    Geometry from `center_crop_params`; only the rows and columns of the crop are computed.
+    """The evaluation centre crop: `center_crop_box`'s box of the batch's images, resized to
+    `size` (the decoders' geometry: crop, then resize).
 
     Returns:
         Float ``(N, C, size, size)`` tensor, 0..255 scale.
     """
-    _, _, h, w = x.shape
-    resized_h, resized_w, top, left = center_crop_params(h, w, size, resize_ratio)
-    zero = torch.zeros(1, device=x.device)
-    wy = resize_weights(zero, zero + h, h, resized_h, antialias)[:, top : top + size]
-    wx = resize_weights(zero, zero + w, w, resized_w, antialias)[:, left : left + size]
-    return separable(x, wy, wx)
+    n, _, h, w = x.shape
+    box = torch.tensor([center_crop_box(h, w, size, resize_ratio)]).expand(n, 4)
+    return resized_crop(x, box, size, antialias)
 
 
 @lru_cache(maxsize=64)

@@ -103,7 +103,7 @@ def stored_hw(
         raise ValueError(f"image_size must be positive, got {image_size!r}")
     if not margin:
         return h, w
-    num, den = _CROP_RATIO  # floor, as fastdata.augment.center_crop_params: 224 -> 256
+    num, den = _CROP_RATIO  # floor: 224 -> 256, as ResizeCenterCrop's resize
     return h * num // den, w * num // den
 
 
@@ -322,8 +322,9 @@ def _draw(
 
         top, left, h, w = rrc_params(height, width, geometry.scale, geometry.ratio, rng)
     else:
-        h = w = max(1, round(min(width, height) / geometry.resize_ratio))
-        top, left = (height - h) // 2, (width - w) // 2
+        from fastdata.augment import center_crop_box
+
+        top, left, h, w = center_crop_box(height, width, geometry.size, geometry.resize_ratio)
     flip = geometry.flip_p > 0 and bool(rng.random() < geometry.flip_p)
     return (left, top, left + w, top + h), flip
 
