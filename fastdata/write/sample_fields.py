@@ -23,7 +23,7 @@ from PIL import Image
 from fastdata.format import schema
 from fastdata.format.fields import FieldError, FieldSpec, read_mask_png
 from fastdata.write.diagnose import not_an_image, sniff_format
-from fastdata.write.encode import BadSampleError, EncodedSample
+from fastdata.write.encode import BadSampleError, EncodedSample, shrink
 from fastdata.write.images import UnreadableImage, clean_message, open_image, to_rgb
 from fastdata.write.sources.base import MaskFile, SourceItem
 
@@ -51,8 +51,6 @@ def shrink_encoded(
     height, width = encoded.height, encoded.width
     if max(height, width) <= max_side:
         return encoded
-    scale = max_side / max(height, width)
-    size = (max(1, round(width * scale)), max(1, round(height * scale)))
     if encoded.ext == schema.RAW_EXT:
         pixels = np.frombuffer(encoded.data, dtype=np.uint8).reshape(height, width, 3)
         image = Image.fromarray(pixels, "RGB")
@@ -61,15 +59,17 @@ def shrink_encoded(
             image = to_rgb(open_image(encoded.data).image)
         except UnreadableImage as exc:
             raise BadSampleError(origin, exc.reason) from exc
-    small = image.resize(size, Image.BICUBIC, reducing_gap=3.0)
+    small = shrink(image, max_side, longer=True)
     if encoded.ext == schema.RAW_EXT:
-        return EncodedSample(encoded.ext, np.asarray(small).tobytes(), size[1], size[0])
+        return EncodedSample(encoded.ext, np.asarray(small).tobytes(), small.height, small.width)
     out = io.BytesIO()
     if encoded.ext == "png":
         small.save(out, "PNG", compress_level=1)
     else:
         small.save(out, "JPEG", quality=quality)
-    return EncodedSample("png" if encoded.ext == "png" else "jpg", out.getvalue(), size[1], size[0])
+    return EncodedSample(
+        "png" if encoded.ext == "png" else "jpg", out.getvalue(), small.height, small.width
+    )
 
 
 def read_mask(mask: MaskFile, max_pixels: int | None, origin: str) -> np.ndarray:

@@ -84,7 +84,8 @@ class ShardOptions:
             differ in size, so a shard may end slightly over). None: no size limit.
         workers: writer processes; None uses the usable cores.
         encoding: "auto", "raw", "png", "jpeg" or "keep" (see `fastdata.write.encode`).
-        resize: shrink images so the shorter side is at most this many pixels (re-encodes).
+        resize: shrink images so the shorter side is at most this many pixels (re-encodes every
+            image; classification sources only: see `max_side`).
         quality: JPEG quality for re-encoding.
         strict: stop at the first bad sample instead of skipping and reporting it (also at an
             input the source itself found unusable: an unpaired segmentation file, a broken
@@ -226,6 +227,14 @@ def dataset_identity(source: Source, options: ShardOptions) -> dict[str, Any]:
     """What makes two shardings the same: the source's kind and fingerprint, the byte options."""
     first = source.item(next(iter(source.splits())), 0)
     encoding = resolve_encoding(options.encoding, first.pixels is not None, options.resize)
+    if options.resize is not None and any(source_fields(source, s) for s in source.splits()):
+        # `resize` shrinks the image alone (in the encoder); masks and boxes would no longer
+        # fit it, so every sample would be refused as bad: `max_side` moves them with it.
+        raise ValueError(
+            f"resize={options.resize} shrinks images only, but this {source.kind} source has "
+            f"masks or boxes; use max_side={options.resize} (the longer side) instead, which "
+            "resizes them with the image"
+        )
     return {
         "kind": source.kind,
         "fingerprint": source.fingerprint(),
