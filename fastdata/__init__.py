@@ -34,6 +34,11 @@ _EXPORTS = {
     "open_source": "fastdata.write.sources",
     "LoaderMonitor": "fastdata.tune.monitor",
     "make_trainer": "fastdata.train",
+    "Preset": "fastdata.augment",
+    "verify": "fastdata.read.verify",
+    "index_shards": "fastdata.write.index",
+    # Kept here (not only in `_util`): the one call that says which PIL runs when Pillow and
+    # Pillow-SIMD clash, documented as `fastdata.pil_info()` (README, docs/PIL.md).
     "pil_info": "fastdata._util.pil",
 }
 
@@ -41,6 +46,7 @@ __all__ = ["__version__", *sorted(_EXPORTS)]
 
 if TYPE_CHECKING:  # pragma: no cover
     from fastdata._util.pil import pil_info  # noqa: F401
+    from fastdata.augment import Preset  # noqa: F401
     from fastdata.format.manifest import Manifest  # noqa: F401
     from fastdata.format.manifest_io import load_manifest  # noqa: F401
     from fastdata.lightning.datamodule import ShardDataModule  # noqa: F401
@@ -49,9 +55,11 @@ if TYPE_CHECKING:  # pragma: no cover
     from fastdata.lightning.prepare import ShardSource  # noqa: F401
     from fastdata.read.base import WorkerSettings  # noqa: F401
     from fastdata.read.schedule import Schedule  # noqa: F401
+    from fastdata.read.verify import verify  # noqa: F401
     from fastdata.train import make_trainer  # noqa: F401
     from fastdata.tune.monitor import LoaderMonitor  # noqa: F401
     from fastdata.write import ShardOptions, write_shards  # noqa: F401
+    from fastdata.write.index import index_shards  # noqa: F401
     from fastdata.write.sources import open_source  # noqa: F401
 
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import functools
 import io
-import os
 from pathlib import Path
 
 import numpy as np
@@ -98,7 +98,7 @@ _ONE_AT_A_TIME = {
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist (`_ONE_AT_A_TIME`), then the `heavy` selection below."""
+    """Groups for pytest-xdist (`_ONE_AT_A_TIME`), and the long tests first."""
     for item in items:
         for group, names in _ONE_AT_A_TIME.items():
             if any(name in item.nodeid for name in names):
@@ -107,26 +107,35 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     # worker starts on one while the other fills in with short ones, instead of one long test
     # left running alone at the end. A stable sort: the order is otherwise the collection's.
     items.sort(key=lambda item: not _starts_early(item))
-    _leave_out_heavy(config, items)
 
 
 def _starts_early(item: pytest.Item) -> bool:
     return any(item.get_closest_marker(name) is not None for name in ("slow", "xdist_group"))
 
 
-def _leave_out_heavy(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """CI's default run leaves out the tests marked `heavy` (bigger variants of cases other
-    tests cover: pyproject's marker list; tests/test_ci_subset.py keeps every module in CI).
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The one skip of optional hardware: `gpu` tests without CUDA, `dali` tests without DALI.
 
-    They run when a marker expression is given (``-m "heavy or not heavy"`` runs everything,
-    ``-m heavy`` those alone), when a test is named by its id (``path::test``), or with
-    FASTDATA_HEAVY=1.
+    (`heavy` tests are left out by pyproject's addopts, ``-m "not heavy"``; a ``-m`` given on
+    the command line replaces it: ``-m "heavy or not heavy"`` runs everything.)
     """
-    if config.getoption("markexpr") or os.environ.get("FASTDATA_HEAVY") == "1":
-        return
-    if any("::" in str(arg) for arg in config.args):
-        return
-    kept = [item for item in items if item.get_closest_marker("heavy") is None]
-    if len(kept) != len(items):
-        config.hook.pytest_deselected(items=[i for i in items if i not in kept])
-        items[:] = kept
+    if item.get_closest_marker("gpu") is not None and not _cuda():
+        pytest.skip("needs a CUDA GPU")
+    if item.get_closest_marker("dali") is not None and not _dali():
+        pytest.skip("needs NVIDIA DALI (nvidia-dali-cuda120), which does not import here")
+
+
+@functools.cache
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@functools.cache
+def _dali() -> bool:
+    try:  # imported, not only found: a broken install must skip, not fail
+        import nvidia.dali  # noqa: F401
+    except Exception:
+        return False
+    return True

@@ -1,7 +1,7 @@
 """CI's default run (pyproject addopts `-m "not heavy"`) stays representative: every test module
 keeps at least one test in it.
 
-`heavy` marks a bigger variant of a case another test covers (tests/conftest.py); marking every
+`heavy` marks a bigger variant of a case another test covers (pyproject markers); marking every
 test of a module would drop a whole area from CI unnoticed. The marks are read from the source
 with `ast` (decorators, a module's `pytestmark`, and `pytest.param(..., marks=...)` cases), so
 this check imports nothing and takes well under a second.

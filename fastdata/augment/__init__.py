@@ -17,7 +17,9 @@ Presets (`get_preset(name)`, typed `Preset` objects; a user's own callable is wr
   crop's gather), then normalize with the dataset's mean/std (else CIFAR-100's). Eval = normalize.
 - ``"photo"``: train = random-resized-crop (`RandomResizedCrop`: `rrc_params`, scale (0.08, 1),
   ratio (3/4, 4/3)) to ``image_size`` squared, then horizontal flip with p = 0.5; eval = shorter
-  side resized to ``floor(image_size * 256 / 224)`` then centre crop (`ResizeCenterCrop`). Backends
+  side resized to ``floor(image_size * 256 / 224)`` then centre crop (`ResizeCenterCrop`), done
+  as the decoders do it: the centre box of 224/256 of the shorter side, resized
+  (`center_crop_box`, within a pixel of torchvision's Resize + CenterCrop). Backends
   that decode (cpu, dali, nvjpeg) fuse the crop (and the flip) into decoding; the memory backend
   stores each photo's centre square at ``floor(image_size * 256 / 224)`` and runs the ops on the
   device. Then normalize (the dataset's statistics, else ImageNet's).
@@ -57,7 +59,7 @@ from fastdata.augment.kernels import (
 )
 from fastdata.augment.params import (
     batch_rrc_params,
-    center_crop_params,
+    center_crop_box,
     pad_crop_params,
     rrc_params,
 )
@@ -104,7 +106,7 @@ __all__ = [
     "Region",
     "ResizeCenterCrop",
     "batch_rrc_params",
-    "center_crop_params",
+    "center_crop_box",
     "cover_region",
     "default_preset",
     "crop_with_padding",

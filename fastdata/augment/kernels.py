@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from fastdata._util.native import pixels as _pixels  # None: not built (numpy does it)
-from fastdata.augment.params import _rand, center_crop_params, pad_crop_params
+from fastdata.augment.params import _rand, center_crop_box, pad_crop_params
 
 __all__ = [
     "crop_with_padding",
@@ -23,7 +23,9 @@ __all__ = [
     "random_crop_with_padding",
     "random_flip",
     "resize_center_crop",
+    "resize_weights",
     "resized_crop",
+    "separable",
 ]
 
 _Size = int | tuple[int, int]
@@ -84,33 +86,62 @@ def random_flip(x: Tensor, generator: torch.Generator | None = None, p: float = 
     return flip_horizontal(x, _rand((x.shape[0],), generator, x.device) < p)
 
 
-def _resize_weights(
-    start: Tensor, length: Tensor, in_size: int, out_size: int, antialias: bool
-) -> Tensor:
-    """``(N, out_size, in_size)`` bilinear weights resizing ``[start, start + length)``.
+#: Pixels: a span edge closer than this to a pixel boundary is taken as on it.
+EDGE_EPS = 1e-3
 
-    The filter of PIL and ``F.interpolate(antialias=True)``: output pixel i is centred at
-    ``(i + 0.5) * scale`` in the crop, triangle filter of half-width ``max(scale, 1)`` (1 without
-    antialias); taps outside the crop are dropped and the rest renormalized (the same as clamping
-    at the crop's edge, so this equals "crop, then resize").
+
+def resize_weights(
+    start: Tensor,
+    length: Tensor,
+    in_size: int,
+    out: int,
+    antialias: bool,
+    flip: Tensor | None = None,
+    pad: tuple[int, int] = (0, 0),
+) -> Tensor:
+    """``(N, out, in_size)`` float32 resize weights of per-sample spans of a zero-extended axis.
+
+    Output pixel i is centred at ``start + (i + 0.5) * scale`` (``scale = length / out``), with a
+    triangle filter of half-width ``max(scale, 1)`` (1 without antialias): the filter of PIL and
+    ``F.interpolate(antialias=True)``. Its taps are the pixels the span touches (for a span on
+    whole pixels: the pixels inside it, i.e. "crop, then resize"); taps past the axis' ends are
+    zero-valued padding: they count in the normalization and are then cut off. `pad` says how
+    many pixels the spans reach past each end (computed by the caller from host numbers: no sync).
+
+    Args:
+        start: ``(N,)`` span starts in pixels (whole or fractional).
+        length: ``(N,)`` span lengths in pixels.
+        in_size: the axis' length in pixels.
+        out: output pixels per span.
+        antialias: low-pass when shrinking, like PIL and torchvision.
+        flip: optional boolean ``(N,)``: mirror these spans' outputs.
+        pad: whole pixels the spans reach past the axis' start and end.
     """
-    start, length = start.to(torch.float32)[:, None, None], length.to(torch.float32)[:, None, None]
-    scale = length / out_size
+    lo, hi = pad
+    dev, f32 = start.device, torch.float32
+    start, length = start.to(f32)[:, None, None], length.to(f32)[:, None, None]
+    scale = length / out
     support = scale.clamp(min=1.0) if antialias else torch.ones_like(scale)
-    centre = (
-        torch.arange(out_size, device=start.device, dtype=torch.float32)[:, None] + 0.5
-    ) * scale
-    pos = torch.arange(in_size, device=start.device, dtype=torch.float32) + 0.5 - start
-    weights = (1 - (pos - centre).abs() / support).clamp(min=0) * ((pos > 0) & (pos < length))
-    return weights / weights.sum(dim=2, keepdim=True).clamp(min=1e-12)
+    centre = (torch.arange(out, dtype=f32, device=dev)[:, None] + 0.5) * scale
+    pos = torch.arange(-lo, in_size + hi, dtype=f32, device=dev) + 0.5 - start  # tap centres
+    # A pixel counts when the span covers more than a thousandth of it: float noise in a box
+    # edge (e.g. -1e-15) must not pull in a padding pixel.
+    touched = (pos > -0.5 + EDGE_EPS) & (pos < length + 0.5 - EDGE_EPS)
+    wts = (1 - (pos - centre).abs() / support).clamp(min=0) * touched
+    wts = wts / wts.sum(dim=2, keepdim=True).clamp(min=1e-12)
+    wts = wts[:, :, lo : lo + in_size]
+    if flip is not None:
+        wts = torch.where(flip[:, None, None], wts.flip(1), wts)
+    return wts
 
 
 def _as_hw(size: _Size) -> tuple[int, int]:
     return (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
 
 
-def _separable(x: Tensor, wy: Tensor, wx: Tensor) -> Tensor:
-    """``wy @ x @ wx^T`` per sample, in the order with fewer multiply-adds."""
+def separable(x: Tensor, wy: Tensor, wx: Tensor) -> Tensor:
+    """``wy @ x @ wx^T`` per sample (weights of `resize_weights`), in the order with fewer
+    multiply-adds; uint8 input is computed in float32."""
     # Dense weight matrices cost O(H) multiply-adds per output pixel where a gather of the few
     # filter taps would cost O(taps), but they give the exact antialiased filter with per-sample
     # boxes in two batched matmuls (tensor cores on GPU: ~0.2 GFLOP per 256px image, far below a
@@ -138,27 +169,23 @@ def resized_crop(x: Tensor, boxes: Tensor, size: _Size, antialias: bool = True) 
     """
     out_h, out_w = _as_hw(size)
     boxes = boxes.to(x.device)
-    wy = _resize_weights(boxes[:, 0], boxes[:, 2], x.shape[2], out_h, antialias)
-    wx = _resize_weights(boxes[:, 1], boxes[:, 3], x.shape[3], out_w, antialias)
-    return _separable(x, wy, wx)
+    wy = resize_weights(boxes[:, 0], boxes[:, 2], x.shape[2], out_h, antialias)
+    wx = resize_weights(boxes[:, 1], boxes[:, 3], x.shape[3], out_w, antialias)
+    return separable(x, wy, wx)
 
 
 def resize_center_crop(
     x: Tensor, size: int, resize_ratio: float = 256 / 224, antialias: bool = True
 ) -> Tensor:
-    """Resize the shorter side to ``floor(size * resize_ratio)``, then crop the centre `size`.
-
-    Geometry from `center_crop_params`; only the rows and columns of the crop are computed.
+    """The evaluation centre crop: `center_crop_box`'s box of the batch's images, resized to
+    `size` (the decoders' geometry: crop, then resize).
 
     Returns:
         Float ``(N, C, size, size)`` tensor, 0..255 scale.
     """
-    _, _, h, w = x.shape
-    resized_h, resized_w, top, left = center_crop_params(h, w, size, resize_ratio)
-    zero = torch.zeros(1, device=x.device)
-    wy = _resize_weights(zero, zero + h, h, resized_h, antialias)[:, top : top + size]
-    wx = _resize_weights(zero, zero + w, w, resized_w, antialias)[:, left : left + size]
-    return _separable(x, wy, wx)
+    n, _, h, w = x.shape
+    box = torch.tensor([center_crop_box(h, w, size, resize_ratio)]).expand(n, 4)
+    return resized_crop(x, box, size, antialias)
 
 
 @lru_cache(maxsize=64)

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from fastdata.augment.params import rrc_params
+from fastdata.augment.params import center_crop_box, rrc_params
 from fastdata.augment.presets import (
     BatchTransform,
     Flip,
@@ -97,16 +97,7 @@ def _draw_one(
             top, left, bh, bw = rrc_params(hw[0], hw[1], op.scale, op.ratio, rng)
             state, hw = _canvas_box(state, hw, (left, top, left + bw, top + bh)), out_hw
         elif isinstance(op, ResizeCenterCrop):
-            # The limiting side gives 1 / ratio of itself (a square output: of the shorter
-            # side, as the cpu backend's decode-time centre crop), the other the output's aspect.
-            if hw[0] * out_hw[1] <= hw[1] * out_hw[0]:
-                bh = round(hw[0] / op.ratio)
-                bw = round(hw[0] / op.ratio * out_hw[1] / out_hw[0])
-            else:
-                bw = round(hw[1] / op.ratio)
-                bh = round(hw[1] / op.ratio * out_hw[0] / out_hw[1])
-            bh, bw = min(hw[0], max(1, bh)), min(hw[1], max(1, bw))
-            top, left = (hw[0] - bh) // 2, (hw[1] - bw) // 2
+            top, left, bh, bw = center_crop_box(hw[0], hw[1], out_hw, op.ratio)
             state, hw = _canvas_box(state, hw, (left, top, left + bw, top + bh)), out_hw
         elif isinstance(op, PadCrop):
             dy, dx = (int(rng.integers(0, 2 * op.pad + 1)) for _ in range(2))

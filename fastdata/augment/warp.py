@@ -15,10 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from fastdata.augment.kernels import _separable
+from fastdata.augment.kernels import EDGE_EPS, resize_weights, separable
 from fastdata.augment.region import Region
-
-_EPS = 1e-3  # pixels: box edges closer than this to a pixel boundary are taken as on it
 
 __all__ = [
     "as_chw",
@@ -104,42 +102,6 @@ def warp_masks(masks: Tensor, regions: Sequence[Region], ignore_index: int) -> T
 
 
 # ----------------------------------------------------------------------------- images
-def axis_weights(
-    start: Tensor,
-    length: Tensor,
-    in_size: int,
-    out: int,
-    flip: Tensor | None,
-    antialias: bool,
-    pad: tuple[int, int] = (0, 0),
-) -> Tensor:
-    """``(N, out, in_size)`` float32 resize weights of per-sample spans of a zero-extended axis.
-
-    Output pixel i is centred at ``start + (i + 0.5) * scale`` (``scale = length / out``), with a
-    triangle filter of half-width ``max(scale, 1)`` (1 without antialias): the filter of PIL and
-    ``F.interpolate(antialias=True)``. Its taps are the pixels the span touches (for a span on
-    whole pixels: the pixels inside it, i.e. "crop, then resize"); taps past the axis' ends are
-    zero-valued padding: they count in the normalization and are then cut off. `pad` says how
-    many pixels the spans reach past each end (computed by the caller from host numbers: no sync).
-    """
-    lo, hi = pad
-    dev, f32 = start.device, torch.float32
-    start, length = start.to(f32)[:, None, None], length.to(f32)[:, None, None]
-    scale = length / out
-    support = scale.clamp(min=1.0) if antialias else torch.ones_like(scale)
-    centre = (torch.arange(out, dtype=f32, device=dev)[:, None] + 0.5) * scale
-    pos = torch.arange(-lo, in_size + hi, dtype=f32, device=dev) + 0.5 - start  # tap centres
-    # A pixel counts when the span covers more than a thousandth of it: float noise in a box
-    # edge (e.g. -1e-15) must not pull in a padding pixel.
-    touched = (pos > -0.5 + _EPS) & (pos < length + 0.5 - _EPS)
-    wts = (1 - (pos - centre).abs() / support).clamp(min=0) * touched
-    wts = wts / wts.sum(dim=2, keepdim=True).clamp(min=1e-12)
-    wts = wts[:, :, lo : lo + in_size]
-    if flip is not None:
-        wts = torch.where(flip[:, None, None], wts.flip(1), wts)
-    return wts
-
-
 def warp_images(
     images: Tensor, regions: Sequence[Region], antialias: bool, dtype: torch.dtype
 ) -> Tensor:
@@ -151,16 +113,16 @@ def warp_images(
     boxes = torch.tensor([r.box for r in regions], dtype=torch.float64).to(dev, non_blocking=True)
     flip = torch.tensor([r.flip for r in regions], dtype=torch.bool).to(dev, non_blocking=True)
     pad_y, pad_x = _reach(regions, 1, h), _reach(regions, 0, w)
-    wy = axis_weights(boxes[:, 1], boxes[:, 3] - boxes[:, 1], h, oh, None, antialias, pad_y)
-    wx = axis_weights(boxes[:, 0], boxes[:, 2] - boxes[:, 0], w, ow, flip, antialias, pad_x)
-    out = _separable(images, wy, wx)
+    wy = resize_weights(boxes[:, 1], boxes[:, 3] - boxes[:, 1], h, oh, antialias, None, pad_y)
+    wx = resize_weights(boxes[:, 0], boxes[:, 2] - boxes[:, 0], w, ow, antialias, flip, pad_x)
+    out = separable(images, wy, wx)
     return finish_pixels(out, dtype)
 
 
 def _reach(regions: Sequence[Region], axis: int, size: int) -> tuple[int, int]:
     """Whole pixels the regions' boxes reach past the start and the end of one axis."""
-    lo = max(0, max(math.ceil(-r.box[axis] - _EPS) for r in regions))
-    hi = max(0, max(math.ceil(r.box[axis + 2] - size - _EPS) for r in regions))
+    lo = max(0, max(math.ceil(-r.box[axis] - EDGE_EPS) for r in regions))
+    hi = max(0, max(math.ceil(r.box[axis + 2] - size - EDGE_EPS) for r in regions))
     return lo, hi
 
 

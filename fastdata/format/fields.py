@@ -44,12 +44,14 @@ __all__ = [
     "FieldSpec",
     "MAX_INFLATED_BYTES",
     "MAX_JSON_BYTES",
+    "MASK_MODES",
     "MAX_MASK_PIXELS",
     "default_fields",
     "gunzip_bounded",
     "fields_from_json",
     "fields_to_json",
     "is_classification",
+    "read_mask_png",
 ]
 
 MAX_JSON_BYTES = 16 << 20  # a json/text component larger than this is refused, not parsed
@@ -242,32 +244,70 @@ def _labels_encode(value: Any) -> dict[str, bytes]:
 
 
 # mask -----------------------------------------------------------------------------------------
-def _mask_decode(parts: Parts) -> np.ndarray:
+#: PNG modes read as a class map: 8-bit grey, palette (its indices), 16-bit grey.
+MASK_MODES = ("L", "P", "I;16", "I;16L", "I;16B", "I;16N", "I")
+
+
+def read_mask_png(
+    data: bytes,
+    max_pixels: int | None = MAX_MASK_PIXELS,
+    explain: Callable[[Exception, bytes], str] | None = None,
+) -> np.ndarray:
+    """A mask PNG as an (H, W) uint8 or uint16 class map: the one check of the writer and readers.
+
+    Args:
+        data: the PNG's bytes.
+        max_pixels: most width x height, checked from the header before decoding; None: no bound.
+        explain: why Pillow could not read `data` (the writer names the file's real format);
+            default Pillow's message.
+
+    Raises:
+        FieldError: not a PNG, larger than `max_pixels`, not a single-channel map (`MASK_MODES`:
+            grey or palette; colour masks must be converted to class indices first), unreadable,
+            or values outside 0..65535.
+    """
     from PIL import Image
 
     try:
-        with Image.open(io.BytesIO(bytes(_one(parts)))) as image:
-            if image.width * image.height > MAX_MASK_PIXELS:
-                raise FieldError(
-                    f"mask: {image.width} x {image.height} is more than {MAX_MASK_PIXELS} pixels"
-                )
+        with Image.open(io.BytesIO(data)) as image:
             if image.format != "PNG":
                 raise FieldError(f"mask: expected a PNG, got {image.format}")
-            if image.mode not in ("L", "P", "I;16", "I;16B", "I"):
-                raise FieldError(f"mask: PNG mode {image.mode} is not a single-channel map")
+            if max_pixels is not None and image.width * image.height > max_pixels:
+                raise FieldError(
+                    f"mask: {image.width} x {image.height} is more than {max_pixels:,} pixels"
+                )
+            if image.mode not in MASK_MODES:
+                raise FieldError(
+                    f"mask: PNG mode {image.mode} is not a single-channel class map (8/16-bit "
+                    "grey or palette); convert colour masks to class indices first"
+                )
             mask = np.asarray(image)
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         if isinstance(exc, FieldError):
             raise
-        reason = (  # Pillow's message names a BytesIO object, not the file: say what the bytes are
-            f"not an image Pillow can identify, starts {bytes(_one(parts))[:8]!r}"
-            if isinstance(exc, Image.UnidentifiedImageError)
-            else str(exc)
-        )
-        raise FieldError(f"mask: unreadable PNG ({reason})") from exc
+        raise FieldError(f"mask: unreadable PNG ({_unreadable(exc, data, explain)})") from exc
     if mask.dtype.kind not in "iu" or mask.ndim != 2:
         raise FieldError(f"mask: expected an (H, W) integer map, got {mask.dtype} {mask.shape}")
+    if mask.size and (mask.min() < 0 or mask.max() > 65535):
+        raise FieldError("mask: values must be 0..65535")
     return mask.astype(np.uint16 if mask.max(initial=0) > 255 else np.uint8, copy=False)
+
+
+def _unreadable(
+    exc: Exception, data: bytes, explain: Callable[[Exception, bytes], str] | None
+) -> str:
+    from PIL import Image
+
+    if explain is not None:
+        return explain(exc, data)
+    if isinstance(exc, Image.UnidentifiedImageError):
+        # Pillow's message names a BytesIO object, not the file: say what the bytes are.
+        return f"not an image Pillow can identify, starts {data[:8]!r}"
+    return str(exc)
+
+
+def _mask_decode(parts: Parts) -> np.ndarray:
+    return read_mask_png(bytes(_one(parts)))
 
 
 def _mask_encode(value: Any) -> dict[str, bytes]:

@@ -73,8 +73,8 @@ from fastdata.lightning.runtime import (
 )
 from fastdata.lightning.transforms import TransformSpec, check_sizes, resolve_transforms
 from fastdata.read import BatchLoader, LoaderSpec, WorkerSettings, field_backends, get_backend
-from fastdata.read.backends.memory_dict import finish_sample
 from fastdata.read.decoders.dict_batch import EvalSample, TrainSample
+from fastdata.read.finish import finish_sample
 from fastdata.read.mix import epoch_mix, epoch_size, load_mix
 from fastdata.read.resume import ResumeState, dataset_fingerprint, mix_description
 from fastdata.read.schedule import MixResume, resume_schedule, schedule_record
@@ -496,7 +496,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
 
         A dict dataset's batch (`TrainSample` / `EvalSample`, `fastdata.read.decoders.dict_batch`) gets the
         regions its loader left (the memory backend: image, masks and boxes moved together,
-        `fastdata.read.backends.memory_dict.finish_sample`) and its image normalized; its other fields pass
+        `fastdata.read.finish.finish_sample`) and its image normalized; its other fields pass
         as they are (`keys=True`'s ``key`` and ``source_id`` too). An (images, labels, ids)
         batch (`keys=True`) keeps its ids. Anything else but such a batch passes unchanged:
         Lightning also sends the model's `example_input_array` through this hook (for the model

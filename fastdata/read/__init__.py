@@ -4,8 +4,7 @@ Backends are registered in `BACKENDS` with their metadata; `auto`, the tuner, th
 pipelines read it. A new backend is one module plus one line here. Optional backends (DALI,
 torchvision's nvJPEG) are imported only when chosen or probed. `BatchLoader`, `LoaderSpec` and
 `WorkerSettings` (from `fastdata.read.base`, which imports torch) load on first use, so that the
-torch-free modules of this package (`carve`, `integrity`, `shardio`) can be imported without
-torch: the shard writer uses them.
+torch-free modules of this package (`plan`, `shardio`) can be imported without torch.
 """
 
 from __future__ import annotations

@@ -170,7 +170,7 @@ def _index_readable(reader: ShardReader, shard: int, report: VerifyReport) -> bo
 
 
 def _sample_spec(manifest: Manifest, split: SplitInfo) -> SampleSpec | None:
-    """What the loaders decode a dict split's samples with (`read.samples.sample_spec`), at the
+    """What the loaders decode a dict split's samples with (`fastdata.read.decoders.dict_batch.sample_spec`), at the
     stored size; None for a classification split (read as the loaders read its `(x, y)`)."""
     fields = split.field_specs  # the manifest's fields, or the image + label of older ones
     if is_classification(fields):

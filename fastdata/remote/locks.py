@@ -1,4 +1,5 @@
-"""File locks of the shard cache that never wait for ever and never outlive a fork.
+"""File locks that never wait for ever and never outlive a fork: the shard cache's and the
+shard writer's (`fastdata.write.lock`, an output folder's lock), one primitive for both.
 
 `fcntl.flock` locks belong to an *open file description*, which `fork` shares with the child:
 a lock held by any thread of a process at the moment it forks (a DataLoader starting its
@@ -9,9 +10,10 @@ closed their copy, and the child has no code that ever will. So:
   process holds; `os.register_at_fork` closes all of them in a new child (and marks the objects
   dead there, so a later `close()` in the child cannot close an unrelated reused descriptor);
 - the registry's mutex is taken around the fork, so no descriptor is half-registered then;
-- nothing waits on a lock with a blocking `flock`: `LockFile.wait` polls `LOCK_NB` until a
-  deadline, which a caller may push back while the holder visibly makes progress (a download
-  growing), and then raises `LockTimeout` naming the lock file and what it guards.
+- nothing waits on a lock with a blocking `flock`: `wait_for` (and `LockFile.wait`, the cache's
+  form of it) polls `LOCK_NB` until a deadline, which a caller may push back while the holder
+  visibly makes progress (a download growing), and then raises the caller's error (the cache's:
+  `LockTimeout`, naming the lock file, what it guards and the pids holding it).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 
 from fastdata.remote.retry import RemoteError
 
-__all__ = ["LockFile", "LockTimeout", "LockUnsupported", "holders"]
+__all__ = ["LockFile", "LockTimeout", "LockUnsupported", "holders", "wait_for"]
 
 _POLL_FIRST, _POLL_MAX = 0.002, 0.1  # seconds between two tries: doubling up to 0.1 s
 
@@ -117,25 +119,25 @@ class LockFile:
         Raises:
             LockTimeout: `timeout` seconds passed without the lock and without progress.
         """
-        deadline = time.monotonic() + timeout
-        mark = progress() if progress else None
-        pause = _POLL_FIRST
-        while not attempt():
-            now = time.monotonic()
-            if progress is not None and (token := progress()) != mark:
-                mark, deadline = token, now + timeout
-            if now >= deadline:
-                pids = holders(self.path)
-                raise LockTimeout(
-                    what,
-                    f"waited {timeout:g} s for the cache lock {self.path}, held by "
-                    f"{'process ' + ', '.join(map(str, pids)) if pids else 'another process'} "
-                    "without progress",
-                    "A process of this node holds the lock and is stuck or stopped: end it, or "
-                    "give this job its own cache_dir; raise lock_timeout for a slow store.",
-                )
-            time.sleep(pause)
-            pause = min(pause * 2, _POLL_MAX)
+
+        def timed_out() -> LockTimeout:
+            pids = holders(self.path)
+            return LockTimeout(
+                what,
+                f"waited {timeout:g} s for the cache lock {self.path}, held by "
+                f"{'process ' + ', '.join(map(str, pids)) if pids else 'another process'} "
+                "without progress",
+                "A process of this node holds the lock and is stuck or stopped: end it, or "
+                "give this job its own cache_dir; raise lock_timeout for a slow store.",
+            )
+
+        wait_for(attempt, timeout, timed_out, progress)
+
+    def fileno(self) -> int:
+        """The open descriptor (e.g. to write the holder's name into the file)."""
+        if self._fd is None:
+            raise ValueError(f"lock file {self.path} is closed")
+        return self._fd
 
     def close(self) -> None:
         """Release the lock and close the descriptor. Safe to call twice, and in a child."""
@@ -151,6 +153,40 @@ class LockFile:
 
     def __del__(self) -> None:
         self.close()
+
+
+def wait_for(
+    attempt: Callable[[], bool],
+    timeout: float,
+    timed_out: Callable[[], BaseException],
+    progress: Callable[[], object] | None = None,
+) -> None:
+    """Call `attempt` (a non-blocking try) until it returns True, for at most `timeout` seconds.
+
+    Tries come 2 ms apart at first, doubling up to 0.1 s; with ``timeout=0`` `attempt` runs
+    once.
+
+    Args:
+        attempt: one non-blocking try; True ends the wait.
+        timeout: seconds without progress after which to give up.
+        timed_out: the error to raise then (made when it is raised: it may name the holder).
+        progress: a token of the holder's progress; each change restarts the timeout.
+
+    Raises:
+        BaseException: `timed_out()`, when `timeout` seconds passed without the lock and
+            without progress.
+    """
+    deadline = time.monotonic() + timeout
+    mark = progress() if progress else None
+    pause = _POLL_FIRST
+    while not attempt():
+        now = time.monotonic()
+        if progress is not None and (token := progress()) != mark:
+            mark, deadline = token, now + timeout
+        if now >= deadline:
+            raise timed_out()
+        time.sleep(pause)
+        pause = min(pause * 2, _POLL_MAX)
 
 
 def holders(path: Path) -> list[int]:

@@ -22,7 +22,8 @@ class ShardOptions:
             differ in size, so a shard may end slightly over). None: no size limit.
         workers: writer processes; None uses the usable cores.
         encoding: "auto", "raw", "png", "jpeg" or "keep" (see `fastdata.write.encode`).
-        resize: shrink images so the shorter side is at most this many pixels (re-encodes).
+        resize: shrink images so the shorter side is at most this many pixels (re-encodes every
+            image; classification sources only: see `max_side`).
         quality: JPEG quality for re-encoding.
         strict: stop at the first bad sample instead of skipping and reporting it (also at an
             input the source itself found unusable: an unpaired segmentation file, a broken

@@ -21,23 +21,19 @@ import numpy as np
 from PIL import Image
 
 from fastdata.format import schema
-from fastdata.format.fields import FieldError, FieldSpec
+from fastdata.format.fields import FieldError, FieldSpec, read_mask_png
 from fastdata.write.diagnose import not_an_image, sniff_format
-from fastdata.write.encode import BadSampleError, EncodedSample
+from fastdata.write.encode import BadSampleError, EncodedSample, shrink
 from fastdata.write.images import UnreadableImage, clean_message, open_image, to_rgb
 from fastdata.write.sources.base import MaskFile, SourceItem
 
 __all__ = [
-    "MASK_MODES",
     "encode_with_fields",
     "read_mask",
     "sample_classes",
     "sample_components",
     "shrink_encoded",
 ]
-
-#: PNG modes read as a class map: 8-bit grey, palette (its indices), 16-bit grey.
-MASK_MODES = ("L", "P", "I;16", "I;16L", "I;16B", "I;16N", "I")
 
 
 def shrink_encoded(
@@ -55,8 +51,6 @@ def shrink_encoded(
     height, width = encoded.height, encoded.width
     if max(height, width) <= max_side:
         return encoded
-    scale = max_side / max(height, width)
-    size = (max(1, round(width * scale)), max(1, round(height * scale)))
     if encoded.ext == schema.RAW_EXT:
         pixels = np.frombuffer(encoded.data, dtype=np.uint8).reshape(height, width, 3)
         image = Image.fromarray(pixels, "RGB")
@@ -65,15 +59,17 @@ def shrink_encoded(
             image = to_rgb(open_image(encoded.data).image)
         except UnreadableImage as exc:
             raise BadSampleError(origin, exc.reason) from exc
-    small = image.resize(size, Image.BICUBIC, reducing_gap=3.0)
+    small = shrink(image, max_side, longer=True)
     if encoded.ext == schema.RAW_EXT:
-        return EncodedSample(encoded.ext, np.asarray(small).tobytes(), size[1], size[0])
+        return EncodedSample(encoded.ext, np.asarray(small).tobytes(), small.height, small.width)
     out = io.BytesIO()
     if encoded.ext == "png":
         small.save(out, "PNG", compress_level=1)
     else:
         small.save(out, "JPEG", quality=quality)
-    return EncodedSample("png" if encoded.ext == "png" else "jpg", out.getvalue(), size[1], size[0])
+    return EncodedSample(
+        "png" if encoded.ext == "png" else "jpg", out.getvalue(), small.height, small.width
+    )
 
 
 def read_mask(mask: MaskFile, max_pixels: int | None, origin: str) -> np.ndarray:
@@ -90,25 +86,9 @@ def read_mask(mask: MaskFile, max_pixels: int | None, origin: str) -> np.ndarray
     except OSError as exc:
         raise BadSampleError(where, f"cannot read the mask ({exc.strerror or exc})") from exc
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            if image.format != "PNG":
-                raise BadSampleError(where, f"a mask must be a PNG, this is {image.format}")
-            if max_pixels is not None and image.width * image.height > max_pixels:
-                raise BadSampleError(where, f"mask is larger than max_pixels={max_pixels:,}")
-            if image.mode not in MASK_MODES:
-                raise BadSampleError(
-                    where,
-                    f"mask mode {image.mode} is not a single-channel class map (8/16-bit grey "
-                    "or palette); convert colour masks to class indices first",
-                )
-            values = np.asarray(image)
-    except (OSError, SyntaxError, ValueError) as exc:
-        if isinstance(exc, BadSampleError):
-            raise
-        raise BadSampleError(where, f"unreadable PNG ({_mask_problem(exc, data)})") from exc
-    if values.size and (values.min() < 0 or values.max() > 65535):
-        raise BadSampleError(where, "mask values must be 0..65535")
-    values = values.astype(np.uint16 if values.size and values.max() > 255 else np.uint8)
+        values = read_mask_png(data, max_pixels, _mask_problem)
+    except FieldError as exc:
+        raise BadSampleError(where, str(exc).removeprefix("mask: ")) from exc
     if mask.num_classes is not None:
         classes = values[values != mask.ignore_index] if mask.ignore_index is not None else values
         if classes.size and int(classes.max()) >= mask.num_classes:

@@ -178,6 +178,14 @@ def dataset_identity(source: Source, options: ShardOptions) -> dict[str, Any]:
     """What makes two shardings the same: the source's kind and fingerprint, the byte options."""
     first = source.item(next(iter(source.splits())), 0)
     encoding = resolve_encoding(options.encoding, first.pixels is not None, options.resize)
+    if options.resize is not None and any(source_fields(source, s) for s in source.splits()):
+        # `resize` shrinks the image alone (in the encoder); masks and boxes would no longer
+        # fit it, so every sample would be refused as bad: `max_side` moves them with it.
+        raise ValueError(
+            f"resize={options.resize} shrinks images only, but this {source.kind} source has "
+            f"masks or boxes; use max_side={options.resize} (the longer side) instead, which "
+            "resizes them with the image"
+        )
     return {
         "kind": source.kind,
         "fingerprint": source.fingerprint(),

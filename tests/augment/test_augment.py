@@ -13,10 +13,7 @@ from fastdata import augment as A
 
 CUDA = pytest.param(
     "cuda",
-    marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    ],
+    marks=pytest.mark.gpu,
 )
 DEVICES = ["cpu", CUDA]
 
@@ -280,21 +277,83 @@ def test_resized_crop_crops_each_sample_to_its_own_box(antialias):
         torch.testing.assert_close(y[i : i + 1], expected, rtol=0, atol=1e-3)
 
 
+def test_warp_of_whole_pixel_regions_is_resized_crop_then_flip():
+    # One set of filter weights (kernels.resize_weights) serves both: a target warp of a box on
+    # whole pixels is the crop-then-resize of resized_crop, mirrored where the region says so.
+    from fastdata.augment.region import Region
+    from fastdata.augment.warp import warp_images
+
+    x = _images(3, 37, 50)
+    boxes = torch.tensor([[3, 5, 20, 30], [0, 0, 37, 50], [17, 20, 20, 30]])  # top, left, h, w
+    flips = [False, True, True]
+    regions = [
+        Region((left, top, left + w, top + h), flip, (16, 24))
+        for (top, left, h, w), flip in zip(boxes.tolist(), flips, strict=True)
+    ]
+    warped = warp_images(x, regions, antialias=True, dtype=torch.float32)
+    expected = A.resized_crop(x, boxes, (16, 24))
+    expected[1:] = expected[1:].flip(-1)
+    torch.testing.assert_close(warped, expected, rtol=0, atol=1e-4)
+
+
+def test_resize_weights_reach_padding_past_the_edges():
+    from fastdata.augment.kernels import resize_weights
+
+    # A span from -2 to 6 over a 4-pixel axis: 2 padding pixels on each side count in the
+    # normalization, then are cut off, so the weights of the real pixels sum to less than 1.
+    w = resize_weights(torch.tensor([-2.0]), torch.tensor([8.0]), 4, 4, True, pad=(2, 2))
+    assert w.shape == (1, 4, 4)
+    # Output pixel 0 is centred at -1 (half-width 2): taps -1.5 and -0.5 (padding, 0.75 each)
+    # and 0.5 (pixel 0, 0.25) -> 0.25 / 1.75 for pixel 0, the padding's share cut off.
+    torch.testing.assert_close(w[0, 0], torch.tensor([1 / 7, 0.0, 0.0, 0.0]))
+    inside = resize_weights(torch.tensor([0.0]), torch.tensor([4.0]), 4, 2, True)
+    torch.testing.assert_close(inside.sum(2), torch.ones(1, 2))
+    mirror = torch.tensor([True])
+    flipped = resize_weights(torch.tensor([-2.0]), torch.tensor([8.0]), 4, 4, True, mirror, (2, 2))
+    assert torch.equal(flipped, w.flip(1))
+
+
 @pytest.mark.parametrize(("height", "width"), [(60, 80), (80, 60), (48, 48)])
-def test_resize_center_crop_matches_resize_then_crop(height, width):
+def test_resize_center_crop_crops_the_centre_box_then_resizes(height, width):
     x = _images(2, height, width)
-    rh, rw, top, left = A.center_crop_params(height, width, 32, 256 / 224)
-    assert min(rh, rw) == 36 and (rh - 32) // 2 <= top <= rh - 32 and (rw - 32) // 2 <= left
-    resized = F.interpolate(x.float(), size=(rh, rw), mode="bilinear", antialias=True)
-    expected = resized[:, :, top : top + 32, left : left + 32]
+    top, left, h, w = A.center_crop_box(height, width, 32, 256 / 224)
+    # floor(32 * 256 / 224) = 36: the box keeps 32 / 36 of the shorter side, centred.
+    assert h == w == round(min(height, width) * 32 / 36)
+    assert (top, left) == ((height - h) // 2, (width - w) // 2)
+    crop = x[:, :, top : top + h, left : left + w].float()
+    expected = F.interpolate(crop, size=(32, 32), mode="bilinear", antialias=True)
     torch.testing.assert_close(A.resize_center_crop(x, 32), expected, rtol=0, atol=1e-3)
 
 
-def test_center_crop_params_follow_torchvision_resize_and_centercrop():
-    assert A.center_crop_params(375, 500, 224) == (256, 341, 16, 58)
-    assert A.center_crop_params(500, 375, 224) == (341, 256, 58, 16)
+def test_center_crop_box_is_the_decoders_box():
+    from fastdata.read.decoders.image import Geometry, _draw
+
+    assert A.center_crop_box(375, 500, 224) == (23, 86, 328, 328)
+    assert A.center_crop_box(500, 375, 224) == (86, 23, 328, 328)
+    assert A.center_crop_box(300, 400, (224, 112)) == (19, 134, 262, 131)  # the output's aspect
+    assert A.center_crop_box(182, 200, 160) == (11, 20, 160, 160)  # stored at floor(160 * 8 / 7)
+    for hw in [(375, 500), (500, 375), (61, 61), (3, 200)]:
+        (left, top, right, bottom), _ = _draw(hw[::-1], Geometry("center", 224), None)
+        assert A.center_crop_box(*hw, 224) == (top, left, bottom - top, right - left)
     with pytest.raises(ValueError, match="resize_ratio"):
-        A.center_crop_params(10, 10, 8, 0.5)
+        A.center_crop_box(10, 10, 8, 0.5)
+
+
+def test_the_device_centre_crop_gives_the_cpu_decoders_pixels():
+    """One geometry: the eval crop of an image on the device (raw splits, the memory store)
+    equals the cpu backend's decode-time centre crop of the same image, within a grey level."""
+    import io
+
+    from PIL import Image
+
+    from fastdata.read.decoders.image import Geometry, decode_image
+
+    x = _images(1, 60, 90, seed=3)
+    png = io.BytesIO()
+    Image.fromarray(x[0].permute(1, 2, 0).numpy()).save(png, "PNG")
+    decoded = decode_image(png.getvalue(), Geometry("center", 28), np.random.default_rng(0))
+    device = A.resize_center_crop(x, 28).round().clamp(0, 255)[0].permute(1, 2, 0)
+    assert (device - torch.from_numpy(np.array(decoded)).float()).abs().max() <= 1
 
 
 # ----------------------------------------------------------------------------- normalize
@@ -397,7 +456,6 @@ def test_pixels_extension_checks_its_buffers():
 
 # ----------------------------------------------------------------------------- CUDA
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("name", ["cifar", "photo", "none"])
 def test_cuda_matches_cpu_with_a_cpu_generator(name):
     preset = A.get_preset(name, image_size=None if name in ("cifar", "none") else 24)

@@ -29,10 +29,7 @@ from fastdata.augment import (
 
 CUDA = pytest.param(
     "cuda",
-    marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    ],
+    marks=pytest.mark.gpu,
 )
 COLOUR = np.array([230.0, 30.0, 200.0])
 BACKGROUND = np.array([40.0, 160.0, 70.0])

@@ -86,3 +86,14 @@ def test_readme_is_short():
     """Issue 28: a README of at most ~250 lines; the rest lives in docs/."""
     lines = (REPO / "README.md").read_text().splitlines()
     assert len(lines) <= 260, len(lines)
+
+
+def test_the_lightning_page_opens_with_the_public_classes():
+    """Issue 38: `ShardDataModule` and its family first; `compat` (FabricLoader,
+    datamodule_bases) and the loaders' machinery after an "Internals" heading."""
+    page = (REPO / "docs" / "api" / "lightning.md").read_text()
+    entries = re.findall(r"^::: (fastdata\.lightning\.\w+)", page, re.M)
+    assert entries[:2] == ["fastdata.lightning.datamodule", "fastdata.lightning.family"]
+    internals = page.index("## Internals")
+    assert page.index("::: fastdata.lightning.compat") > internals
+    assert page.index("::: fastdata.lightning.runtime") > internals

@@ -150,3 +150,35 @@ def test_the_image_field_must_be_named_image():
             },
             "x",
         )
+
+
+@pytest.mark.parametrize(
+    ("mode", "accepted"),
+    [("L", True), ("P", True), ("I;16", True), ("1", False), ("LA", False), ("RGB", False)],
+)
+def test_the_writer_and_the_readers_accept_the_same_mask_pngs(tmp_path, mode, accepted):
+    import io
+
+    from PIL import Image
+
+    from fastdata.write.encode import BadSampleError
+    from fastdata.write.sample_fields import read_mask
+    from fastdata.write.sources.base import MaskFile
+
+    values = np.array([[0, 1], [1, 0]], dtype=np.uint8)
+    image = Image.fromarray(values * (255 if mode == "1" else 1), "L").convert(mode)
+    out = io.BytesIO()
+    image.save(out, "PNG")
+    path = tmp_path / "m.png"
+    path.write_bytes(out.getvalue())
+    spec = FieldSpec("mask", "mask", ("mask.png",))
+    if accepted:
+        read = spec.decode({"mask.png": out.getvalue()})
+        written = read_mask(MaskFile(path), None, "a.jpg")
+        np.testing.assert_array_equal(read, values)
+        np.testing.assert_array_equal(written, values)
+        return
+    with pytest.raises(FieldError, match=f"mode {mode} is not a single-channel class map"):
+        spec.decode({"mask.png": out.getvalue()})
+    with pytest.raises(BadSampleError, match=f"mode {mode} is not a single-channel class map"):
+        read_mask(MaskFile(path), None, "a.jpg")

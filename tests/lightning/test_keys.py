@@ -318,10 +318,9 @@ def _loader_keys(loader) -> list[list[str | None]]:
     return [list(batch[2]) for batch in loader]
 
 
-@pytest.mark.parametrize("backend", ["memory", "dali"])
+@pytest.mark.parametrize("backend", ["memory", pytest.param("dali", marks=pytest.mark.dali)])
 def test_backends_hand_over_the_cpu_backends_keys_at_every_rank_and_resume(tiny_shards, backend):
     if backend == "dali":
-        pytest.importorskip("nvidia.dali")
         from fastdata.read.backends.dali import make_dali_loader as make
     else:
         from fastdata.read.backends.memory import make_memory_loader as make

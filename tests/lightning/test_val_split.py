@@ -104,8 +104,8 @@ def test_val_fraction_never_trains_on_the_carved_samples(tiny_shards, backend):
     assert set(_labels(again, "val")) == first_val
 
 
+@pytest.mark.dali
 def test_dali_backend_honours_the_carve(tiny_shards):
-    pytest.importorskip("nvidia.dali")
     dm = _module(
         tiny_shards,
         val=0.2,

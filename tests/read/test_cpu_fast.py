@@ -256,7 +256,7 @@ def test_slots_take_at_most_a_quarter_of_the_free_shared_memory_fewer_if_need_be
     assert BatchSlots.create(2, 1, 4, (3, 32, 32)).state.shape[1] == 1  # one asked: one given
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
+@pytest.mark.gpu  # pinned memory needs CUDA
 def test_slots_copy_into_pinned_memory_when_the_loader_pins(tiny_shards):
     spec = _spec(tiny_shards, num_workers=2, prefetch_factor=2)
     spec = spec.__class__(**(spec.__dict__ | {"workers": WorkerSettings(2, 2, pin_memory=True)}))

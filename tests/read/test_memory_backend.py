@@ -342,7 +342,6 @@ def test_two_process_ddp_ranks_see_the_same_number_of_batches(raw_shards, tmp_pa
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_batches_live_on_the_gpu_and_match_the_cpu_store(raw_shards):
     manifest, _ = raw_shards
     on_gpu = list(make_memory_loader(_spec(manifest, device="cuda")))
@@ -353,7 +352,6 @@ def test_batches_live_on_the_gpu_and_match_the_cpu_store(raw_shards):
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_fused_cifar_batches_on_the_gpu(raw_shards):
     manifest, _ = raw_shards
     fused, plain = _cifar_and_plain(manifest, device="cuda")

@@ -10,10 +10,7 @@ from fastdata.read.stores.padded import PaddedImages, padded_nbytes
 
 CUDA = pytest.param(
     "cuda",
-    marks=[
-        pytest.mark.gpu,
-        pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    ],
+    marks=pytest.mark.gpu,
 )
 
 

@@ -340,8 +340,8 @@ def test_a_clean_dataset_reads_the_same_with_every_check(tmp_path):
     assert np.array_equal(images[row].permute(1, 2, 0).numpy(), source)
 
 
+@pytest.mark.dali
 def test_the_dali_backend_refuses_a_changed_index_and_verify_samples(tiny_shards):
-    pytest.importorskip("nvidia.dali")
     from fastdata.read.backends.dali import make_dali_loader
 
     with pytest.raises(ValueError, match="dali backend cannot check per-sample digests"):

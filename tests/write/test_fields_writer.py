@@ -196,3 +196,24 @@ def test_an_unreadable_mask_names_its_file_not_a_bytesio(tmp_path: Path) -> None
     with pytest.raises(FieldError) as info:  # the read side: the caller adds shard and key
         FieldSpec("mask", "mask", ("mask.png",)).decode({"mask.png": b"GIF8 broken"})
     assert "BytesIO" not in str(info.value) and "starts b'GIF8 bro'" in str(info.value)
+
+
+def test_resize_on_a_source_with_masks_is_refused_naming_max_side(tmp_path: Path) -> None:
+    # `resize` shrinks the image alone: before, every sample was then refused as bad ("the
+    # mask is 400 x 300 (W x H) but the image is 100 x 75") and the run stopped.
+    images, masks = write_segmentation(tmp_path / "seg", count=2)
+    options = ShardOptions(max_count=8, workers=1, progress=False, resize=75)
+    with pytest.raises(ValueError, match="use max_side=75"):
+        write_shards(SegmentationSource(images, masks), tmp_path / "out", options)
+    assert not (tmp_path / "out").exists()
+
+
+def test_resize_and_max_side_shrink_alike() -> None:
+    from PIL import Image
+
+    from fastdata.write.encode import shrink
+
+    image = Image.new("RGB", (400, 300))
+    assert shrink(image, 150).size == (200, 150)  # resize: the shorter side
+    assert shrink(image, 100, longer=True).size == (100, 75)  # max_side: the longer side
+    assert shrink(image, 300) is image and shrink(image, 400, longer=True) is image

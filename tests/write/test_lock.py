@@ -122,9 +122,29 @@ def test_a_file_system_without_locks_warns_and_runs(
     def no_locks(fd: int, mode: int) -> None:
         raise OSError(errno.ENOLCK, "No locks available")
 
-    monkeypatch.setattr(fcntl, "lockf", no_locks)
+    monkeypatch.setattr(fcntl, "flock", no_locks)
     src = FolderSource(_dataset(tmp_path / "ds"))
     with caplog.at_level(logging.WARNING, logger="fastdata"):
         manifest = write_shards(src, tmp_path / "out", OPTS)
     assert manifest.splits["train"].num_samples == 4
     assert "does not support locks (No locks available)" in caplog.text
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="reads /proc/self/fd")
+def test_a_forked_child_does_not_keep_the_folder_locked(tmp_path: Path) -> None:
+    """A writer worker forked while the lock is held has no descriptor of the lock file (an
+    flock lives as long as any copy of its descriptor: `LockFile` closes them in a child)."""
+    out = tmp_path / "out"
+    with lock_folder(out) as path:
+        child = os.fork()
+        if child == 0:  # the child: exit 1 if any descriptor of it is the lock file
+            fds = Path("/proc/self/fd")
+            names = []
+            for fd in fds.iterdir():
+                try:
+                    names.append(os.readlink(fd))
+                except OSError:
+                    pass
+            os._exit(1 if str(path) in names else 0)
+        _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the child kept the lock's descriptor"

@@ -6,7 +6,7 @@ The split that decides is the largest of those the caller will read (`ShardDataM
 split it resolved, the training split when there is one; a val-only dataset: its val split).
 
 1. "memory" when the memory backend's store of the split (`fastdata.read.backends.memory.resident_nbytes`:
-   N x 3 x H x W uint8 at the stored size of `fastdata.read.decoded.stored_hw`, or the padded and
+   N x 3 x H x W uint8 at the stored size of `fastdata.read.decoders.image.stored_hw`, or the padded and
    mirrored layout of a preset with a fused pad-crop, 3.1x that for CIFAR; a dict split's frames
    at their own size, `fastdata.read.backends.memory_dict.frames_nbytes`) fits `memory_share` of
    the free memory of the training device (`torch.cuda.mem_get_info` on a GPU,

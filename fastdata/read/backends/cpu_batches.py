@@ -43,7 +43,7 @@ def decode_geometry(spec: LoaderSpec) -> tuple[Geometry, int]:
     """(decode-time geometry of the split's encoded images, preset ops it covers).
 
     The preset's leading random-resized crop (and flip) or centre crop is fused into decoding;
-    without one, photos are decoded to the stored size (`decode.stored_hw`: the centre square at
+    without one, photos are decoded to the stored size (`fastdata.read.decoders.image.stored_hw`: the centre square at
     ``floor(image_size * 256 / 224)`` when the preset crops on the device, else at `image_size`,
     or the common size), as the memory backend stores them.
     Raw splits: no decode-time geometry (every op runs on the device).

@@ -12,7 +12,7 @@ A split that is not classification (`fastdata.read.decoders.dict_batch`) is deco
 Each batch of the epoch plan gathers its rows (rows skipped as corrupt under
 ``on_error="skip"`` are left out), draws each sample's `Region` from the plan's batch seed and
 the sample's own size (`fastdata.augment.targets.draw_regions`) and moves image, masks and boxes
-with it (`samples.warp_fields`), then collates (`collate_samples`: evaluation padding marked):
+with it (`fastdata.read.decoders.dict_batch.warp_fields`), then collates (`collate_samples`: evaluation padding marked):
 the same functions on the same inputs as the cpu backend's workers, so for the same plan
 position every field equals the cpu backend's, bit for bit on the CPU. On an accelerator torch
 has no uint8 antialiased resize: the image is resized with float weights (`warp_on_device`),
@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -44,14 +44,11 @@ import numpy as np
 import torch
 
 from fastdata._util.threads import one_thread_on_cpu
-from fastdata.augment import Preset
-from fastdata.format.fields import FieldSpec
 from fastdata.format.manifest import SplitInfo
 from fastdata.read.base import LoaderSpec, PlannedLoader
 from fastdata.read.decoders.dict_batch import (
     Sample,
     SampleSpec,
-    box_labels_key,
     collate_samples,
     decode_fields,
     sample_spec,
@@ -64,7 +61,6 @@ from fastdata.read.source_ids import batch_keys, row_keys
 
 __all__ = [
     "ResidentSamples",
-    "finish_sample",
     "frames_nbytes",
     "make_resident_loader",
     "warp_on_device",
@@ -184,7 +180,7 @@ class ResidentSamples(PlannedLoader):
         return self._keys
 
     def _warp(self, samples: list[dict[str, Any]], batch_seed: int) -> list[dict[str, Any]]:
-        """The batch's samples moved by their regions, as `samples.decode_samples` moves them."""
+        """The batch's samples moved by their regions, as `dict_batch.decode_samples` moves them."""
         sspec = self.sample_spec
         if sspec.out_hw is None or sspec.image is None or not samples:
             return samples
@@ -198,7 +194,7 @@ class ResidentSamples(PlannedLoader):
 
 
 def warp_on_device(values: dict[str, Any], spec: SampleSpec, region: Any) -> dict[str, Any]:
-    """`samples.warp_fields` of a sample whose image and masks live on an accelerator.
+    """`dict_batch.warp_fields` of a sample whose image and masks live on an accelerator.
 
     torch resizes uint8 with antialiasing on the CPU only (`warp_sample`'s fast path), so the
     image takes `warp_images`' float weights on its device, rounded (within a grey level of
@@ -257,56 +253,3 @@ def frames_nbytes(info: SplitInfo) -> int | None:
 def make_resident_loader(spec: LoaderSpec) -> ResidentSamples:
     """The memory backend's loader of a dict split (see the module docstring)."""
     return ResidentSamples(spec)
-
-
-def finish_sample(
-    batch: Mapping[str, Any],
-    fields: Mapping[str, FieldSpec],
-    preset: Preset,
-    train: bool,
-    batch_seed: int,
-    applied: int,
-    ignore_index: int = 255,
-) -> Sample:
-    """A dict batch with the preset's ops the loader left applied on its device (`warp_batch`).
-
-    The cpu and memory backends apply every op (`applied` = all of them): the batch is returned
-    as it is (a copy of the same type). For a batch whose loader left the ops (`applied` = 0:
-    one of equal-size images, e.g. a batch the DataModule did not load), each sample's `Region`
-    is drawn from `batch_seed` for the batch's size and the image, masks and boxes move
-    together, batched on the device. Normalizing is left to the caller.
-    """
-    out = type(batch)(batch)
-    ops = preset.ops(train)
-    if "image" not in out or (applied >= len(ops) and preset.image_size is None):
-        return out  # an image-less split's batch has nothing to warp
-    image = out["image"]
-    n, _, h, w = image.shape
-    if n == 0:
-        return out
-    out_hw = (preset.image_size, preset.image_size) if preset.image_size else (h, w)
-    if applied >= len(ops) and (h, w) == out_hw:
-        return out
-    from fastdata.augment.targets import draw_regions, warp_batch
-
-    regions = draw_regions(preset, train, [(h, w)] * n, out_hw, batch_seed)
-    masks = [k for k, f in fields.items() if f.kind == "mask" and k in out]
-    boxes = [k for k, f in fields.items() if f.kind == "boxes" and k in out]
-    first: dict[str, Any] = {}
-    if masks:
-        first["masks"] = out[masks[0]]
-    if boxes:
-        first["boxes"], first["box_labels"] = out[boxes[0]], out[box_labels_key(boxes[0])]
-    warped = warp_batch(image, regions, ignore_index=ignore_index, **first)
-    out["image"] = warped["image"]
-    if masks:
-        out[masks[0]] = warped["mask"]
-    if boxes:
-        out[boxes[0]], out[box_labels_key(boxes[0])] = warped["boxes"], warped["box_labels"]
-    for name in masks[1:]:
-        out[name] = warp_batch(image, regions, masks=out[name], ignore_index=ignore_index)["mask"]
-    for name in boxes[1:]:
-        key = box_labels_key(name)
-        w2 = warp_batch(image, regions, boxes=out[name], box_labels=out[key])
-        out[name], out[key] = w2["boxes"], w2["box_labels"]
-    return out

@@ -104,7 +104,7 @@ def stored_hw(
         raise ValueError(f"image_size must be positive, got {image_size!r}")
     if not margin:
         return h, w
-    num, den = _CROP_RATIO  # floor, as fastdata.augment.center_crop_params: 224 -> 256
+    num, den = _CROP_RATIO  # floor: 224 -> 256, as ResizeCenterCrop's resize
     return h * num // den, w * num // den
 
 
@@ -319,7 +319,7 @@ def draw_crop(
     """The crop window and flip of one image: the one geometry of every backend.
 
     The draws, in order: the box ("rrc": `fastdata.augment.rrc_params` from `rng`; "center": the
-    centre square of side ``min(width, height) / resize_ratio``; "cover": the centre window of the
+    centre box of `fastdata.augment.center_crop_box`; "cover": the centre window of the
     image's aspect ratio that covers `Geometry.hw`, rounded to whole pixels; "none": the whole
     image; only "rrc" draws), then the flip (one draw when ``flip_p > 0``). The cpu backend crops
     these windows (the Pillow path's "cover" resizes the same window at sub-pixel precision), the
@@ -341,8 +341,9 @@ def draw_crop(
 
         top, left, h, w = rrc_params(height, width, geometry.scale, geometry.ratio, rng)
     elif geometry.kind == "center":
-        h = w = max(1, round(min(width, height) / geometry.resize_ratio))
-        top, left = (height - h) // 2, (width - w) // 2
+        from fastdata.augment import center_crop_box
+
+        top, left, h, w = center_crop_box(height, width, geometry.size, geometry.resize_ratio)
     elif geometry.kind == "cover":
         th, tw = geometry.hw
         scale = max(tw / width, th / height)  # the scale at which the image just covers hw

@@ -186,7 +186,7 @@ def test_gz_components_and_image_less_splits_round_trip(tmp_path, backend, image
     [
         "dali",
         pytest.param(  # without a GPU it is refused for that first
-            "nvjpeg", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU")
+            "nvjpeg", marks=pytest.mark.gpu
         ),
     ],
 )
