@@ -132,7 +132,8 @@ class LoaderMonitor(pl.Callback):
         if choice is not None and self._previous_idle is None:
             self._previous_idle = choice.load.idle_cores  # "was ..." in the first epoch's log
         if not isinstance(trainer.profiler, FetchTimer):
-            trainer.profiler = FetchTimer(trainer.profiler, self._fetch_began, self._fetch_ended)
+            trainer.profiler = FetchTimer(trainer.profiler)
+        trainer.profiler.listen(FETCH_ACTION, self._fetch_began, self._fetch_ended)
         self._gpu = self._open_gpu(pl_module.device) if self._open_gpu else None
         gpu_energy = self._gpu.energy_j() if self._gpu else None
         if self._gpu is not None and gpu_energy is not None:
