@@ -24,7 +24,12 @@ from dataclasses import dataclass, field, replace
 
 import psutil
 
-from fastdata.tune.sizing import HIGH_VARIATION_CV, MAIN_PROCESS_CORES, VARIABLE_PREFETCH
+from fastdata.tune.sizing import (
+    HIGH_VARIATION_CV,
+    MAIN_PROCESS_CORES,
+    VARIABLE_PREFETCH,
+    workers_for_loop,
+)
 
 __all__ = [
     "HYSTERESIS_CORES",
@@ -276,6 +281,8 @@ class EpochFigures:
         batch_bytes: bytes of one batch (for the prefetch memory check; 0: unknown).
         available_bytes: free memory now (None: unknown, prefetch is not raised).
         previous_idle: idle cores at the last decision (start-up or last epoch), for the log.
+        batch_cost_s: mean seconds the loader's makers spent reading and decoding a batch (the
+            cpu backend's stage times; None: not reported, the workers follow the wait alone).
     """
 
     epoch: int
@@ -287,6 +294,7 @@ class EpochFigures:
     batch_bytes: int = 0
     available_bytes: int | None = None
     previous_idle: float | None = None
+    batch_cost_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -325,6 +333,9 @@ def recheck(
        kept up with stays: more workers than cores can be the faster choice for photos.
     4. prefetch: raised to `VARIABLE_PREFETCH` when the wait stays high, workers cannot grow,
        the waits vary (CV > `HIGH_VARIATION_CV`) and the deeper queue fits in memory.
+
+    When the loader reports what a batch costs to make (`EpochFigures.batch_cost_s`), steps 2
+    and 3 are replaced by the loop's measured load (`_follow_the_loop`).
     """
     out = Recheck(current)
     load, head = figures.load, f"epoch {figures.epoch}"
@@ -339,6 +350,8 @@ def recheck(
             out = replace(out, sizing=replace(out.sizing, threads=threads))
     if current.num_workers is None:
         return out
+    if figures.batch_cost_s is not None:
+        return _follow_the_loop(out, figures, threshold, ranks_per_node, max_workers)
     free = load.idle_cores / max(1, ranks_per_node) - MAIN_PROCESS_CORES
     cap = max(0, math.floor(free + HYSTERESIS_CORES))
     if max_workers is not None:
@@ -389,3 +402,32 @@ def _deeper_prefetch(out: Recheck, figures: EpochFigures, head: str) -> Recheck:
         f"CV {figures.wait_cv:.2f} > {HIGH_VARIATION_CV}; {queued / 2**20:.0f} MiB queued fits)"
     )
     return replace(out, sizing=replace(sizing, prefetch_factor=VARIABLE_PREFETCH))
+
+
+def _follow_the_loop(
+    out: Recheck,
+    figures: EpochFigures,
+    threshold: float,
+    ranks_per_node: int,
+    max_workers: int | None,
+) -> Recheck:
+    """Workers from the loop's measured load (`sizing.workers_for_loop`: the idle cores, the
+    loop's compute per step and a batch's cost): up when the data wait passes half the
+    threshold, down when it stays under the threshold (so the figures of one epoch cannot flip
+    the count back and forth: both moves go towards the same target)."""
+    head, load = f"epoch {figures.epoch}", figures.load
+    idle = load.idle_cores / max(1, ranks_per_node)
+    target, why = workers_for_loop(idle, figures.batch_cost_s, figures.compute_s)
+    if max_workers is not None:
+        target = min(target, max_workers)
+    workers = out.sizing.num_workers or 0
+    wait = f"data wait {figures.data_wait_frac:.0%}"
+    grow = target > workers and figures.data_wait_frac > threshold / 2
+    shrink = target < workers and figures.data_wait_frac < threshold
+    if grow or shrink:
+        out.changes.append(f"{head}: workers {workers} -> {target} ({wait}; {why})")
+        return replace(out, sizing=replace(out.sizing, num_workers=target))
+    if figures.data_wait_frac > threshold:
+        out.notes.append(f"{head}: {wait} > {threshold:.0%}, workers stay {workers} ({why})")
+        return _deeper_prefetch(out, figures, head)
+    return out

@@ -182,6 +182,9 @@ class LoaderMonitor(pl.Callback):
             every = self.log_every_n_steps or trainer.log_every_n_steps or 50
             if len(ep.steps) % every == 0:
                 self._log_steps(trainer, ep, every)
+        made = getattr(trainer.train_dataloader, "last_stages", None)  # the cpu backend's
+        if made is not None:
+            ep.made.append(made[0] + made[1])
         self._last_start = now
         self._last_samples = batch_len(batch)
         if not ep.batch_bytes:
@@ -289,6 +292,7 @@ class LoaderMonitor(pl.Callback):
             batch_bytes=ep.batch_bytes,
             available_bytes=psutil.virtual_memory().available,
             previous_idle=self._previous_idle,
+            batch_cost_s=statistics.fmean(ep.made) if ep.made else None,
         )
         limit = self._max_workers(trainer) if self._max_workers is not None else None
         result = recheck(

@@ -310,3 +310,28 @@ def test_monitor_takes_workers_away_when_another_process_takes_the_cores():
     assert actions[0] is None and actions[2] is None
     assert actions[1].startswith("epoch 1: workers 2 -> 0 (1.0 of 2 cores idle")
     assert actions[1].endswith(", from the next epoch")
+
+
+def test_measured_loop_load_sizes_the_workers_both_ways():
+    # 2 idle cores, a batch costs 60 ms to make, the loop computes 20 ms a step: 2 workers.
+    up = recheck(
+        Sizing(None, 1),
+        _figures(2.0, 0.5, batch_cost_s=0.06, compute_s=0.02, wait_s=0.02),
+    )
+    assert up.sizing.num_workers == 2
+    assert "workers 1 -> 2" in up.changes[0] and "2 workers keep up" in up.changes[0]
+    # Another process takes a core: no core for a worker to overlap with; the wait is low.
+    down = recheck(
+        Sizing(None, 2),
+        _figures(1.0, 0.05, batch_cost_s=0.06, compute_s=0.02, wait_s=0.001),
+    )
+    assert down.sizing.num_workers == 0 and "no second core" in down.changes[0]
+    # The same target, but the wait is at the threshold: not lowered on a loader that lags.
+    kept = recheck(
+        Sizing(None, 2),
+        _figures(1.0, 0.3, batch_cost_s=0.06, compute_s=0.02, wait_s=0.01),
+    )
+    assert kept.sizing.num_workers == 2 and not kept.changes and kept.notes
+    # A wait under half the threshold does not raise the count.
+    calm = recheck(Sizing(None, 1), _figures(2.0, 0.05, batch_cost_s=0.06, compute_s=0.02))
+    assert calm.sizing.num_workers == 1 and not calm.changes
