@@ -130,7 +130,7 @@ class StageTimer(pl.Callback):
         start = self._open.pop(stage, None)
         if start is None:
             return
-        if not isinstance(start, torch.cuda.Event):
+        if not self._events or stage == "wait":  # a clock value
             self._now[stage] += self._clock() - start
             return
         end = torch.cuda.Event(enable_timing=True)
