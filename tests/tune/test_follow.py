@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import lightning.pytorch as pl
 import pytest
@@ -335,3 +336,49 @@ def test_measured_loop_load_sizes_the_workers_both_ways():
     # A wait under half the threshold does not raise the count.
     calm = recheck(Sizing(None, 1), _figures(2.0, 0.05, batch_cost_s=0.06, compute_s=0.02))
     assert calm.sizing.num_workers == 1 and not calm.changes
+
+
+class _CostlyBatches:
+    """A loader whose batches come after 20 ms each and report 60 ms of read + decode (as the
+    cpu backend's `last_stages` does): the loop computes ~0 ms, so it waits for data."""
+
+    def __init__(self) -> None:
+        self.last_stages = None
+
+    def __len__(self) -> int:
+        return 6
+
+    def __iter__(self):
+        for _ in range(6):
+            time.sleep(0.02)
+            self.last_stages = (0.01, 0.05)
+            yield torch.randn(8, 4), torch.zeros(8, dtype=torch.int64)
+
+
+class _OneWorkerModule(_ResizableModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_workers = 1
+
+    def train_dataloader(self):
+        return _CostlyBatches()
+
+
+def test_monitor_sizes_workers_from_the_reported_batch_cost():
+    dm = _OneWorkerModule()
+    monitor = LoaderMonitor(
+        gpu_reader=None, energy_reader=lambda: None, load_meter=_ScriptedMeter([0.0])
+    )
+    pl.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[monitor],
+    ).fit(_Model(), datamodule=dm)
+    # 2 idle cores, a 60 ms batch against a near-0 ms step: every idle core (floor(2)).
+    assert dm.resized == [(2, None)]
+    assert "workers 1 -> 2" in monitor.summary["action"]
+    assert "a batch costs 60.0 ms" in monitor.summary["action"]

@@ -191,6 +191,34 @@ def test_the_cpu_backend_reports_each_batch_read_and_decode(tiny_shards: Path, t
     assert timer.bounds[0].stage in ("read", "decode", "wait", "transfer", "augment")
 
 
+def test_cpu_workers_time_the_decode_of_photos(tmp_path: Path):
+    import dataclasses
+
+    from fastdata.read import WorkerSettings
+    from fastdata.read.backends.cpu import make_cpu_loader
+    from fastdata.tune import tuning_spec
+    from fastdata.write import ShardOptions, write_shards
+    from fastdata.write.sources import open_source
+    from tests.conftest import write_jpeg_folder
+
+    folder = write_jpeg_folder(tmp_path / "photos", classes=2, per_class=12, size=(64, 48))
+    out = tmp_path / "shards"
+    write_shards(open_source("folder", folder), out, ShardOptions(workers=1, progress=False))
+    spec = tuning_spec(out, "train", batch_size=8, image_size=32)
+    for workers in (0, 2):
+        loader = make_cpu_loader(
+            dataclasses.replace(spec, workers=WorkerSettings(num_workers=workers))
+        )
+        try:
+            made = []
+            for _ in loader:
+                made.append(loader.last_stages)
+        finally:
+            loader.close()
+        assert len(made) == 3 and all(m is not None for m in made)  # every batch, in order
+        assert all(m.read_s > 0 and m.decode_s > 0 for m in made)
+
+
 def test_stage_times_ring_names_its_batch():
     times = StageTimes()
     times.record(3, 7, 0.25, 0.5)
