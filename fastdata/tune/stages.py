@@ -94,7 +94,7 @@ class StageTimer(pl.Callback):
         self._open: dict[str, Any] = {}  # stage -> its start (clock value or CUDA event)
         self._now = dict.fromkeys(HOOKS, 0.0)  # this step's stage seconds so far
         self._pending: list[tuple[str, Any, Any]] = []  # CUDA event pairs not yet complete
-        self._training = False
+        self._in_epoch = self._in_validation = False
         self._last_start: float | None = None
         self._epoch, self._window = _Sums(), _Sums()
         self.lines: list[str] = []
@@ -117,7 +117,7 @@ class StageTimer(pl.Callback):
         return _Bracket(self, stage, False)
 
     def _began(self, stage: str) -> None:
-        if not self._training:
+        if not self._in_epoch or self._in_validation:
             return
         if self._events and stage != "wait":
             event = torch.cuda.Event(enable_timing=True)
@@ -150,16 +150,16 @@ class StageTimer(pl.Callback):
     # -- per step ------------------------------------------------------------------------------
 
     def on_train_epoch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._training, self._last_start = True, None
+        self._in_epoch, self._in_validation, self._last_start = True, False, None
         self._epoch, self._window = _Sums(), _Sums()
         self._now = dict.fromkeys(HOOKS, 0.0)
 
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # Validation batches are not training steps; the interval that holds them is not one.
-        self._training, self._last_start = False, None
+        self._in_validation, self._last_start = True, None
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._training = trainer.training
+        self._in_validation = False  # a check inside the epoch (val_check_interval) is over
 
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
@@ -195,7 +195,7 @@ class StageTimer(pl.Callback):
     # -- per epoch -----------------------------------------------------------------------------
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._training = False
+        self._in_epoch = False
         ep = self._epoch
         if not ep.steps:
             return

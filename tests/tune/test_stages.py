@@ -143,6 +143,38 @@ def test_a_slow_step_is_compute_bound():
 
 
 @pytest.mark.timeout(120)
+def test_steps_after_a_mid_epoch_validation_are_timed():
+    class Data(_datamodule_class(pl)):
+        def val_dataloader(self):
+            data = torch.utils.data.TensorDataset(
+                torch.randn(2 * BATCH, 4), torch.zeros(2 * BATCH, dtype=torch.int64)
+            )
+            return torch.utils.data.DataLoader(data, batch_size=BATCH)
+
+    class Model(_module_class(pl)):
+        def validation_step(self, batch, batch_idx):
+            return None
+
+    timer = StageTimer()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        val_check_interval=0.5,
+        callbacks=[timer],
+    )
+    trainer.fit(Model(), datamodule=Data(_Loader(0.0), augment_s=0.01))
+    # The epoch's first step and the one after the validation have no interval: 14 of 16.
+    assert timer._epoch.steps == STEPS - 2
+    assert timer._epoch.mean_ms("augment") >= 9.0  # every counted step's augmentation
+    assert timer.bounds[0].stage == "augment"
+
+
+@pytest.mark.timeout(120)
 def test_pytorch_lightning_import_style():
     lp = pytest.importorskip("pytorch_lightning")
     timer = StageTimer()
