@@ -14,10 +14,11 @@ a slow spell of the shared machine falls on every setting):
 
 - fixed: num_workers 0..4, prefetch_factor 2;
 - auto: the start-up choice of `ShardDataModule`'s "auto" (`fastdata.tune.auto_loader_settings`:
-  the idle cores, the loop's load not measured yet), then, as `LoaderMonitor` does at the epoch
-  end, `fastdata.tune.follow.recheck` on the warm-up epoch's measured figures (core load of other
-  processes, data wait, compute per step, and each batch's read + decode seconds from the cpu
-  backend) sets the workers of the timed epochs. Its row names both choices.
+  the idle cores, the loop's load not measured yet), then, as `LoaderMonitor` does at each epoch
+  end, `fastdata.tune.follow.recheck` on the epoch's measured figures (core load of other
+  processes, data wait, compute per step, each batch's read + decode seconds from the cpu
+  backend, and the epoch's throughput, which keeps or undoes the last change) for up to
+  `--adapt` epochs; the timed epochs run what it settled on. Its row names the path taken.
 
 The ratio auto / best fixed is the figure (target >= 0.9). The machine may be shared: figures
 are noisy; compare ratios within one run only.
@@ -66,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--image-size", type=int, default=160)
     p.add_argument("--rounds", type=int, default=3, help="timed epochs per setting, in turn")
+    p.add_argument("--adapt", type=int, default=5, help="auto: most epochs re-checked first")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads of the step")
     p.add_argument("--samples", type=int, default=480, help="training photos kept (0: all)")
     p.add_argument("--scenarios", nargs="+", default=["idle", "busy"], choices=["idle", "busy"])
@@ -158,6 +160,11 @@ class EpochRun:
     def img_per_s(self) -> float:
         return self.samples / max(self.wall_s, 1e-9)
 
+    def steady_img_per_s(self, batch_size: int) -> float:
+        """img/s after the first batch (as `LoaderMonitor` counts: worker start-up left out)."""
+        first = self.waits[0] + self.computes[0] if self.waits else 0.0
+        return (self.samples - batch_size) / max(self.wall_s - first, 1e-9)
+
 
 def run_epoch(loader: Any, trainer: Trainer, epoch: int) -> EpochRun:
     loader.set_epoch(epoch)
@@ -202,44 +209,59 @@ def fixed_setting(spec: LoaderSpec, workers: int, classes: int) -> Setting:
     return Setting(f"{workers} workers", loader, trainer, {"workers": workers})
 
 
-def auto_setting(spec: LoaderSpec, classes: int) -> Setting:
-    """ "auto" as a training run gets it: the start-up choice, its first epoch measured as
-    `LoaderMonitor` measures it, then the epoch-end re-check's settings."""
+def auto_setting(spec: LoaderSpec, classes: int, adapt: int) -> Setting:
+    """ "auto" as a training run gets it: the start-up choice, then up to `adapt` epochs, each
+    measured and re-checked as `LoaderMonitor` does at an epoch end (`recheck` with the core
+    load, the data wait, the compute per step, each batch's read + decode seconds, and the
+    epoch's throughput, which keeps or undoes the last change); stops early at an epoch that
+    changes nothing."""
     start = time.perf_counter()
     chosen = auto_loader_settings(spec)  # what ShardDataModule's "auto" starts with
     choose_s = time.perf_counter() - start
-    loader, trainer, meter = _loader(spec, chosen.num_workers, chosen.prefetch_factor), None, None
-    trainer, meter = Trainer(classes), LoadMeter()
-    meter.start()
-    first = run_epoch(loader, trainer, 0)
-    load = meter.read()
-    assert load is not None
-    step = first.wall_s / max(1, len(first.waits))
-    figures = EpochFigures(
-        epoch=0,
-        load=load,
-        data_wait_frac=sum(first.waits) / max(first.wall_s, 1e-9),
-        wait_s=statistics.fmean(first.waits),
-        compute_s=max(step - statistics.fmean(first.waits), 1e-6),
-        wait_cv=wait_cv(first.waits),
-        batch_cost_s=statistics.fmean(first.made) if first.made else None,
-    )
-    result = recheck(Sizing(None, chosen.num_workers, chosen.prefetch_factor), figures)
-    after = result.sizing
-    if (after.num_workers, after.prefetch_factor) != (chosen.num_workers, chosen.prefetch_factor):
+    sizing = Sizing(None, chosen.num_workers, chosen.prefetch_factor)
+    loader, trainer = _loader(spec, chosen.num_workers, chosen.prefetch_factor), Trainer(classes)
+    trial, lost, log, path, epoch = None, frozenset(), [], [chosen.num_workers], 0
+    for epoch in range(adapt):
+        meter = LoadMeter()
+        meter.start()
+        run = run_epoch(loader, trainer, epoch)
+        load = meter.read()
+        assert load is not None
+        step = run.wall_s / max(1, len(run.waits))
+        figures = EpochFigures(
+            epoch=epoch,
+            load=load,
+            data_wait_frac=sum(run.waits) / max(run.wall_s, 1e-9),
+            wait_s=statistics.fmean(run.waits),
+            compute_s=max(step - statistics.fmean(run.waits), 1e-6),
+            wait_cv=wait_cv(run.waits),
+            batch_cost_s=statistics.fmean(run.made) if run.made else None,
+            samples_per_s=run.steady_img_per_s(spec.batch_size),
+            trial=trial,
+            lost=lost,
+        )
+        result = recheck(sizing, figures)
+        log += result.changes + result.notes
+        trial, lost = result.trial, result.lost
+        if result.sizing == sizing:
+            if not result.changes:
+                break
+            continue
+        sizing = result.sizing
+        path.append(sizing.num_workers)
         loader.close()
-        loader = _loader(spec, after.num_workers or 0, after.prefetch_factor)
-        run_epoch(loader, trainer, 1)  # the new workers' start-up is not in the timed epochs
+        loader = _loader(spec, sizing.num_workers or 0, sizing.prefetch_factor)
+    run_epoch(loader, trainer, epoch + 1)  # warm: the timed epochs start with running workers
     extra = {
-        "workers": after.num_workers,
+        "workers": sizing.num_workers,
         "start_workers": chosen.num_workers,
+        "path": path,
         "choose_s": round(choose_s, 2),
-        "first_epoch_img_per_s": round(first.img_per_s, 1),
-        "recheck": result.changes + result.notes,
+        "recheck": log,
         "start_reasons": chosen.reasons,
     }
-    name = f"auto {chosen.num_workers} -> {after.num_workers} workers"
-    return Setting(name, loader, trainer, extra, epoch=2)
+    name = "auto " + " -> ".join(map(str, path)) + " workers"
+    return Setting(name, loader, trainer, extra, epoch=epoch + 2)
 
 
 def _rate(runs: list[EpochRun]) -> dict[str, Any]:
@@ -295,7 +317,7 @@ def run_scenario(name: str, spec: LoaderSpec, args: argparse.Namespace) -> list[
         meter.start()
         try:
             settings = [fixed_setting(spec, w, classes) for w in args.workers]
-            settings.append(auto_setting(spec, classes))
+            settings.append(auto_setting(spec, classes, args.adapt))
             print(f"{name}: {settings[-1].name} ({settings[-1].extra['recheck']})", flush=True)
             for _ in range(args.rounds):
                 for s in settings:

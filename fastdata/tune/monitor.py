@@ -47,6 +47,7 @@ from fastdata.tune.follow import (
     LoadMeter,
     Recheck,
     Sizing,
+    Trial,
     last_thread_choice,
     recheck,
 )
@@ -111,6 +112,8 @@ class LoaderMonitor(pl.Callback):
         self.threads = threads
         self._meter = load_meter or LoadMeter()
         self._previous_idle: float | None = None  # idle cores at the last decision, for the log
+        self._trial: Trial | None = None  # the worker change the next epoch end judges
+        self._lost: frozenset[int] = frozenset()  # worker counts that lost a trial
         self._clock = clock
         self._open_gpu = gpu_reader
         self._read_cpu_energy = energy_reader
@@ -293,6 +296,9 @@ class LoaderMonitor(pl.Callback):
             available_bytes=psutil.virtual_memory().available,
             previous_idle=self._previous_idle,
             batch_cost_s=statistics.fmean(ep.made) if ep.made else None,
+            samples_per_s=self.summary["samples_per_s"],
+            trial=self._trial,
+            lost=self._lost,
         )
         limit = self._max_workers(trainer) if self._max_workers is not None else None
         result = recheck(
@@ -304,6 +310,9 @@ class LoaderMonitor(pl.Callback):
         )
         self._previous_idle = load.idle_cores
         lines = self._apply(trainer, Sizing(threads, workers, prefetch), result)
+        # A worker change is judged by the next epoch only when it was made.
+        applied = self.summary.get("resized_to") == result.sizing.num_workers
+        self._trial, self._lost = (result.trial if applied else None), result.lost
         for line in lines:
             log.warning("%s", line)
         return "; ".join(lines) or None
