@@ -6,7 +6,8 @@ intra-op thread unless --threads). In ONE run, on the same shards, for two scena
 
 - idle: nothing added by the benchmark (the load other processes put on the machine is measured
   and printed, column "others");
-- busy: a busy-loop process pinned to core 0 (a core taken by another process),
+- busy: a busy-loop process pinned to core 0 (a core taken by another process, not a child of
+  this one: the load readings must see it as another process's),
 
 each setting runs a warm-up epoch; then one epoch of each setting is timed in turn, `--rounds`
 times (img/s of the training loop: steps x batch / wall; each row is the median of its rounds, so
@@ -33,9 +34,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import multiprocessing as mp
 import os
+import shlex
+import signal
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -282,29 +286,28 @@ def _rate(runs: list[EpochRun]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _spin(core: int) -> None:
-    os.sched_setaffinity(0, {core})
-    while True:
-        pass
+_SPIN = "import os\nos.sched_setaffinity(0, {%d})\nwhile True:\n    pass\n"
 
 
 @contextmanager
 def scenario(name: str) -> Iterator[None]:
-    """`busy`: a busy-loop process pinned to core 0 for the block; `idle`: nothing added."""
+    """`busy`: a busy-loop process pinned to core 0 for the block; `idle`: nothing added.
+
+    The busy loop is started through a shell that exits at once, so it is not a descendant of
+    this process: fastdata's load readings count this process tree's own time apart, and a
+    child spinner would read as this run's own load, not another process's.
+    """
     if name == "idle":
         yield
         return
-    proc = mp.get_context("fork").Process(target=_spin, args=(0,), daemon=True)
-    proc.start()
+    code = _SPIN % 0
+    launch = f"{shlex.quote(sys.executable)} -c {shlex.quote(code)} >/dev/null 2>&1 & echo $!"
+    pid = int(subprocess.run(["sh", "-c", launch], capture_output=True, text=True).stdout)
     time.sleep(0.5)  # its load shows in the start-up probe
     try:
         yield
     finally:
-        proc.terminate()
-        proc.join(5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(5)
+        os.kill(pid, signal.SIGKILL)
 
 
 def run_scenario(name: str, spec: LoaderSpec, args: argparse.Namespace) -> list[dict[str, Any]]:
