@@ -345,8 +345,9 @@ def test_measured_loop_load_sizes_the_workers_both_ways():
 
 
 class _CostlyBatches:
-    """A loader whose batches come after 20 ms each and report 60 ms of read + decode (as the
-    cpu backend's `last_stages` does): the loop computes ~0 ms, so it waits for data."""
+    """A loader whose batches come after 50 ms each and report 200 ms of read + decode (as the
+    cpu backend's `last_stages` does): the loop computes a few ms, so it waits for data (and
+    2 workers stay the answer even if a loaded machine makes the step take 100 ms)."""
 
     def __init__(self) -> None:
         self.last_stages = None
@@ -356,8 +357,8 @@ class _CostlyBatches:
 
     def __iter__(self):
         for _ in range(6):
-            time.sleep(0.02)
-            self.last_stages = (0.01, 0.05)
+            time.sleep(0.05)
+            self.last_stages = (0.05, 0.15)
             yield torch.randn(8, 4), torch.zeros(8, dtype=torch.int64)
 
 
@@ -384,10 +385,10 @@ def test_monitor_sizes_workers_from_the_reported_batch_cost():
         enable_model_summary=False,
         callbacks=[monitor],
     ).fit(_Model(), datamodule=dm)
-    # 2 idle cores, a 60 ms batch against a near-0 ms step: every idle core (floor(2)).
+    # 2 idle cores, a 200 ms batch against a step of a few ms: every idle core (floor(2)).
     assert dm.resized == [(2, None)]
     assert "workers 1 -> 2" in monitor.summary["action"]
-    assert "a batch costs 60.0 ms" in monitor.summary["action"]
+    assert "a batch costs 200.0 ms" in monitor.summary["action"]
 
 
 def test_a_worker_change_is_judged_by_the_next_epoch():

@@ -108,7 +108,7 @@ def test_csv_logger_receives_every_stage_key(tmp_path: Path):
     decode = [float(r["stages/decode_ms"]) for r in rows if r.get("stages/decode_ms")]
     assert len(decode) == 3 and all(v == pytest.approx(4.0) for v in decode)  # 15 steps / 5
     waits = [float(r["stages/wait_ms"]) for r in rows if r.get("stages/wait_ms")]
-    assert all(4.0 <= w < 40.0 for w in waits)
+    assert all(4.0 <= w < 100.0 for w in waits)  # a 5 ms sleep, on a possibly loaded machine
 
 
 @pytest.mark.timeout(120)
