@@ -42,7 +42,7 @@ from fastdata.tune.measure import (
     sweep,
 )
 from fastdata.tune.probe import Probe, probe_system
-from fastdata.tune.sizing import MAIN_PROCESS_CORES, LoaderSettings, size_loader
+from fastdata.tune.sizing import LoaderSettings, size_loader
 
 __all__ = [
     "QUICK",
@@ -78,7 +78,8 @@ class TuneOptions:
             small batch); None: the spec's batch size.
         time_budget_s: stop timing the sample cost after this many seconds of batches.
         consumer_rate: samples/s the training step consumes; None = unknown (use free cores).
-        main_cores: cores kept for the training process (0: the loader alone, as in a benchmark).
+        main_cores: cores kept for the training process (0: the loader alone, as in a
+            benchmark; None: the loop's load is not measured yet, `sizing.workers_for_loop`).
         confirm: time candidates (`fastdata.tune.confirm`) after the rule: "none"; "threads":
             for photo splits, the decode-thread pairs and the rule's worker count; "all": also
             the load-dependent worker counts.
@@ -90,7 +91,7 @@ class TuneOptions:
     batch_cap: int | None = None
     time_budget_s: float | None = None
     consumer_rate: float | None = None
-    main_cores: float = MAIN_PROCESS_CORES
+    main_cores: float | None = None
     confirm: Literal["none", "threads", "all"] = "none"
     confirm_batches: int = 6
 
@@ -188,7 +189,7 @@ def choose_loader_settings(
             settings,
             probe,
             n_batches=options.confirm_batches,
-            main_cores=options.main_cores,
+            main_cores=options.main_cores or 0.0,
             workers_only_from_rule=options.confirm == "threads",
         )
     return TuneResult(settings, probe, cost)

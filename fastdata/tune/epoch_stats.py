@@ -26,6 +26,7 @@ class EpochStats:
     gpu_util: list[float] = field(default_factory=list)
     gpu_mem_max: int = 0
     energy_start: float | None = None
+    made: list[float] = field(default_factory=list)  # each batch's read + decode s, when known
 
 
 def batch_bytes(batch: Any) -> int:

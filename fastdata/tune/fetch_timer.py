@@ -39,31 +39,58 @@ FETCH_ACTION = "train_dataloader_next"
 
 
 class FetchTimer(Profiler):
-    """The trainer's profiler, passed through, that also reports the training loader's fetches.
+    """The trainer's profiler, passed through, that also reports the training loader's fetches
+    and, to listeners added with `listen`, any other action (the batch transfer hooks, ...).
 
     Args:
         inner: the trainer's own profiler (every call goes on to it).
-        began: called when a training fetch starts.
+        began: called when a training fetch starts (None: no fetch listener yet).
         ended: called when it ends.
     """
 
     def __init__(
-        self, inner: Profiler, began: Callable[[], None], ended: Callable[[], None]
+        self,
+        inner: Profiler,
+        began: Callable[[], None] | None = None,
+        ended: Callable[[], None] | None = None,
     ) -> None:
         super().__init__()
-        self.inner, self._began, self._ended = inner, began, ended
+        self.inner = inner
+        self._listeners: list[tuple[str, Callable[[], None], Callable[[], None]]] = []
+        # action name -> its listeners' (began, ended): Lightning runs ~25 actions a step, most
+        # with no listener; one dict lookup each keeps the wrapper's cost at a few microseconds.
+        self._matches: dict[str, tuple[tuple[Callable[[], None], Callable[[], None]], ...]] = {}
+        if began is not None and ended is not None:
+            self.listen(FETCH_ACTION, began, ended)
+
+    def listen(self, suffix: str, began: Callable[[], None], ended: Callable[[], None]) -> None:
+        """Call `began` when an action whose name ends with `suffix` starts, `ended` when it
+        stops (once per listener: adding the same pair again does nothing)."""
+        entry = (suffix, began, ended)
+        if entry not in self._listeners:
+            self._listeners.append(entry)
+            self._matches.clear()
+
+    def _listeners_of(
+        self, action_name: str
+    ) -> tuple[tuple[Callable[[], None], Callable[[], None]], ...]:
+        found = self._matches.get(action_name)
+        if found is None:
+            found = tuple((b, e) for s, b, e in self._listeners if action_name.endswith(s))
+            self._matches[action_name] = found
+        return found
 
     def start(self, action_name: str) -> None:
-        """Start `action_name` on the inner profiler (and the fetch clock for a fetch)."""
-        if action_name.endswith(FETCH_ACTION):
-            self._began()
+        """Start `action_name` on the inner profiler (after the listeners' `began`)."""
+        for began, _ in self._listeners_of(action_name):
+            began()
         self.inner.start(action_name)
 
     def stop(self, action_name: str) -> None:
-        """Stop `action_name` on the inner profiler (and the fetch clock for a fetch)."""
+        """Stop `action_name` on the inner profiler (then the listeners' `ended`)."""
         self.inner.stop(action_name)
-        if action_name.endswith(FETCH_ACTION):
-            self._ended()
+        for _, ended in self._listeners_of(action_name):
+            ended()
 
     def summary(self) -> str:
         """The inner profiler's summary."""

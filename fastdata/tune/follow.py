@@ -24,7 +24,12 @@ from dataclasses import dataclass, field, replace
 
 import psutil
 
-from fastdata.tune.sizing import HIGH_VARIATION_CV, MAIN_PROCESS_CORES, VARIABLE_PREFETCH
+from fastdata.tune.sizing import (
+    HIGH_VARIATION_CV,
+    MAIN_PROCESS_CORES,
+    VARIABLE_PREFETCH,
+    workers_for_loop,
+)
 
 __all__ = [
     "HYSTERESIS_CORES",
@@ -34,6 +39,7 @@ __all__ = [
     "LoadReaders",
     "Recheck",
     "Sizing",
+    "Trial",
     "choose_threads",
     "last_thread_choice",
     "recheck",
@@ -263,6 +269,19 @@ class Sizing:
 
 
 @dataclass(frozen=True)
+class Trial:
+    """A worker count set at an epoch end, to be judged by the next epoch's throughput.
+
+    Args:
+        before: the worker count before the change.
+        before_samples_per_s: the throughput measured with it (the epoch that decided).
+    """
+
+    before: int
+    before_samples_per_s: float
+
+
+@dataclass(frozen=True)
 class EpochFigures:
     """What `LoaderMonitor` measured over one training epoch.
 
@@ -276,6 +295,11 @@ class EpochFigures:
         batch_bytes: bytes of one batch (for the prefetch memory check; 0: unknown).
         available_bytes: free memory now (None: unknown, prefetch is not raised).
         previous_idle: idle cores at the last decision (start-up or last epoch), for the log.
+        batch_cost_s: mean seconds the loader's makers spent reading and decoding a batch (the
+            cpu backend's stage times; None: not reported, the workers follow the wait alone).
+        samples_per_s: the epoch's training throughput (None: unknown, no trial is judged).
+        trial: the worker change made at the last epoch end, which this epoch ran (or None).
+        lost: worker counts that lost a trial in this run (not tried again).
     """
 
     epoch: int
@@ -287,6 +311,10 @@ class EpochFigures:
     batch_bytes: int = 0
     available_bytes: int | None = None
     previous_idle: float | None = None
+    batch_cost_s: float | None = None
+    samples_per_s: float | None = None
+    trial: Trial | None = None
+    lost: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -297,11 +325,15 @@ class Recheck:
         sizing: the settings for the next epoch.
         changes: "epoch N: ... a -> b (why)" for each setting that changed.
         notes: what was considered and not done, and why (e.g. no free core for a worker).
+        trial: the worker change to judge at the next epoch end (None: none made).
+        lost: worker counts that lost a trial so far.
     """
 
     sizing: Sizing
     changes: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    trial: Trial | None = None
+    lost: frozenset[int] = frozenset()
 
 
 def recheck(
@@ -325,6 +357,9 @@ def recheck(
        kept up with stays: more workers than cores can be the faster choice for photos.
     4. prefetch: raised to `VARIABLE_PREFETCH` when the wait stays high, workers cannot grow,
        the waits vary (CV > `HIGH_VARIATION_CV`) and the deeper queue fits in memory.
+
+    When the loader reports what a batch costs to make (`EpochFigures.batch_cost_s`), steps 2
+    and 3 are replaced by the loop's measured load (`_follow_the_loop`).
     """
     out = Recheck(current)
     load, head = figures.load, f"epoch {figures.epoch}"
@@ -339,6 +374,8 @@ def recheck(
             out = replace(out, sizing=replace(out.sizing, threads=threads))
     if current.num_workers is None:
         return out
+    if figures.batch_cost_s is not None:
+        return _follow_the_loop(out, figures, threshold, ranks_per_node, max_workers)
     free = load.idle_cores / max(1, ranks_per_node) - MAIN_PROCESS_CORES
     cap = max(0, math.floor(free + HYSTERESIS_CORES))
     if max_workers is not None:
@@ -389,3 +426,86 @@ def _deeper_prefetch(out: Recheck, figures: EpochFigures, head: str) -> Recheck:
         f"CV {figures.wait_cv:.2f} > {HIGH_VARIATION_CV}; {queued / 2**20:.0f} MiB queued fits)"
     )
     return replace(out, sizing=replace(sizing, prefetch_factor=VARIABLE_PREFETCH))
+
+
+def _follow_the_loop(
+    out: Recheck,
+    figures: EpochFigures,
+    threshold: float,
+    ranks_per_node: int,
+    max_workers: int | None,
+) -> Recheck:
+    """Workers from the loop's measured load, each change judged by the next epoch.
+
+    1. The last epoch end's change (`figures.trial`) is kept when this epoch ran at least as
+       fast as the epoch before it, else undone; the losing count is not gone back to while the
+       load stays (a change of the idle cores by more than 0.5 + `HYSTERESIS_CORES` forgets
+       it). A model of cores cannot see everything: on a machine shared with other processes,
+       more runnable workers also get a larger share of the contended cores.
+    2. The target is `sizing.workers_for_loop` (the idle cores, the loop's compute per step, a
+       batch's cost): up when the data wait passes half the threshold, down when it stays under
+       the threshold, so both moves go towards the same target.
+    3. At the target with the wait still above the threshold, one more worker is tried (its
+       next epoch decides), unless that count lost before or exceeds `max_workers`.
+    """
+    head, load = f"epoch {figures.epoch}", figures.load
+    workers = out.sizing.num_workers or 0
+    before = figures.previous_idle
+    moved = before is not None and abs(load.idle_cores - before) > 0.5 + HYSTERESIS_CORES
+    # Trials lost under another load say nothing about this one.
+    figures = replace(figures, lost=frozenset()) if moved else figures
+    out = replace(out, lost=figures.lost)
+    out, undone = _judge_trial(out, figures, workers, head)
+    if undone:
+        return out
+    figures = replace(figures, lost=out.lost)
+    idle = load.idle_cores / max(1, ranks_per_node)
+    target, why = workers_for_loop(idle, figures.batch_cost_s, figures.compute_s)
+    if max_workers is not None:
+        target = min(target, max_workers)
+    wait = f"data wait {figures.data_wait_frac:.0%}"
+    grow = target > workers and figures.data_wait_frac > threshold / 2
+    shrink = target < workers and figures.data_wait_frac < threshold
+    if (grow or shrink) and target not in figures.lost:
+        out.changes.append(f"{head}: workers {workers} -> {target} ({wait}; {why})")
+        return _tried(out, target, workers, figures)
+    limit = max_workers if max_workers is not None else 2 * load.usable_cores
+    if figures.data_wait_frac > threshold and workers + 1 not in figures.lost and workers < limit:
+        out.changes.append(
+            f"{head}: workers {workers} -> {workers + 1} ({wait} > {threshold:.0%}; {why}; "
+            "tried: kept if the next epoch is faster)"
+        )
+        return _tried(out, workers + 1, workers, figures)
+    if figures.data_wait_frac > threshold:
+        out.notes.append(f"{head}: {wait} > {threshold:.0%}, workers stay {workers} ({why})")
+        return _deeper_prefetch(out, figures, head)
+    return out
+
+
+def _tried(out: Recheck, workers: int, before: int, figures: EpochFigures) -> Recheck:
+    trial = None
+    if figures.samples_per_s is not None:
+        trial = Trial(before, figures.samples_per_s)
+    return replace(out, sizing=replace(out.sizing, num_workers=workers), trial=trial)
+
+
+def _judge_trial(
+    out: Recheck, figures: EpochFigures, workers: int, head: str
+) -> tuple[Recheck, bool]:
+    """(out, True) with the last change undone when this epoch was slower than the one before
+    it; else (out, False), the count it beat added to `lost` (not gone back to)."""
+    trial, now = figures.trial, figures.samples_per_s
+    if trial is None or now is None or trial.before == workers:
+        return out, False
+    if now >= trial.before_samples_per_s:
+        out.notes.append(
+            f"{head}: {workers} workers kept ({now:.0f} samples/s, {trial.before} workers "
+            f"ran {trial.before_samples_per_s:.0f})"
+        )
+        return replace(out, lost=out.lost | {trial.before}), False
+    out.changes.append(
+        f"{head}: workers {workers} -> {trial.before} ({workers} workers ran {now:.0f} "
+        f"samples/s, {trial.before} ran {trial.before_samples_per_s:.0f}: undone)"
+    )
+    lost = out.lost | {workers}
+    return replace(out, sizing=replace(out.sizing, num_workers=trial.before), lost=lost), True

@@ -47,6 +47,7 @@ from fastdata.tune.follow import (
     LoadMeter,
     Recheck,
     Sizing,
+    Trial,
     last_thread_choice,
     recheck,
 )
@@ -111,6 +112,8 @@ class LoaderMonitor(pl.Callback):
         self.threads = threads
         self._meter = load_meter or LoadMeter()
         self._previous_idle: float | None = None  # idle cores at the last decision, for the log
+        self._trial: Trial | None = None  # the worker change the next epoch end judges
+        self._lost: frozenset[int] = frozenset()  # worker counts that lost a trial
         self._clock = clock
         self._open_gpu = gpu_reader
         self._read_cpu_energy = energy_reader
@@ -132,7 +135,8 @@ class LoaderMonitor(pl.Callback):
         if choice is not None and self._previous_idle is None:
             self._previous_idle = choice.load.idle_cores  # "was ..." in the first epoch's log
         if not isinstance(trainer.profiler, FetchTimer):
-            trainer.profiler = FetchTimer(trainer.profiler, self._fetch_began, self._fetch_ended)
+            trainer.profiler = FetchTimer(trainer.profiler)
+        trainer.profiler.listen(FETCH_ACTION, self._fetch_began, self._fetch_ended)
         self._gpu = self._open_gpu(pl_module.device) if self._open_gpu else None
         gpu_energy = self._gpu.energy_j() if self._gpu else None
         if self._gpu is not None and gpu_energy is not None:
@@ -181,6 +185,9 @@ class LoaderMonitor(pl.Callback):
             every = self.log_every_n_steps or trainer.log_every_n_steps or 50
             if len(ep.steps) % every == 0:
                 self._log_steps(trainer, ep, every)
+        made = getattr(trainer.train_dataloader, "last_stages", None)  # the cpu backend's
+        if made is not None:
+            ep.made.append(made[0] + made[1])
         self._last_start = now
         self._last_samples = batch_len(batch)
         if not ep.batch_bytes:
@@ -288,6 +295,10 @@ class LoaderMonitor(pl.Callback):
             batch_bytes=ep.batch_bytes,
             available_bytes=psutil.virtual_memory().available,
             previous_idle=self._previous_idle,
+            batch_cost_s=statistics.fmean(ep.made) if ep.made else None,
+            samples_per_s=self.summary["samples_per_s"],
+            trial=self._trial,
+            lost=self._lost,
         )
         limit = self._max_workers(trainer) if self._max_workers is not None else None
         result = recheck(
@@ -299,6 +310,9 @@ class LoaderMonitor(pl.Callback):
         )
         self._previous_idle = load.idle_cores
         lines = self._apply(trainer, Sizing(threads, workers, prefetch), result)
+        # A worker change is judged by the next epoch only when it was made.
+        applied = self.summary.get("resized_to") == result.sizing.num_workers
+        self._trial, self._lost = (result.trial if applied else None), result.lost
         for line in lines:
             log.warning("%s", line)
         return "; ".join(lines) or None

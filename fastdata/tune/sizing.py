@@ -17,6 +17,7 @@ __all__ = [
     "HIGH_VARIATION_CV",
     "MAIN_KEEPS_UP_SHARE",
     "MAIN_PROCESS_CORES",
+    "MIN_OVERLAP_CORES",
     "PREFETCH_MEMORY_SHARE",
     "VARIABLE_PREFETCH",
     "WORKER_MEMORY_SHARE",
@@ -24,10 +25,14 @@ __all__ = [
     "free_cores",
     "max_workers_by_memory",
     "size_loader",
+    "workers_for_loop",
 ]
 
 # The training process itself keeps one core busy (Python loop, kernel launches, collation).
 MAIN_PROCESS_CORES = 1.0
+# A worker overlaps with the training loop only with this many idle cores (the loop's and one more,
+# less a margin for the noise of a load reading): below it, workers only take turns with the loop.
+MIN_OVERLAP_CORES = 1.5
 # Loading in the main process is good enough when it adds at most this share to a step.
 MAIN_KEEPS_UP_SHARE = 0.05
 # Prefetched batches (num_workers * prefetch_factor of them) may use this share of free memory.
@@ -95,6 +100,57 @@ def free_cores(
     return max(0.0, (sum(idle) - ranks_per_node * main_cores) / ranks_per_node)
 
 
+def workers_for_loop(
+    idle_cores: float, batch_cost_s: float | None = None, loop_s: float | None = None
+) -> tuple[int, str]:
+    """Workers for one training process, from the idle cores and the loop's measured load.
+
+    A step with w workers on C idle cores takes about max(L, D / w, (L + D) / C) seconds, with
+    L the loop's own time per step (compute: the step less its data wait) and D the CPU seconds
+    of making a batch (read + decode). So:
+
+    - fewer than `MIN_OVERLAP_CORES` idle cores: 0 workers. The loop and a worker would only
+      take turns on one core, and the worker adds its hand-over on top (measured on 2 cores with
+      one kept busy by another process: 0 workers were the fastest of 0-4);
+    - L or D not measured yet (start-up): floor(C) workers. The loop waits for data part of each
+      step and its core is the workers' then, so no whole core is kept for it (measured on 2
+      idle cores: 2-3 workers were the fastest; keeping a core gave 1 and 75-82% of the best);
+    - measured: 0 when making a batch in-line adds at most `MAIN_KEEPS_UP_SHARE` to the step,
+      else the fewest workers that reach the best step max(L, (L + D) / C):
+      ceil(D / that), at least 1 and at most floor(C).
+
+    Args:
+        idle_cores: cores other processes leave idle, for this training process (its share).
+        batch_cost_s: seconds of CPU to make one batch (None: not measured).
+        loop_s: the loop's own seconds per step, besides waiting for data (None: not measured).
+
+    Returns:
+        (workers, the reason on one line, naming the figures).
+    """
+    if idle_cores < MIN_OVERLAP_CORES:
+        return 0, (
+            f"0 workers: {idle_cores:.2f} idle cores leave no second core for a worker to "
+            f"overlap with the training loop (< {MIN_OVERLAP_CORES}); load in the main process"
+        )
+    cap = math.floor(idle_cores)
+    if batch_cost_s is None or loop_s is None:
+        return cap, (
+            f"{cap} workers = floor({idle_cores:.2f} idle cores): the training loop's load is "
+            "not measured yet (it waits for data part of each step, and its core is the "
+            "workers' then); re-checked from the measured step at each epoch end"
+        )
+    figures = f"a batch costs {batch_cost_s * 1e3:.1f} ms, the loop {loop_s * 1e3:.1f} ms a step"
+    if batch_cost_s <= MAIN_KEEPS_UP_SHARE * loop_s:
+        return 0, f"0 workers: {figures}: in-line loading adds <= {MAIN_KEEPS_UP_SHARE:.0%}"
+    best = max(loop_s, (loop_s + batch_cost_s) / idle_cores, 1e-9)
+    needed = math.ceil(batch_cost_s / best - 1e-9)
+    workers = max(1, min(needed, cap))
+    return workers, (
+        f"{workers} workers: {figures}; on {idle_cores:.2f} idle cores a step takes at best "
+        f"{best * 1e3:.1f} ms, which {needed} workers keep up with (at most {cap})"
+    )
+
+
 def size_loader(
     probe: Probe,
     sample_cost_s: float,
@@ -104,15 +160,17 @@ def size_loader(
     *,
     batch_cost_cv: float = 0.0,
     ranks_per_node: int = 1,
-    main_cores: float = MAIN_PROCESS_CORES,
+    main_cores: float | None = None,
 ) -> LoaderSettings:
     """Choose num_workers, prefetch_factor, pin_memory and persistent_workers.
 
     The rule:
 
     1. free cores = sum over the usable cores of (1 - busy fraction of other processes), minus
-       one core for the main (training) process (`free_cores`); with several ranks per node,
-       each rank gets its share.
+       `main_cores` per training process (`free_cores`); with several ranks per node, each rank
+       gets its share. With `main_cores` None (the default: the training loop's load is not
+       measured at start-up) and an unknown consumer rate, `workers_for_loop` sizes from the
+       idle cores alone.
     2. workers needed = ceil(consumer_rate * sample_cost_s): the cores of decoding the consumer
        asks for. With an unknown consumer rate, the loader is assumed to be the bottleneck and
        every free core is used. 0 workers when the main process alone keeps up, i.e. loading
@@ -134,14 +192,25 @@ def size_loader(
         batch_bytes: bytes of one batch (images + labels).
         batch_cost_cv: coefficient of variation of the per-batch time.
         ranks_per_node: training processes sharing this machine's cores.
-        main_cores: cores each training process keeps busy itself (1: a training loop; 0 only
-            when nothing but the loader runs, as in a loader benchmark).
+        main_cores: cores kept for each training process (0: nothing but the loader runs, as in
+            a loader benchmark); None: not measured, `workers_for_loop` decides.
     """
-    _check_inputs(sample_cost_s, consumer_rate, batch_size, batch_bytes, ranks_per_node, main_cores)
-    reasons: list[str] = []
-    workers = _workers_from_cores(
-        probe, sample_cost_s, consumer_rate, (ranks_per_node, main_cores), reasons
+    _check_inputs(
+        sample_cost_s, consumer_rate, batch_size, batch_bytes, ranks_per_node, main_cores or 0.0
     )
+    reasons: list[str] = []
+    if main_cores is None and consumer_rate is None:
+        idle = free_cores(probe, ranks_per_node, 0.0)
+        if probe.cgroup_quota is not None:  # a quota of 1.5 CPUs runs 1.5 cores' work, not 2
+            idle = min(idle, probe.cgroup_quota / ranks_per_node)
+        reasons.append(_cores_reason(probe, idle, ranks_per_node, "none kept (not measured)"))
+        workers, why = workers_for_loop(idle)
+        reasons.append(why)
+    else:
+        reserve = MAIN_PROCESS_CORES if main_cores is None else main_cores
+        workers = _workers_from_cores(
+            probe, sample_cost_s, consumer_rate, (ranks_per_node, reserve), reasons
+        )
     workers = _cap_by_worker_memory(workers, probe, reasons)
     prefetch = _prefetch_from_memory(
         workers, probe, batch_size, batch_bytes, batch_cost_cv, reasons
@@ -189,14 +258,7 @@ def _workers_from_cores(
 ) -> int:
     ranks_per_node, main_cores = ranks
     free = free_cores(probe, ranks_per_node, main_cores)
-    others = sum(sorted(probe.busy_others)[: probe.usable_cores])
-    quota = "" if probe.cgroup_quota is None else f", cgroup quota {probe.cgroup_quota:.2f} CPUs"
-    per_rank = f" per rank ({ranks_per_node} ranks on this node)" if ranks_per_node > 1 else ""
-    reasons.append(
-        f"free cores {free:.2f}{per_rank}: {probe.usable_cores} usable cores (affinity "
-        f"{len(probe.affinity)}{quota}) with {others:.2f} cores busy with other processes, "
-        f"minus {main_cores:g} for the main process"
-    )
+    reasons.append(_cores_reason(probe, free, ranks_per_node, f"minus {main_cores:g}"))
     if consumer_rate is None:
         needed = math.inf
         reasons.append(
@@ -222,6 +284,18 @@ def _workers_from_cores(
     else:
         reasons.append(f"num_workers {workers} = min(needed, floor(free cores {free:.2f}))")
     return workers
+
+
+def _cores_reason(probe: Probe, free: float, ranks_per_node: int, kept: str) -> str:
+    """ "free cores ...: the usable cores, the others' load and what was kept for the loop."""
+    others = sum(sorted(probe.busy_others)[: probe.usable_cores])
+    quota = "" if probe.cgroup_quota is None else f", cgroup quota {probe.cgroup_quota:.2f} CPUs"
+    per_rank = f" per rank ({ranks_per_node} ranks on this node)" if ranks_per_node > 1 else ""
+    return (
+        f"free cores {free:.2f}{per_rank}: {probe.usable_cores} usable cores (affinity "
+        f"{len(probe.affinity)}{quota}) with {others:.2f} cores busy with other processes, "
+        f"{kept} for the main process"
+    )
 
 
 def max_workers_by_memory(probe: Probe) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import lightning.pytorch as pl
 import pytest
@@ -16,6 +17,7 @@ from fastdata.tune.follow import (
     LoadMeter,
     LoadReaders,
     Sizing,
+    Trial,
     choose_threads,
     recheck,
     threads_for,
@@ -310,3 +312,113 @@ def test_monitor_takes_workers_away_when_another_process_takes_the_cores():
     assert actions[0] is None and actions[2] is None
     assert actions[1].startswith("epoch 1: workers 2 -> 0 (1.0 of 2 cores idle")
     assert actions[1].endswith(", from the next epoch")
+
+
+def test_measured_loop_load_sizes_the_workers_both_ways():
+    # 2 idle cores, a batch costs 60 ms to make, the loop computes 20 ms a step: 2 workers.
+    up = recheck(
+        Sizing(None, 1),
+        _figures(2.0, 0.5, batch_cost_s=0.06, compute_s=0.02, wait_s=0.02),
+    )
+    assert up.sizing.num_workers == 2
+    assert "workers 1 -> 2" in up.changes[0] and "2 workers keep up" in up.changes[0]
+    # Another process takes a core: no core for a worker to overlap with; the wait is low.
+    down = recheck(
+        Sizing(None, 2),
+        _figures(1.0, 0.05, batch_cost_s=0.06, compute_s=0.02, wait_s=0.001),
+    )
+    assert down.sizing.num_workers == 0 and "no second core" in down.changes[0]
+    # The same target, but the wait is above the threshold: not lowered on a loader that lags;
+    # one more worker is tried instead (the next epoch's throughput judges it).
+    tried = recheck(
+        Sizing(None, 2),
+        _figures(1.0, 0.3, batch_cost_s=0.06, compute_s=0.02, wait_s=0.01, samples_per_s=100.0),
+    )
+    assert (
+        tried.sizing.num_workers == 3
+        and "tried: kept if the next epoch is faster" in (tried.changes[0])
+    )
+    assert tried.trial == Trial(2, 100.0)
+    # A wait under half the threshold does not raise the count.
+    calm = recheck(Sizing(None, 1), _figures(2.0, 0.05, batch_cost_s=0.06, compute_s=0.02))
+    assert calm.sizing.num_workers == 1 and not calm.changes
+
+
+class _CostlyBatches:
+    """A loader whose batches come after 50 ms each and report 200 ms of read + decode (as the
+    cpu backend's `last_stages` does): the loop computes a few ms, so it waits for data (and
+    2 workers stay the answer even if a loaded machine makes the step take 100 ms)."""
+
+    def __init__(self) -> None:
+        self.last_stages = None
+
+    def __len__(self) -> int:
+        return 6
+
+    def __iter__(self):
+        for _ in range(6):
+            time.sleep(0.05)
+            self.last_stages = (0.05, 0.15)
+            yield torch.randn(8, 4), torch.zeros(8, dtype=torch.int64)
+
+
+class _OneWorkerModule(_ResizableModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.num_workers = 1
+
+    def train_dataloader(self):
+        return _CostlyBatches()
+
+
+def test_monitor_sizes_workers_from_the_reported_batch_cost():
+    dm = _OneWorkerModule()
+    monitor = LoaderMonitor(
+        gpu_reader=None, energy_reader=lambda: None, load_meter=_ScriptedMeter([0.0])
+    )
+    pl.Trainer(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[monitor],
+    ).fit(_Model(), datamodule=dm)
+    # 2 idle cores, a 200 ms batch against a step of a few ms: every idle core (floor(2)).
+    assert dm.resized == [(2, None)]
+    assert "workers 1 -> 2" in monitor.summary["action"]
+    assert "a batch costs 200.0 ms" in monitor.summary["action"]
+
+
+def test_a_worker_change_is_judged_by_the_next_epoch():
+    figures = {"batch_cost_s": 0.06, "compute_s": 0.02, "wait_s": 0.01}
+    # 0 -> 1 was tried at 100 samples/s; the epoch with 1 worker ran 80: undone, not retried.
+    slower = recheck(
+        Sizing(None, 1),
+        _figures(1.0, 0.4, samples_per_s=80.0, trial=Trial(0, 100.0), **figures),
+    )
+    assert slower.sizing.num_workers == 0 and slower.lost == frozenset({1})
+    assert "1 workers ran 80 samples/s, 0 ran 100: undone" in slower.changes[0]
+    again = recheck(
+        Sizing(None, 0), _figures(1.0, 0.4, samples_per_s=100.0, lost=slower.lost, **figures)
+    )
+    assert again.sizing.num_workers == 0 and not again.changes and again.notes
+    # The epoch with 1 worker ran 150: kept, and (the wait still high) 2 are tried next.
+    faster = recheck(
+        Sizing(None, 1),
+        _figures(1.0, 0.4, samples_per_s=150.0, trial=Trial(0, 100.0), **figures),
+    )
+    assert faster.sizing.num_workers == 2 and faster.trial == Trial(1, 150.0)
+    assert "1 workers kept (150 samples/s, 0 workers ran 100)" in faster.notes[0]
+    assert faster.lost == frozenset({0})  # the model's "0 workers" is not gone back to
+    calm = recheck(
+        Sizing(None, 1),
+        _figures(1.0, 0.1, samples_per_s=150.0, trial=Trial(0, 100.0), **figures),
+    )
+    assert calm.sizing.num_workers == 1 and not calm.changes
+    # Another load (idle cores moved by more than 0.75): the lost counts are forgotten.
+    moved = recheck(
+        Sizing(None, 1), _figures(2.0, 0.1, lost=frozenset({0, 2}), previous_idle=1.0, **figures)
+    )
+    assert moved.lost == frozenset()

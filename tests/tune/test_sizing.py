@@ -35,18 +35,27 @@ def _size(probe, cost=1e-3, rate=None, batch=256, batch_bytes=1 * MiB, **kw):
     return size_loader(probe, cost, rate, batch, batch_bytes, **kw)
 
 
-def test_idle_machine_unknown_rate_uses_every_free_core():
+def test_idle_machine_unknown_rate_uses_every_idle_core():
     s = _size(_probe())
-    assert s.num_workers == 3  # 4 cores, one for the main process
+    # The loop's load is not measured at start-up: no whole core is kept for it.
+    assert s.num_workers == 4
     assert s.persistent_workers and s.prefetch_factor == 2 and not s.pin_memory
-    assert any("free cores 3.00" in r for r in s.reasons)
-    assert any("consumer rate unknown" in r for r in s.reasons)
+    assert any("free cores 4.00" in r and "none kept (not measured)" in r for r in s.reasons)
+    assert any("floor(4.00 idle cores)" in r and "not measured yet" in r for r in s.reasons)
 
 
 def test_busy_cores_lower_the_worker_count():
     idle = _size(_probe())
     busy = _size(_probe(busy=(1.0, 1.0, 0.2, 0.0)))
     assert busy.num_workers < idle.num_workers
+    assert busy.num_workers == 1  # 1.8 idle cores
+    one_left = _size(_probe(busy=(1.0, 0.0)))  # 2 cores, another process keeps one busy
+    assert one_left.num_workers == 0
+    assert any("no second core for a worker" in r for r in one_left.reasons)
+
+
+def test_a_given_reserve_keeps_cores_for_the_loop():
+    busy = _size(_probe(busy=(1.0, 1.0, 0.2, 0.0)), main_cores=1.0)
     assert busy.num_workers == 0  # 0.8 + 1.0 - 1 = 0.8 free cores
     assert any("2.20 cores busy with other processes" in r for r in busy.reasons)
     assert any("less than one free core (0.80)" in r for r in busy.reasons)
@@ -73,7 +82,8 @@ def test_cgroup_quota_and_affinity_are_respected():
     s = _size(_probe(quota=1.5))
     assert s.num_workers <= 1
     assert any("2 usable cores (affinity 4, cgroup quota 1.50 CPUs)" in r for r in s.reasons)
-    assert _size(_probe(busy=(0.0, 0.0))).num_workers == 1  # 2-core affinity
+    assert _size(_probe(busy=(0.0, 0.0))).num_workers == 2  # 2-core affinity, loop unmeasured
+    assert _size(_probe(busy=(0.0, 0.0)), main_cores=1.0).num_workers == 1
     assert _size(_probe(busy=(0.0,))).num_workers == 0  # 1 core: nothing left beside the main
 
 
@@ -88,9 +98,9 @@ def test_low_memory_lowers_prefetch():
         return _size(_probe(memory=memory, rss=10 * MiB), batch_bytes=100 * MiB)
 
     assert size(16 * GiB).prefetch_factor == 2
-    lower = size(2 * GiB)  # 512 MiB for 3 workers x p x 100 MiB: p = 1 fits
-    assert lower.num_workers == 3 and lower.prefetch_factor == 1
-    assert any("prefetch_factor 1" in r and "300 MiB fits" in r for r in lower.reasons)
+    lower = size(2 * GiB)  # 512 MiB for 4 workers x p x 100 MiB: p = 1 fits
+    assert lower.num_workers == 4 and lower.prefetch_factor == 1
+    assert any("prefetch_factor 1" in r and "400 MiB fits" in r for r in lower.reasons)
     tight = size(1 * GiB)  # 256 MiB: even p = 1 does not fit
     assert tight.prefetch_factor == 1
     assert any("does NOT fit" in r and "1.00 GiB free memory" in r for r in tight.reasons)
@@ -99,7 +109,7 @@ def test_low_memory_lowers_prefetch():
 def test_low_memory_lowers_workers():
     s = _size(_probe(memory=1 * GiB, rss=400 * MiB))  # 512 MiB budget -> 1 worker
     assert s.num_workers == 1
-    assert any("lowered 3 -> 1" in r for r in s.reasons)
+    assert any("lowered 4 -> 1" in r for r in s.reasons)
 
 
 def test_variable_batch_cost_raises_prefetch():
@@ -111,26 +121,51 @@ def test_cuda_pins_memory_and_kwargs():
     s = _size(_probe(cuda=True))
     assert s.pin_memory
     assert s.dataloader_kwargs() == {
-        "num_workers": 3,
+        "num_workers": 4,
         "pin_memory": True,
         "prefetch_factor": 2,
         "persistent_workers": True,
     }
-    assert s.describe().startswith("num_workers=3 prefetch_factor=2")
+    assert s.describe().startswith("num_workers=4 prefetch_factor=2")
 
 
 def test_main_cores_is_the_reserve_for_the_training_loop():
     probe = _probe(busy=(0.0, 0.0))
-    assert _size(probe).num_workers == 1
+    assert _size(probe).num_workers == 2  # not measured: the idle cores
+    assert _size(probe, main_cores=1.0).num_workers == 1
     alone = _size(probe, main_cores=0)  # a loader benchmark: nothing else runs in the main process
     assert alone.num_workers == 2
     assert any("minus 0 for the main process" in r for r in alone.reasons)
 
 
+@pytest.mark.parametrize(
+    ("idle", "cost", "loop", "workers", "why"),
+    [
+        (1.2, None, None, 0, "no second core"),  # one core taken by another process
+        (2.0, None, None, 2, "not measured yet"),
+        (3.9, None, None, 3, "floor(3.90"),
+        (2.0, 0.001, 0.1, 0, "in-line loading adds <= 5%"),
+        # batch 60 ms, loop 20 ms, 2 cores: the best step is 40 ms -> 2 workers keep up.
+        (2.0, 0.06, 0.02, 2, "2 workers keep up"),
+        # compute-bound: batch 30 ms, loop 100 ms -> 1 worker.
+        (4.0, 0.03, 0.1, 1, "1 workers keep up"),
+        # a heavy batch on 8 cores: 8 x 20 ms... needs ceil(200 / 27.5) = 8, capped at 8.
+        (8.0, 0.2, 0.02, 8, "at most 8"),
+    ],
+)
+def test_workers_for_loop_from_injected_measurements(idle, cost, loop, workers, why):
+    from fastdata.tune.sizing import workers_for_loop
+
+    got, reason = workers_for_loop(idle, cost, loop)
+    assert got == workers and why in reason
+
+
 def test_ranks_per_node_share_the_cores():
     probe = _probe(busy=(0.0,) * 8)
-    assert _size(probe, ranks_per_node=2).num_workers == 3  # (8 - 2) / 2
-    assert any("per rank (2 ranks" in r for r in _size(probe, ranks_per_node=2).reasons)
+    assert _size(probe, ranks_per_node=2).num_workers == 4  # 8 / 2, the loops unmeasured
+    assert _size(probe, ranks_per_node=2, main_cores=1.0).num_workers == 3  # (8 - 2) / 2
+    reserved = _size(probe, ranks_per_node=2, main_cores=1.0).reasons
+    assert any("per rank (2 ranks" in r for r in reserved)
 
 
 @pytest.mark.parametrize(
@@ -167,7 +202,7 @@ def test_tune_on_shards_names_the_measurements(shards):
     from fastdata.tune import TuneOptions, tune
 
     s = tune(shards.root, batch_size=16, options=TuneOptions(window_s=0.05, n_batches=3))
-    assert 0 <= s.num_workers < len(os.sched_getaffinity(0))
+    assert 0 <= s.num_workers <= len(os.sched_getaffinity(0))
     assert s.persistent_workers == (s.num_workers > 0) and s.decode_threads == 1
     assert s.reasons[0].startswith("sample cost") and "KiB per sample" in s.reasons[0]
     assert any(r.startswith("free cores") for r in s.reasons)

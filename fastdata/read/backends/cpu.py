@@ -35,6 +35,7 @@ from fastdata.read.backends.cpu_batches import STATE_SLOTS, ShardBatchDataset
 from fastdata.read.base import LoaderSpec, PlannedLoader
 from fastdata.read.plan import EpochPlan
 from fastdata.read.transport.slots import BatchSlots, SlotRef
+from fastdata.read.transport.stage_times import BatchStages
 from fastdata.read.transport.workers import worker_init
 
 __all__ = ["CpuLoader", "LoaderTimeoutError", "make_cpu_loader"]
@@ -56,6 +57,7 @@ class CpuLoader(PlannedLoader):
         applied_ops: preset ops fused into decoding.
         dataset: the ShardBatchDataset.
         dataloader: the underlying torch DataLoader.
+        last_stages: the read and decode seconds of the batch yielded last (None: unknown).
     """
 
     def __init__(self, spec: LoaderSpec) -> None:
@@ -78,6 +80,7 @@ class CpuLoader(PlannedLoader):
         )
 
         self._iterator: weakref.ref[Any] | None = None
+        self.last_stages: BatchStages | None = None
         self._pin = bool(pin) and torch.cuda.is_available()  # slots pin CUDA memory only
         shape = self.dataset.image_shape()
         if self.dataloader.persistent_workers and shape is not None and self._pin == bool(pin):
@@ -95,9 +98,10 @@ class CpuLoader(PlannedLoader):
         self.dataloader.worker_init_fn = functools.partial(worker_init, os.getpid(), main)
         iterator = iter(self.dataloader)
         self._iterator = weakref.ref(iterator)
-        return self._batches(iterator)
+        return self._batches(iterator, plan.epoch)
 
-    def _batches(self, iterator: Any) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _batches(self, iterator: Any, epoch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        number = 0  # the DataLoader hands the workers' batches over in the plan's order
         while True:
             try:
                 batch = next(iterator)
@@ -113,6 +117,8 @@ class CpuLoader(PlannedLoader):
             elif isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], SlotRef):
                 assert self.dataset.slots is not None  # (ref, keys): `LoaderSpec.keys`
                 batch = (*self.dataset.slots.take(batch[0], self._pin), *batch[1:])
+            self.last_stages = self.dataset.stage_times.take(epoch, number)
+            number += 1
             yield batch
 
     def _timeout_error(self, iterator: Any) -> LoaderTimeoutError:

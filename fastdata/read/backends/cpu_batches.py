@@ -29,6 +29,7 @@ from fastdata.read.raw_shard import gather_raw_batch
 from fastdata.read.rows import PlannedBatch, RowReader, Skip, log_skips
 from fastdata.read.shardio import ShardReader
 from fastdata.read.transport.slots import BatchSlots
+from fastdata.read.transport.stage_times import StageClock, StageTimes
 
 __all__ = ["STATE_SLOTS", "ShardBatchDataset", "decode_geometry"]
 
@@ -92,6 +93,7 @@ class ShardBatchDataset(IterableDataset):
         )
         self.state = torch.tensor(state, dtype=torch.int64).share_memory_()
         self._ahead: _Ahead | None = None  # a worker's next-epoch first batch (`_Ahead`)
+        self.stage_times = StageTimes()  # each batch's read and decode seconds, for the trainer
         self.slots: BatchSlots | None = None  # set by CpuLoader before its workers start
         self._local = all("://" not in spec.manifest.shard_url(s) for s in info.shards)
         self._kept: ShardReader | None = None  # a worker's reader, kept between epochs
@@ -184,9 +186,12 @@ class ShardBatchDataset(IterableDataset):
         key of each image (None for padding; `fastdata.read.source_ids`).
         """
         kept: list[int] = []  # classification: the plan slots of the batch's images
+        clock = StageClock()
+        pair = self._load_pair(reader, plan, number, skips, kept, clock)
+        self.stage_times.record(plan.epoch, number, *clock.stages())
         if self.fields is not None:
-            return self._load_pair(reader, plan, number, skips, kept)
-        images, labels = self._load_pair(reader, plan, number, skips, kept)
+            return pair
+        images, labels = pair
         if not self.spec.keys:
             return images, labels
         refs = rows_to_refs(plan.rows[number], self.spec.shard_sizes).tolist()
@@ -201,8 +206,10 @@ class ShardBatchDataset(IterableDataset):
         number: int,
         skips: list[_Skip],
         kept: list[int],
+        clock: StageClock,
     ) -> tuple[torch.Tensor, torch.Tensor] | Sample:
-        """`_load_batch` without keys; the plan slots of the images it holds go to `kept`."""
+        """`_load_batch` without keys; the plan slots of the images it holds go to `kept`, the
+        end of reading to `clock` (a raw split's array gather counts as reading)."""
         if self.raw_shape is not None and self.fields is None:
             gathered = self._raw_batch(reader, plan, number)  # array operations
             if gathered is not None:
@@ -210,6 +217,7 @@ class ShardBatchDataset(IterableDataset):
                 return gathered
         rows = self._rows(reader)
         batch = rows.read(plan, number)
+        clock.read_done()
         skips += batch.skips
         if self.fields is not None:  # a dict dataset: every field, decoded in `samples`
             return self._sample_batch(rows, plan, batch, skips)
