@@ -57,6 +57,23 @@ def tiny_shards(tmp_path: Path) -> Path:
     return out
 
 
+def quiet_trainer(package=None, **kwargs):
+    """A CPU Trainer for one epoch with no logger, checkpoints, progress bar or model summary
+    (what most Lightning tests here want); `kwargs` override or add Trainer arguments, `package`
+    is `lightning.pytorch` (default) or `pytorch_lightning`."""
+    import lightning.pytorch as pl
+
+    settings = dict(
+        accelerator="cpu",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    return (package or pl).Trainer(**{**settings, **kwargs})
+
+
 def write_jpeg_folder(root: Path, classes: int = 3, per_class: int = 4, size=(48, 40)) -> Path:
     """A class-per-folder tree of real JPEG and PNG files."""
     rng = np.random.default_rng(1)

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 
 import psutil
 
+from fastdata.read.steady import process_tree_cpu_seconds
 from fastdata.tune.sizing import (
     HIGH_VARIATION_CV,
     MAIN_PROCESS_CORES,
@@ -95,20 +96,6 @@ def _busy_cpu_seconds() -> float:
     return busy
 
 
-def _own_tree_cpu_seconds() -> float:
-    """CPU seconds of this process, its live children (recursive) and its reaped children."""
-    me = psutil.Process()
-    t = me.cpu_times()
-    total = t.user + t.system + t.children_user + t.children_system
-    for child in me.children(recursive=True):
-        try:
-            c = child.cpu_times()
-        except psutil.Error:  # exited between listing and reading: counted once reaped
-            continue
-        total += c.user + c.system
-    return total
-
-
 def _usable_cores() -> int:
     from fastdata.tune.probe import read_cgroup_cpu_quota
 
@@ -129,7 +116,7 @@ class LoadReaders:
     """
 
     busy_seconds: Callable[[], float] = _busy_cpu_seconds
-    own_seconds: Callable[[], float] = _own_tree_cpu_seconds
+    own_seconds: Callable[[], float] = process_tree_cpu_seconds
     usable_cores: Callable[[], int] = _usable_cores
     clock: Callable[[], float] = time.monotonic
 

@@ -17,6 +17,7 @@ from fastdata import WorkerSettings
 from fastdata.format.manifest_io import load_manifest
 from fastdata.lightning.datamodule import ShardDataModule
 from fastdata.read.resume import ResumeError, dataset_fingerprint
+from tests.conftest import quiet_trainer
 
 
 class SmallCNN(pl.LightningModule):
@@ -94,15 +95,7 @@ def test_unchanged_lightning_module_trains_one_epoch(tiny_shards):
         splits={"val": "test"},  # tiny_shards has no val split: validate on test
     )
     model = SmallCNN(num_classes=300)
-    trainer = pl.Trainer(
-        max_epochs=1,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-    )
+    trainer = quiet_trainer(devices=1)
     trainer.fit(model, datamodule=dm)
     assert len(model.seen) == 9 * 32 and len(set(model.seen)) == len(model.seen)
     assert torch.isfinite(trainer.callback_metrics["train_loss"])

@@ -231,6 +231,20 @@ class MotoS3:
             "config_kwargs": {"retries": {"mode": "standard", "total_max_attempts": 1}},
         }
 
+    def as_environment(self, monkeypatch) -> None:
+        """Point every S3 client without storage options (the CLI's, `write_shards`'s) at this
+        server through botocore's environment variables, with fake credentials."""
+        from s3fs import S3FileSystem
+
+        for name, value in {
+            "AWS_ENDPOINT_URL": self.url,
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }.items():
+            monkeypatch.setenv(name, value)
+        S3FileSystem.clear_instance_cache()  # an earlier instance may hold another endpoint
+
     def create_bucket(self, name: str) -> None:
         import boto3  # comes with moto
 

@@ -90,14 +90,7 @@ def test_cli_shards_straight_to_s3(
     # The command line has no storage options: botocore reads the endpoint from the environment.
     from s3fs import S3FileSystem
 
-    for name, value in {
-        "AWS_ENDPOINT_URL": moto_s3.url,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    S3FileSystem.clear_instance_cache()  # an earlier instance may hold another endpoint
+    moto_s3.as_environment(monkeypatch)
     folder = write_jpeg_folder(tmp_path / "photos")
     url = "s3://fastdata-test/photos"
     try:

@@ -23,6 +23,7 @@ from fastdata.tune.follow import (
     threads_for,
 )
 from fastdata.tune.monitor import LoaderMonitor
+from tests.conftest import quiet_trainer
 
 
 def _figures(idle: float, wait_frac: float = 0.0, epoch: int = 0, **kw) -> EpochFigures:
@@ -206,13 +207,8 @@ def test_monitor_sets_threads_each_epoch_from_the_measured_load(caplog):
     )
     data = [(torch.randn(8, 4), torch.zeros(8, dtype=torch.int64)) for _ in range(4)]
     model = _Model()
-    trainer = pl.Trainer(
-        accelerator="cpu",
+    trainer = quiet_trainer(
         max_epochs=6,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[monitor],
     )
     with caplog.at_level(logging.WARNING, logger="fastdata"):
@@ -233,13 +229,8 @@ def test_monitor_leaves_a_fixed_thread_count_alone():
     )
     data = [(torch.randn(8, 4), torch.zeros(8, dtype=torch.int64)) for _ in range(3)]
     model = _Model()
-    pl.Trainer(
-        accelerator="cpu",
+    quiet_trainer(
         max_epochs=2,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[monitor],
     ).fit(model, train_dataloaders=DataLoader(data, batch_size=None))
     assert model.threads_seen == [1, 1]  # no choose_threads("auto") in this process
@@ -261,13 +252,7 @@ def test_long_epochs_read_the_load_over_their_second_half():
         threshold=0.99, gpu_reader=None, energy_reader=lambda: None, load_meter=meter
     )
     data = [(torch.randn(8, 4), torch.zeros(8, dtype=torch.int64)) for _ in range(24)]
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+    trainer = quiet_trainer(
         callbacks=[monitor],
     )
     meter.model_steps = lambda: trainer.global_step
@@ -298,13 +283,8 @@ def test_monitor_takes_workers_away_when_another_process_takes_the_cores():
     monitor = LoaderMonitor(
         threshold=0.99, gpu_reader=None, energy_reader=lambda: None, load_meter=meter
     )
-    pl.Trainer(
-        accelerator="cpu",
+    quiet_trainer(
         max_epochs=3,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         callbacks=[monitor],
     ).fit(_Model(), datamodule=dm)
     assert dm.resized == [(0, None)]  # once: epoch 2 measures the same and changes nothing
@@ -376,13 +356,7 @@ def test_monitor_sizes_workers_from_the_reported_batch_cost():
     monitor = LoaderMonitor(
         gpu_reader=None, energy_reader=lambda: None, load_meter=_ScriptedMeter([0.0])
     )
-    pl.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+    quiet_trainer(
         callbacks=[monitor],
     ).fit(_Model(), datamodule=dm)
     # 2 idle cores, a 200 ms batch against a step of a few ms: every idle core (floor(2)).

@@ -12,6 +12,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader, Dataset
 
 from fastdata.tune.monitor import LoaderMonitor, energy_delta
+from tests.conftest import quiet_trainer
 
 # 40 ms: long enough that sleep overshoot and Lightning's per-step bookkeeping (a few ms on a
 # loaded 2-core machine) stay well inside the 20% tolerance.
@@ -20,14 +21,7 @@ STEPS = 20
 BATCH = 8
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # torch's intra-op thread pool spins against other processes on a busy small machine and
-    # turns a ~1 ms step into tens of ms; one thread keeps "model step ~0 ms" true.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class _SlowBatches(Dataset):
@@ -99,14 +93,9 @@ def _fit(
     extra_callbacks=(),
     **trainer_kw,
 ):
-    trainer = pl.Trainer(
+    trainer = quiet_trainer(
         **trainer_kw,
-        accelerator="cpu",
-        max_epochs=1,
         logger=logger,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         num_sanity_val_steps=0,
         callbacks=[monitor, *extra_callbacks],
     )
@@ -168,13 +157,7 @@ def test_over_threshold_resizes_through_the_datamodule(tmp_path):
 @pytest.mark.timeout(120)
 def test_validation_inside_the_epoch_is_not_a_data_wait():
     monitor = LoaderMonitor(gpu_reader=None, energy_reader=lambda: None)
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+    trainer = quiet_trainer(
         num_sanity_val_steps=0,
         val_check_interval=10,  # a slow validation run in the middle of the epoch
         callbacks=[monitor],

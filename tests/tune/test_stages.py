@@ -15,16 +15,12 @@ from lightning.pytorch.loggers import CSVLogger
 from fastdata.read.transport.stage_times import BatchStages, StageTimes
 from fastdata.tune.stage_report import StageFigures, bound
 from fastdata.tune.stages import StageTimer
+from tests.conftest import quiet_trainer
 
 STEPS, BATCH, SLOW_S = 16, 4, 0.03
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class _Loader:
@@ -78,13 +74,9 @@ def _datamodule_class(lp):
 
 
 def _fit(timer, loader, step_s=0.0, augment_s=0.0, logger=False, lp=pl, **kw):
-    trainer = lp.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
+    trainer = quiet_trainer(
+        package=lp,
         logger=logger,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
         num_sanity_val_steps=0,
         callbacks=[timer],
         **kw,
@@ -156,13 +148,7 @@ def test_steps_after_a_mid_epoch_validation_are_timed():
             return None
 
     timer = StageTimer()
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        max_epochs=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
+    trainer = quiet_trainer(
         num_sanity_val_steps=0,
         val_check_interval=0.5,
         callbacks=[timer],

@@ -19,14 +19,7 @@ def test_write_shards_to_an_s3_url_uploads_and_names_the_url(
 ) -> None:
     from s3fs import S3FileSystem
 
-    for name, value in {
-        "AWS_ENDPOINT_URL": moto_s3.url,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    S3FileSystem.clear_instance_cache()  # an earlier instance may hold another endpoint
+    moto_s3.as_environment(monkeypatch)
     source = open_source("folder", write_jpeg_folder(tmp_path / "photos"))
     options = ShardOptions(max_count=5, workers=1, progress=False)
     local = write_shards(source, tmp_path / "local", options)
