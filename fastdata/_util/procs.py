@@ -35,6 +35,7 @@ from __future__ import annotations
 import ctypes
 import multiprocessing as mp
 import os
+import pickle
 import signal
 import sys
 import traceback
@@ -123,21 +124,26 @@ def _dispatch(
                 status, value, text = conn.recv()
             except (EOFError, OSError) as exc:  # ended before or while it replied
                 raise _died(proc_of[conn], describe(task)) from exc
+            except Exception as exc:  # noqa: BLE001 - a reply that does not unpickle here
+                raise RuntimeError(f"task {describe(task)}: its reply could not be read") from exc
             del running[conn]
             if status == "error":
                 if value is None:
                     raise RuntimeError(f"task {describe(task)} failed:\n{text}")
                 raise value from _RemoteTraceback(text)
             yield index, value
-            _send_next(conn, pending, running)
+            try:
+                _send_next(conn, pending, running)
+            except OSError as exc:  # it ended after its reply, before this task reached it
+                raise _died(proc_of[conn], describe(tasks[running[conn]])) from exc
 
 
 def _send_next(conn: Connection, pending: Iterator[tuple[int, Any]], running: dict) -> bool:
     item = next(pending, None)
     if item is None:
         return False
+    running[conn] = item[0]  # before the send: a failed send names this task
     conn.send(item)
-    running[conn] = item[0]
     return True
 
 
@@ -197,12 +203,23 @@ def _worker(
         try:
             reply: tuple[Any, ...] = ("ok", fn(shared, task), "")
         except BaseException as exc:  # noqa: BLE001 - sent to the parent, which raises it
-            reply = ("error", exc, "".join(traceback.format_exception(exc)))
+            text = "".join(traceback.format_exception(exc))
+            # An exception that pickles but does not rebuild (an __init__ of several arguments)
+            # would reach the parent as an unrelated TypeError: send its text alone then.
+            reply = ("error", exc if _round_trips(exc) else None, text)
         try:
             conn.send(reply)
-        except Exception as exc:  # the result or the exception does not pickle
+        except Exception as exc:  # the result does not pickle
             text = reply[2] or "".join(traceback.format_exception(exc))
             conn.send(("error", None, text))
+
+
+def _round_trips(exc: BaseException) -> bool:
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - any failure to pickle or to rebuild
+        return False
+    return True
 
 
 class _RemoteTraceback(Exception):

@@ -241,6 +241,7 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         self._made_last = False
         self._position = EpochPosition(seed)
         self._mix_resume: MixResume | None = None  # a scheduled mix's resumed block and splice
+        self._mix_resume_of: ResumeState | None = None  # the state it was computed from
         self._generators: dict[torch.device, torch.Generator] = {}
         self._pool = TensorPool()  # CPU batches: reuse released memory instead of page-faulting
         # At most one loader (one set of workers) per split; stopped when the module goes.
@@ -271,7 +272,10 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         if self.manifest is not None:
             return
         if self.source is not None:
-            await_shards(self.source, self.root)
+            if self._trainer_or_none() is None and self._rank_world()[1] == 1:
+                load_prepared(self.source, self.root)  # no writer to wait for: say what to call
+            else:
+                await_shards(self.source, self.root)
         self.manifest = self._load_manifest()
         if self.source is not None:
             check_recorded(self.source, self.manifest, self.root)
@@ -612,12 +616,6 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         """
         state = ResumeState.from_dict(state_dict)
         self._check_resume(state)
-        manifest, split = (
-            self.manifest or self._load_manifest(),
-            self.split_names.get("train", "train"),
-        )
-        if split in manifest.splits:  # a scheduled mix: its block, and a changed schedule's splice
-            self._mix_resume = resume_schedule(epoch_mix(manifest, split), self.seed, state)
         self._window = state.resumed_window(self._shuffle_mode, self._window)
         self._position.restore(state)
 
@@ -633,6 +631,11 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             carve_fingerprint(dataset_fingerprint(manifest, split), carve),
             mix_description(manifest, split),
         )
+        # A scheduled mix: its block, and a changed schedule's splice (here, not in
+        # load_state_dict alone: a state loaded before setup resolved the split comes here again).
+        if self._mix_resume_of is not state:  # once a state (its warning, if any, once)
+            self._mix_resume = resume_schedule(epoch_mix(manifest, split), self.seed, state)
+            self._mix_resume_of = state
 
     # ------------------------------------------------------------------ val carve
 

@@ -111,6 +111,11 @@ class ShardSource:
             object.__setattr__(self, "path", [os.fspath(p) for p in self.path])
         elif self.path is not None:
             object.__setattr__(self, "path", os.fspath(self.path))
+        if self.args:
+            plain = {
+                k: os.fspath(v) if isinstance(v, os.PathLike) else v for k, v in self.args.items()
+            }
+            object.__setattr__(self, "args", plain)
 
     def inputs(self) -> list[str | None]:
         """The positional inputs of `open_source`, as paths (a None input stays None)."""
@@ -177,6 +182,11 @@ def prepare_shards(spec: ShardSource, root: str | os.PathLike[str], progress: bo
         options,
         progress=options.progress and progress,
         lock_timeout=max(options.lock_timeout, spec.timeout),
+        # Only over another dataset seen here: shards another node finished (or left to resume)
+        # while this one waited for the folder's lock are this dataset's, not written again.
+        overwrite=options.overwrite
+        and recorded is not None
+        and not same_identity(recorded, identity),
     )
     return write_shards(source, out, writing)
 

@@ -264,7 +264,10 @@ def share_counts(total: int, weights: Sequence[float]) -> tuple[int, ...]:
     Each count is the floor of its exact quota ``total * w_i / sum(w)`` or one more, so every
     share is within ``1 / total`` of its weight's share.
     """
-    return _share_counts(int(total), tuple(float(w) for w in weights))
+    shares = tuple(float(w) for w in weights)
+    if not shares or min(shares) < 0 or not sum(shares) > 0:
+        raise ValueError(f"share_counts needs weights >= 0 with a sum > 0, got {list(weights)}")
+    return _share_counts(int(total), shares)
 
 
 @lru_cache(maxsize=4096)

@@ -201,10 +201,12 @@ class StageTimer(pl.Callback):
             return
         for key in _KEYS:
             value = ep.mean_ms(key)
-            if value is not None:
+            # Every key on every rank (NaN where a rank did not time a stage): under DDP the
+            # ranks reduce their logged keys together, and a key one rank lacks would hang them.
+            if value is not None or trainer.world_size > 1:
                 pl_module.log(
                     f"stages/epoch_{key}_ms",
-                    value,
+                    float("nan") if value is None else value,
                     on_step=False,
                     on_epoch=True,
                     sync_dist=True,

@@ -67,10 +67,9 @@ def usable_cores() -> int:
 class LocalEngine:
     """Tasks in processes started from this one (or in this process for one worker).
 
-    The processes are `fastdata._util.procs.run_in_processes`'s: forked when this process runs
-    no other thread (the source's arrays shared copy-on-write), from a fork server otherwise;
-    they end without relying on SIGTERM, die with this process, and a worker that dies
-    mid-task is an error, never a wait.
+    The processes are `fastdata._util.procs.run_in_processes`'s: forked (the source's arrays
+    shared copy-on-write); they end without relying on SIGTERM, die with this process, and a
+    worker that dies mid-task is an error, never a wait.
 
     Args:
         workers: processes; None uses the usable cores.

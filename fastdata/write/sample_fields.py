@@ -21,7 +21,7 @@ import numpy as np
 from PIL import Image
 
 from fastdata.format import schema
-from fastdata.format.fields import FieldError, FieldSpec, read_mask_png
+from fastdata.format.fields import MAX_MASK_PIXELS, FieldError, FieldSpec, read_mask_png
 from fastdata.write.diagnose import not_an_image, sniff_format
 from fastdata.write.encode import BadSampleError, EncodedSample, shrink
 from fastdata.write.images import UnreadableImage, clean_message, open_image, to_rgb
@@ -86,7 +86,9 @@ def read_mask(mask: MaskFile, max_pixels: int | None, origin: str) -> np.ndarray
     except OSError as exc:
         raise BadSampleError(where, f"cannot read the mask ({exc.strerror or exc})") from exc
     try:
-        values = read_mask_png(data, max_pixels, _mask_problem)
+        # Never more than the readers accept (MAX_MASK_PIXELS), also where max_pixels is None.
+        bound = min(max_pixels or MAX_MASK_PIXELS, MAX_MASK_PIXELS)
+        values = read_mask_png(data, bound, _mask_problem)
     except FieldError as exc:
         raise BadSampleError(where, str(exc).removeprefix("mask: ")) from exc
     if mask.num_classes is not None:

@@ -279,8 +279,8 @@ def _run_jobs(context: WriteContext, jobs: list[ShardJob], engine: Engine) -> No
         for done in engine.run(_write_task, context, tasks):
             bar.update(done)
     except BaseException:
-        # A failed or interrupted run: workers killed by the pool's terminate() could not remove
-        # their partial files. Finished shards (with done records) stay for a resume. Only this
+        # A failed or interrupted run: workers ended mid-shard (`fastdata._util.procs`) could
+        # not remove their partial files. Finished shards (with done records) stay for a resume. Only this
         # run's shards: other parts may be writing theirs into the same folder.
         _remove_partial(out_dir, jobs)
         raise

@@ -174,7 +174,7 @@ def test_a_rank_waiting_for_a_writer_that_never_comes_stops_naming_folder_and_ti
     """prepare_data_per_node=False: this rank's node never shards; its setup waits, bounded."""
     root = tmp_path / "node-local"
     source = ShardSource("folder", str(images), options=ShardOptions(workers=1), timeout=0.5)
-    dm = _dm(root, source)
+    dm = _dm(root, source, rank=1, world_size=2)  # a rank of two: another one writes
     dm.prepare_data_per_node = False
     started = time.monotonic()
     with pytest.raises(
@@ -182,6 +182,24 @@ def test_a_rank_waiting_for_a_writer_that_never_comes_stops_naming_folder_and_ti
     ):
         dm.setup("fit")
     assert time.monotonic() - started < 10
+
+
+def test_setup_without_prepare_data_in_one_process_says_what_to_call_at_once(images, tmp_path):
+    # A plain script or notebook: no writer to wait for, so no wait of ShardSource.timeout.
+    dm = _dm(tmp_path / "shards", _source(images))
+    started = time.monotonic()
+    with pytest.raises(ManifestError, match=r"call dm.prepare_data\(\) before"):
+        dm.setup("fit")
+    assert time.monotonic() - started < 5
+    dm.prepare_data()
+    dm.setup("fit")
+    assert dm.num_classes == 3
+
+
+def test_a_path_in_the_sources_arguments_is_kept_as_text(images, tmp_path):
+    # save_hyperparameters + torch.load(weights_only=True) refuse a PosixPath.
+    source = ShardSource("folder", images, args={"root": tmp_path / "x"})
+    assert source.args == {"root": str(tmp_path / "x")} and source.path == str(images)
 
 
 def test_progress_shows_on_rank_zero_only(images, tmp_path, capfd):

@@ -153,6 +153,17 @@ def _fail_on_three(_shared, task):
     return task
 
 
+class _TwoArgumentError(Exception):
+    """Pickles, but does not rebuild (as `BadSampleError(origin, reason)` or botocore's)."""
+
+    def __init__(self, origin, reason):
+        super().__init__(f"{origin}: {reason}")
+
+
+def _raise_two_argument_error(_shared, task):
+    raise _TwoArgumentError(f"sample-{task}.jpg", "broken")
+
+
 def _kill_self_on_two(_shared, task):
     if task == 2:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -180,6 +191,12 @@ def test_a_task_that_raises_is_raised_in_the_caller_with_the_workers_traceback()
     with pytest.raises(ValueError, match="task 3 is bad") as caught:
         list(run_in_processes(_fail_on_three, None, list(range(6)), 2))
     assert "_fail_on_three" in str(caught.value.__cause__)  # the worker's traceback
+
+
+def test_an_exception_that_does_not_rebuild_arrives_as_its_text_not_a_typeerror():
+    with pytest.raises(RuntimeError, match=r"sample-0\.jpg: broken") as caught:
+        list(run_in_processes(_raise_two_argument_error, None, [0], 2))
+    assert "_raise_two_argument_error" in str(caught.value)  # the worker's traceback
 
 
 def test_a_worker_killed_mid_task_is_an_error_naming_the_task_not_a_wait():

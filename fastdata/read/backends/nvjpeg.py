@@ -37,6 +37,7 @@ import logging
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -219,6 +220,9 @@ class NvjpegLoader(PlannedLoader):
                 "`fastdata verify` on the shard folder, or use backend='cpu' to skip bad samples"
             )
         self.device = torch.device(spec.device)
+        if self.device.type == "cuda" and self.device.index is None:
+            # The decode thread's current device is GPU 0 whatever the rank's: name the GPU.
+            self.device = torch.device("cuda", torch.cuda.current_device())
         self.geometry, self.applied_ops = decode_geometry(spec)
         if self.geometry.kind == "none" or min(self.geometry.out_hw) < 1:
             raise ValueError(
@@ -246,8 +250,14 @@ class NvjpegLoader(PlannedLoader):
         def read(k: int) -> Future[EncodedBatch] | None:
             return read_pool.submit(read_batch, reader, self.spec, plan, k, g) if k < n else None
 
+        # The stream the batches are used on (the caller's): decoded images are kept from reuse
+        # by the decode stream until the work queued on it has read them.
+        consumer = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
+
         def decode(pending: Future[EncodedBatch] | None) -> Future[DecodedBatch] | None:
-            return None if pending is None else decode_pool.submit(self._stage, pending, reader)
+            if pending is None:
+                return None
+            return decode_pool.submit(self._stage, pending, reader, consumer)
 
         try:
             decoding = decode(read(0))
@@ -262,16 +272,18 @@ class NvjpegLoader(PlannedLoader):
             read_pool.shutdown(wait=True, cancel_futures=True)
             reader.close()
 
-    def _stage(self, pending: Future[EncodedBatch], reader: ShardReader) -> DecodedBatch:
+    def _stage(
+        self, pending: Future[EncodedBatch], reader: ShardReader, consumer: Any = None
+    ) -> DecodedBatch:
         """The decode thread: the read batch's images decoded on its own CUDA stream, ready (the
-        stream synchronized) and handed to the calling thread's stream."""
+        stream synchronized) and handed to `consumer`, the calling thread's stream."""
         batch = pending.result()
         if self.device.type != "cuda":
             return DecodedBatch(batch, self._decode_all(batch, reader))
         if self._stream is None:
             self._stream = torch.cuda.Stream(self.device)
-        consumer = torch.cuda.default_stream(self.device)
-        with torch.cuda.stream(self._stream):
+        consumer = consumer or torch.cuda.default_stream(self.device)
+        with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
             images = self._decode_all(batch, reader)
         self._stream.synchronize()
         for image in images:  # freed memory is not reused by this stream while the other reads
@@ -314,6 +326,8 @@ class NvjpegLoader(PlannedLoader):
             ]
             try:
                 decoded: list[torch.Tensor | None] = list(self._decode(data))
+            except torch.cuda.OutOfMemoryError:
+                raise  # the device's trouble, not the JPEGs': none is marked refused
             except Exception:  # noqa: BLE001 - find the samples nvJPEG refuses, one by one
                 decoded = [self._decode_one(t) for t in data]
             for i, image in zip(jpegs, decoded, strict=True):
@@ -330,6 +344,8 @@ class NvjpegLoader(PlannedLoader):
         """One JPEG through nvJPEG; None when it refuses it (the CPU decodes it then)."""
         try:
             return self._decode([data])[0]
+        except torch.cuda.OutOfMemoryError:
+            raise
         except Exception as exc:  # noqa: BLE001 - refused: decoded on the CPU, logged once
             self._last_refusal = f"{type(exc).__name__}: {exc}"
             return None

@@ -134,6 +134,9 @@ def build_pipeline(
         device_id=device_id,
         seed=seed,
         prefetch_queue_depth=prefetch,
+        # Outputs bound to the caller's stream (`run(stream)`) need the dynamic executor, the
+        # default only in recent DALI releases.
+        exec_dynamic=True,
     )
     dtypes = {
         "data": types.UINT8,
