@@ -14,7 +14,7 @@ times (img/s of the training loop: steps x batch / wall; each row is the median 
 a slow spell of the shared machine falls on every setting):
 
 - fixed: num_workers 0..4, prefetch_factor 2;
-- auto: the start-up choice of `ShardDataModule`'s "auto" (`fastdata.tune.auto_loader_settings`:
+- auto: the start-up choice of `ShardDataModule`'s "auto" (`fastdata.lightning.runtime.auto_settings`:
   the idle cores, the loop's load not measured yet), then, as `LoaderMonitor` does at each epoch
   end, `fastdata.tune.follow.recheck` on the epoch's measured figures (core load of other
   processes, data wait, compute per step, each batch's read + decode seconds from the cpu
@@ -52,10 +52,11 @@ import torch
 from common import print_table, results_dir, save_results  # noqa: I001
 from fastdata_pipelines.env import data_dir
 
+from fastdata.lightning.runtime import auto_settings
 from fastdata.read import WorkerSettings
 from fastdata.read.backends.cpu import make_cpu_loader
 from fastdata.read.base import LoaderSpec
-from fastdata.tune import auto_loader_settings, tuning_spec
+from fastdata.tune import tuning_spec
 from fastdata.tune.epoch_stats import wait_cv
 from fastdata.tune.follow import EpochFigures, LoadMeter, Sizing, recheck
 from fastdata.write import ShardOptions, write_shards
@@ -220,7 +221,7 @@ def auto_setting(spec: LoaderSpec, classes: int, adapt: int) -> Setting:
     epoch's throughput, which keeps or undoes the last change); stops early at an epoch that
     changes nothing."""
     start = time.perf_counter()
-    chosen = auto_loader_settings(spec)  # what ShardDataModule's "auto" starts with
+    chosen = auto_settings(spec)  # what ShardDataModule's "auto" starts with
     choose_s = time.perf_counter() - start
     sizing = Sizing(None, chosen.num_workers, chosen.prefetch_factor)
     loader, trainer = _loader(spec, chosen.num_workers, chosen.prefetch_factor), Trainer(classes)

@@ -16,7 +16,7 @@ step. So the "tuned" setting compared with the sweep is sized for that consumer
 load-dependent (workers, decode threads) candidates); the setting a training run gets (one core
 kept for the training loop, decode threads timed for photos: what
 `ShardDataModule(workers=WorkerSettings(num_workers="auto", prefetch_factor="auto",
-decode_threads="auto"))` asks `auto_loader_settings` for) is
+decode_threads="auto"))` asks `fastdata.lightning.runtime.auto_settings` for) is
 reported beside it. Settings print as (workers, prefetch, decode threads). "idle"
 means no load added by the benchmark; the load other processes put on the machine is measured
 and printed (column "others").
@@ -51,9 +51,9 @@ from fastdata.tune import (
     LoaderSettings,
     SweepPoint,
     TuneOptions,
-    choose_loader_settings,
     measure_settings,
     sweep,
+    tune,
     tuning_spec,
 )
 from fastdata.write import ShardOptions, write_shards
@@ -182,14 +182,12 @@ def run_scenario(spec: LoaderSpec, args: argparse.Namespace, n_batches: int) -> 
     training run would get (one core kept for the training loop) is reported beside it. All
     three choices read the same probe of the machine."""
     options = TuneOptions(window_s=args.window, n_batches=8, confirm_batches=n_batches)
-    training = choose_loader_settings(spec, options=replace(options, confirm="threads"))
+    training = tune(spec, options=replace(options, confirm="threads"))
     probe = training.probe
     assert probe is not None and training.cost is not None
     alone = replace(options, main_cores=0.0)
-    rule_only = choose_loader_settings(spec, options=alone, probe=probe).settings
-    loader_only = choose_loader_settings(
-        spec, options=replace(alone, confirm="all"), probe=probe
-    ).settings
+    rule_only = tune(spec, options=alone, probe=probe).settings
+    loader_only = tune(spec, options=replace(alone, confirm="all"), probe=probe).settings
     points = sweep(spec, args.workers, args.prefetch, n_batches)
     best = max(points, key=lambda p: p.samples_per_s)
     tuned_rate = _rate(spec, points, loader_only, n_batches)

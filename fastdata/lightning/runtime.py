@@ -10,7 +10,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import lightning.pytorch as pl
 import torch
@@ -21,7 +21,11 @@ from fastdata.read import LoaderSpec, WorkerSettings, get_backend
 
 log = logging.getLogger("fastdata")
 
+if TYPE_CHECKING:
+    from fastdata.tune.sizing import LoaderSettings
+
 __all__ = [
+    "auto_settings",
     "check_options",
     "pick_backend",
     "rank_and_world",
@@ -144,7 +148,7 @@ def size_workers(
     trainer: pl.Trainer | None,
 ) -> LoaderSpec:
     """`spec` with its workers: `settings`, its "auto" counts measured
-    (`fastdata.tune.auto_loader_settings`, which then also sets pinning; with
+    (`auto_settings`, which then also sets pinning; with
     ``decode_threads="auto"`` it times (workers, decode threads) pairs on photo splits).
 
     Workers persist between epochs whenever there are any: persistence follows the worker count
@@ -153,11 +157,9 @@ def size_workers(
     workers, prefetch = settings.num_workers, settings.prefetch_factor
     decode_threads = settings.decode_threads
     if "auto" in (workers, prefetch, decode_threads):
-        from fastdata.tune import auto_loader_settings
-
         # Ranks on one node share its cores; Lightning's launcher does not export that count.
         ranks = ranks_per_node(trainer) if trainer is not None else None
-        auto = auto_loader_settings(
+        auto = auto_settings(
             spec, backend=backend, ranks_per_node=ranks, decode_threads=decode_threads
         )
         workers = auto.num_workers if workers == "auto" else workers
@@ -170,6 +172,57 @@ def size_workers(
         )
     settings = replace(settings, num_workers=int(workers), prefetch_factor=max(1, int(prefetch)))
     return replace(spec, workers=settings)
+
+
+# `auto_settings`' choices in this process: (manifest root, split, backend, batch size,
+# decode_threads) -> settings.
+_AUTO_CACHE: dict[tuple[str, str, str, int, int | str], LoaderSettings] = {}
+
+
+def auto_settings(
+    spec: LoaderSpec,
+    backend: str = "cpu",
+    ranks_per_node: int | None = None,
+    decode_threads: int | str = 1,
+) -> LoaderSettings:
+    """`fastdata.tune.tune` with the `QUICK` budget, cached: `ShardDataModule`'s "auto".
+
+    Cached for this process per (manifest root, split, backend, batch size, decode_threads);
+    `LoaderMonitor` re-checks the choice at every epoch end. pin_memory follows `spec.device`.
+    With decode_threads "auto", photo splits time the decode-thread candidates (a few seconds:
+    workers start for each); otherwise `decode_threads` is passed through.
+
+    Args:
+        spec: the loader's spec (its num_workers / prefetch_factor are ignored).
+        backend: the backend the settings are for.
+        ranks_per_node: training processes sharing this machine (see `fastdata.tune.tune`).
+        decode_threads: threads per worker for photos, or "auto" to choose them by timing.
+
+    Returns:
+        The settings (a copy: callers may edit its reasons).
+    """
+    import fastdata.tune as tuning  # its names looked up at call time (tests replace them)
+
+    key = (spec.manifest.root, spec.split, backend, spec.batch_size, decode_threads)
+    if key not in _AUTO_CACHE:
+        options = tuning.QUICK
+        if decode_threads == "auto":
+            options = replace(options, confirm="threads", confirm_batches=3)
+        entry = get_backend(backend)
+        probe = None  # a backend without loader workers measures nothing
+        if entry.uses_workers or entry.name == "dali":  # DALI: its CPU thread count
+            probe = replace(
+                tuning.probe_system(tuning.QUICK.window_s),
+                cuda_available=str(spec.device).startswith("cuda"),
+            )
+        chosen = tuning.tune(
+            spec, backend, ranks_per_node=ranks_per_node, options=options, probe=probe
+        ).settings
+        if decode_threads != "auto":
+            chosen = replace(chosen, decode_threads=int(decode_threads))
+        _AUTO_CACHE[key] = chosen
+    cached = _AUTO_CACHE[key]
+    return replace(cached, reasons=list(cached.reasons))
 
 
 def warn_unit_scale(mean: Sequence[float] | None, std: Sequence[float] | None) -> bool:

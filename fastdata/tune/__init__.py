@@ -1,22 +1,20 @@
-"""Measured loader sizing: one entry point per task.
+"""Measured loader sizing: one decision, `tune`.
 
-    from fastdata.tune import choose_loader_settings, tuning_spec
-    result = choose_loader_settings(tuning_spec("shards/cifar100", batch_size=256))
-    print(result.settings.describe())              # the choice, then one reason per line
+    from fastdata.tune import tune
+    result = tune("shards/cifar100", batch_size=256)  # or tune(spec) for a LoaderSpec
+    print(result.settings.describe())                 # the choice, then one reason per line
 
 | task | entry point |
 |---|---|
-| workers, prefetch (and, timed, decode threads) at start-up | `choose_loader_settings(spec, ...)` |
-| the same for `ShardDataModule()` (its default `workers=None`): quick, cached | `auto_loader_settings(spec, ...)` |
-| the same for a shard folder | `tune(root, ...)` |
+| workers, prefetch (and, timed, decode threads) at start-up | `tune(spec or shard folder, ...)` |
+| the same for `ShardDataModule()` (its default `workers=None`) | `tune(spec, options=QUICK)`, cached by `fastdata.lightning.runtime.auto_settings` |
 | torch intra-op threads at start-up | `choose_threads(requested, processes)` |
 | threads, workers and prefetch again at each epoch end | `recheck(...)`, run by `LoaderMonitor` |
 | time a loader / the CPU backend at settings / a grid | `measure_throughput`, `measure_settings`, `sweep` |
 
-`auto_loader_settings` and `tune` are `choose_loader_settings` with a quick budget (and a
-cache) or on `tuning_spec(root)`. The rule itself is `fastdata.tune.sizing.size_loader`; the
-timed check of candidates is `fastdata.tune.confirm`; the load-following re-check is
-`fastdata.tune.follow`; `LoaderMonitor` lives in `fastdata.tune.monitor` (it imports Lightning).
+The rule itself is `fastdata.tune.sizing.size_loader`; the timed check of candidates is
+`fastdata.tune.confirm`; the load-following re-check is `fastdata.tune.follow`; `LoaderMonitor`
+lives in `fastdata.tune.monitor` (it imports Lightning).
 """
 
 from __future__ import annotations
@@ -51,8 +49,6 @@ __all__ = [
     "Throughput",
     "TuneOptions",
     "TuneResult",
-    "auto_loader_settings",
-    "choose_loader_settings",
     "choose_threads",
     "measure_settings",
     "measure_throughput",
@@ -69,7 +65,7 @@ MIN_BATCH_S_FOR_CV = 0.01
 
 @dataclass(frozen=True)
 class TuneOptions:
-    """How much `choose_loader_settings` measures.
+    """How much `tune` measures.
 
     Args:
         window_s: seconds over which the core load is measured.
@@ -96,10 +92,8 @@ class TuneOptions:
     confirm_batches: int = 6
 
 
-#: What `auto_loader_settings` measures: well under ~2 s (0.2 s window, <= 0.4 s of batches).
+#: What `ShardDataModule`'s "auto" measures (`fastdata.lightning.runtime.auto_settings`): well under ~2 s (0.2 s window, <= 0.4 s of batches).
 QUICK = TuneOptions(window_s=0.2, n_batches=4, batch_cap=32, time_budget_s=0.4)
-
-_AUTO_CACHE: dict[tuple[str, str, str, int, int | str], LoaderSettings] = {}
 
 
 def tuning_spec(
@@ -137,7 +131,7 @@ def tuning_spec(
 
 @dataclass(frozen=True)
 class TuneResult:
-    """What `choose_loader_settings` measured and chose.
+    """What `tune` measured and chose.
 
     Args:
         settings: the chosen settings with their reasons.
@@ -150,27 +144,44 @@ class TuneResult:
     cost: SampleCost | None = None
 
 
-def choose_loader_settings(
-    spec: LoaderSpec,
+def tune(
+    what: LoaderSpec | Manifest | str | os.PathLike[str],
     backend: str = "cpu",
+    *,
+    split: str = "train",
+    batch_size: int = 256,
+    preset: str = "auto",
+    image_size: int | None = None,
     ranks_per_node: int | None = None,
     options: TuneOptions | None = None,
     probe: Probe | None = None,
 ) -> TuneResult:
-    """Probe the machine, time samples of `spec` with the CPU backend, size the loader.
+    """Probe the machine, time samples with the CPU backend, size the loader.
 
     The rule (`size_loader`) turns free cores, memory and the sample cost into workers and
     prefetch; with `options.confirm` the fastest of a few (workers, decode threads) candidates
     is then kept (`confirm_by_measurement`; decode threads only for photo splits).
 
     Args:
-        spec: the loader's spec (its worker settings are ignored).
-        backend: the registered backend the settings are for (`fastdata.read.BACKENDS`).
+        what: the loader's spec (its worker settings are ignored), or a Manifest or shard folder
+            whose `split` is measured (`tuning_spec` with `split`, `batch_size`, `preset`,
+            `image_size`; those four are ignored for a spec).
+        backend: the registered backend the settings are for (`fastdata.read.BACKENDS`; for
+            dali the workers are its CPU threads, a backend without workers needs none).
+        split: split to measure (a folder or manifest).
+        batch_size: samples per batch (a folder or manifest).
+        preset: augmentation preset ("auto" resolves as in ShardDataModule).
+        image_size: output side of variable-size photos (default 224).
         ranks_per_node: training processes sharing this machine (default: $LOCAL_WORLD_SIZE
             or 1; pass `trainer.num_devices` under Lightning's own launcher, which does not set it).
         options: how much to measure (default `TuneOptions()`; `QUICK` for start-up).
         probe: the machine's figures, when already read (default: `probe_system(window_s)`).
     """
+    spec = (
+        what
+        if isinstance(what, LoaderSpec)
+        else tuning_spec(what, split, batch_size, preset, image_size)
+    )
     options = options or TuneOptions()
     if not _uses_workers(backend):
         return TuneResult(_no_workers(backend))
@@ -193,69 +204,6 @@ def choose_loader_settings(
             workers_only_from_rule=options.confirm == "threads",
         )
     return TuneResult(settings, probe, cost)
-
-
-def auto_loader_settings(
-    spec: LoaderSpec,
-    backend: str = "cpu",
-    ranks_per_node: int | None = None,
-    decode_threads: int | Literal["auto"] = 1,
-) -> LoaderSettings:
-    """`choose_loader_settings` with the `QUICK` budget, cached: `ShardDataModule`'s "auto".
-
-    Cached for this process per (manifest root, split, backend, batch size, decode_threads);
-    `LoaderMonitor` re-checks the choice at every epoch end. pin_memory follows `spec.device`.
-    With decode_threads "auto", photo splits time the decode-thread candidates (a few seconds:
-    workers start for each); otherwise `decode_threads` is passed through.
-
-    Args:
-        spec: the loader's spec (its num_workers / prefetch_factor are ignored).
-        backend: the backend the settings are for.
-        ranks_per_node: training processes sharing this machine (see `choose_loader_settings`).
-        decode_threads: threads per worker for photos, or "auto" to choose them by timing.
-    """
-    key = (spec.manifest.root, spec.split, backend, spec.batch_size, decode_threads)
-    if key not in _AUTO_CACHE:
-        options = QUICK
-        if decode_threads == "auto":
-            options = dataclasses.replace(QUICK, confirm="threads", confirm_batches=3)
-        probe = None
-        if _uses_workers(backend):
-            probe = dataclasses.replace(
-                probe_system(QUICK.window_s), cuda_available=str(spec.device).startswith("cuda")
-            )
-        chosen = choose_loader_settings(spec, backend, ranks_per_node, options, probe).settings
-        if decode_threads != "auto":
-            chosen = dataclasses.replace(chosen, decode_threads=int(decode_threads))
-        _AUTO_CACHE[key] = chosen
-    cached = _AUTO_CACHE[key]
-    return dataclasses.replace(cached, reasons=list(cached.reasons))  # callers may edit reasons
-
-
-def tune(
-    manifest_or_root: Manifest | str | os.PathLike[str],
-    split: str = "train",
-    backend: str = "cpu",
-    batch_size: int = 256,
-    preset: str = "auto",
-    image_size: int | None = None,
-    options: TuneOptions | None = None,
-) -> LoaderSettings:
-    """`choose_loader_settings` on a shard folder's split (`tuning_spec`), for callers that have
-    a folder rather than a spec (`fastdata.tune.tune(...)`; `fastdata tune OUT` on the command line).
-
-    Args:
-        manifest_or_root: a Manifest or the shard folder.
-        split: split to measure.
-        backend: the registered backend the settings are for (`fastdata.read.BACKENDS`; for
-            dali the workers are its CPU threads, a backend without workers needs none).
-        batch_size: samples per batch.
-        preset: augmentation preset ("auto" resolves as in ShardDataModule).
-        image_size: output side of variable-size photos (default 224).
-        options: how much to measure (`TuneOptions`).
-    """
-    spec = tuning_spec(manifest_or_root, split, batch_size, preset, image_size)
-    return choose_loader_settings(spec, backend, options=options).settings
 
 
 def _node_ranks() -> int:

@@ -14,9 +14,9 @@ from fastdata.read import backend_choices
 from fastdata.tune import (
     SweepPoint,
     TuneOptions,
-    choose_loader_settings,
     measure_settings,
     sweep,
+    tune,
     tuning_spec,
 )
 
@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
     """Run `fastdata tune` with parsed arguments; prints the report, returns the exit status."""
     spec = tuning_spec(args.out, args.split, args.batch_size, image_size=args.image_size)
     options = TuneOptions(consumer_rate=args.consumer_rate)
-    result = choose_loader_settings(spec, args.backend, options=options)
+    result = tune(spec, args.backend, options=options)
     print(
         f"fastdata tune {args.out}: split {args.split}, batch {args.batch_size}, backend {args.backend}"
     )
@@ -75,9 +75,7 @@ def run(args: argparse.Namespace) -> int:
         alone_options = dataclasses.replace(
             options, main_cores=0.0, confirm="all", confirm_batches=args.batches
         )
-        alone = choose_loader_settings(
-            spec, args.backend, options=alone_options, probe=result.probe
-        )
+        alone = tune(spec, args.backend, options=alone_options, probe=result.probe)
         print("loader alone, checked by measurement: " + alone.settings.reasons[-1])
     measured = measure_settings(
         spec,

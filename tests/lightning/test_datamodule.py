@@ -228,7 +228,7 @@ def test_bad_arguments_are_refused(tiny_shards):
 
 
 def test_decode_threads_auto_takes_the_tuners_choice(tiny_shards, monkeypatch):
-    import fastdata.tune as tune_module
+    import fastdata.lightning.runtime as runtime_module
     from fastdata.tune.sizing import LoaderSettings
 
     asked = []
@@ -237,7 +237,7 @@ def test_decode_threads_auto_takes_the_tuners_choice(tiny_shards, monkeypatch):
         asked.append(decode_threads)
         return LoaderSettings(1, 3, False, False, decode_threads=3)
 
-    monkeypatch.setattr(tune_module, "auto_loader_settings", fake_auto)
+    monkeypatch.setattr(runtime_module, "auto_settings", fake_auto)
     spec = ShardDataModule(
         tiny_shards,
         backend="cpu",

@@ -122,7 +122,7 @@ def test_workers_persist_whatever_the_tuner_measured_for_another_count(tiny_shar
         num_workers=0, prefetch_factor=2, decode_threads=1, pin_memory=False,
         persistent_workers=False, reasons=["test: 0 workers measured best"],
     )  # fmt: skip
-    monkeypatch.setattr("fastdata.tune.auto_loader_settings", lambda *a, **k: measured)
+    monkeypatch.setattr("fastdata.lightning.runtime.auto_settings", lambda *a, **k: measured)
     dm = _dm(tiny_shards, prefetch_factor="auto")
     loader = dm.train_dataloader()
     assert loader.loader.dataloader.num_workers == 2

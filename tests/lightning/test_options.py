@@ -123,7 +123,7 @@ def test_worker_settings_carry_pinning_and_persistence(tiny_shards):
 def test_auto_counts_are_measured_and_the_given_settings_kept(tiny_shards, monkeypatch):
     """`workers=None` measures both counts; "auto" in a group measures that count only, and
     the group's pinning stands (the tuner's verdict fills only what was not given)."""
-    import fastdata.tune as tune_module
+    import fastdata.lightning.runtime as runtime_module
     from fastdata.tune.sizing import LoaderSettings
 
     asked = []
@@ -132,7 +132,7 @@ def test_auto_counts_are_measured_and_the_given_settings_kept(tiny_shards, monke
         asked.append(decode_threads)
         return LoaderSettings(3, 5, True, True, decode_threads=1)
 
-    monkeypatch.setattr(tune_module, "auto_loader_settings", fake_auto)
+    monkeypatch.setattr(runtime_module, "auto_settings", fake_auto)
     default = ShardDataModule(tiny_shards, backend="cpu").loader_spec("train", True).workers
     assert (default.num_workers, default.prefetch_factor, default.pin_memory) == (3, 5, True)
     group = WorkerSettings(num_workers=2, prefetch_factor="auto", pin_memory=False, timeout=9)

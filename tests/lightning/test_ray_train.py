@@ -283,7 +283,6 @@ def test_auto_workers_are_sized_for_every_ray_worker_on_the_node(
 ) -> None:
     """Under Ray Train each worker's Trainer has one CPU device while the node runs
     $LOCAL_WORLD_SIZE workers (Ray exports it): "auto" sizes the loader for that many ranks."""
-    import fastdata.tune
     from fastdata.lightning.runtime import size_workers
 
     seen = []
@@ -292,7 +291,7 @@ def test_auto_workers_are_sized_for_every_ray_worker_on_the_node(
         seen.append(ranks_per_node)
         return SimpleNamespace(num_workers=1, prefetch_factor=2, pin_memory=False, decode_threads=1)
 
-    monkeypatch.setattr(fastdata.tune, "auto_loader_settings", measured)
+    monkeypatch.setattr("fastdata.lightning.runtime.auto_settings", measured)
     spec = _datamodule(str(tiny_shards)).loader_spec("train", train=True)
     one_device = SimpleNamespace(num_devices=1)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")

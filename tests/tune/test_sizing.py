@@ -182,7 +182,7 @@ def test_bad_inputs(kw, match):
         _size(_probe(), **kw)
 
 
-# ---- end to end on tiny real shards: tune(), auto_loader_settings(), sweep, `fastdata tune` ----
+# ---- end to end on tiny real shards: tune(), auto_settings(), sweep, `fastdata tune` ----
 
 
 @pytest.fixture(scope="module")
@@ -201,49 +201,50 @@ def shards(tmp_path_factory):
 def test_tune_on_shards_names_the_measurements(shards):
     from fastdata.tune import TuneOptions, tune
 
-    s = tune(shards.root, batch_size=16, options=TuneOptions(window_s=0.05, n_batches=3))
+    s = tune(shards.root, batch_size=16, options=TuneOptions(window_s=0.05, n_batches=3)).settings
     assert 0 <= s.num_workers <= len(os.sched_getaffinity(0))
     assert s.persistent_workers == (s.num_workers > 0) and s.decode_threads == 1
     assert s.reasons[0].startswith("sample cost") and "KiB per sample" in s.reasons[0]
     assert any(r.startswith("free cores") for r in s.reasons)
-    memory = tune(shards.root, backend="memory")
+    memory = tune(shards.root, backend="memory").settings
     assert memory.num_workers == 0 and "memory backend" in memory.reasons[0]
 
 
-def test_choose_loader_settings_follows_the_injected_probe(shards):
-    from fastdata.tune import TuneOptions, choose_loader_settings, tuning_spec
+def test_tune_follows_the_injected_probe(shards):
+    from fastdata.tune import TuneOptions, tune, tuning_spec
 
     spec = tuning_spec(shards, batch_size=16)
     options = TuneOptions(n_batches=2, main_cores=0.0)
-    idle = choose_loader_settings(spec, options=options, probe=_probe(busy=(0.0,) * 4))
-    busy = choose_loader_settings(spec, options=options, probe=_probe(busy=(1.0, 1.0, 1.0, 0.0)))
+    idle = tune(spec, options=options, probe=_probe(busy=(0.0,) * 4))
+    busy = tune(spec, options=options, probe=_probe(busy=(1.0, 1.0, 1.0, 0.0)))
     assert idle.settings.num_workers == 4 and busy.settings.num_workers == 1  # unknown consumer
     assert idle.cost is not None and idle.cost.samples > 0
 
 
-def test_auto_loader_settings_is_cached_per_key(shards, monkeypatch):
+def test_auto_settings_is_cached_per_key(shards, monkeypatch):
     import time
 
+    import fastdata.lightning.runtime as runtime
     import fastdata.tune as tune_mod
 
     calls = []
     real_probe = tune_mod.probe_system
     monkeypatch.setattr(tune_mod, "probe_system", lambda w: calls.append(w) or real_probe(w))
-    tune_mod._AUTO_CACHE.clear()
+    runtime._AUTO_CACHE.clear()
     spec = tune_mod.tuning_spec(shards, batch_size=16)
     start = time.perf_counter()
-    first = tune_mod.auto_loader_settings(spec, ranks_per_node=1)
+    first = runtime.auto_settings(spec, ranks_per_node=1)
     assert time.perf_counter() - start < 5  # ~0.5 s; generous for a loaded test machine
     first.reasons.append("edited by the caller")
-    again = tune_mod.auto_loader_settings(spec, ranks_per_node=1)
+    again = runtime.auto_settings(spec, ranks_per_node=1)
     assert calls == [tune_mod.QUICK.window_s]  # the second call measured nothing
     assert again.num_workers == first.num_workers and "edited by the caller" not in again.reasons
-    tune_mod.auto_loader_settings(tune_mod.tuning_spec(shards, batch_size=8), ranks_per_node=1)
+    runtime.auto_settings(tune_mod.tuning_spec(shards, batch_size=8), ranks_per_node=1)
     assert len(calls) == 2  # another batch size is another key
     # Raw pixels: decode_threads "auto" times nothing and keeps one thread.
-    assert tune_mod.auto_loader_settings(spec, decode_threads="auto").decode_threads == 1
-    assert tune_mod.auto_loader_settings(spec, decode_threads=3).decode_threads == 3
-    tune_mod._AUTO_CACHE.clear()
+    assert runtime.auto_settings(spec, decode_threads="auto").decode_threads == 1
+    assert runtime.auto_settings(spec, decode_threads=3).decode_threads == 3
+    runtime._AUTO_CACHE.clear()
 
 
 def test_sweep_and_table(shards):
@@ -446,11 +447,12 @@ def photo_shards(tmp_path_factory):
 @pytest.mark.timeout(120)
 def test_photo_splits_time_decode_threads_on_real_jpegs(photo_shards):
     # The real path, end to end: decode threads in the main process and in workers, timed.
+    import fastdata.lightning.runtime as runtime
     import fastdata.tune as tune_mod
 
-    tune_mod._AUTO_CACHE.clear()
+    runtime._AUTO_CACHE.clear()
     spec = tune_mod.tuning_spec(photo_shards, batch_size=8, image_size=32)
-    chosen = tune_mod.auto_loader_settings(spec, ranks_per_node=1, decode_threads="auto")
+    chosen = runtime.auto_settings(spec, ranks_per_node=1, decode_threads="auto")
     timed = chosen.reasons[-1]
     # Real timings on a noisy machine: the winner is the fastest or ties it within 5%.
     assert timed.startswith("measured (")
@@ -465,4 +467,4 @@ def test_photo_splits_time_decode_threads_on_real_jpegs(photo_shards):
     assert "x 2 threads" in timed  # thread candidates were timed beside processes
     assert chosen.decode_threads in (1, 2) and chosen.num_workers >= 0
     assert f"{chosen.num_workers} workers x {chosen.decode_threads} decode threads" in timed
-    tune_mod._AUTO_CACHE.clear()
+    runtime._AUTO_CACHE.clear()
