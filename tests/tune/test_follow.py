@@ -153,7 +153,11 @@ def test_choose_threads_records_auto_choices_only(monkeypatch):
 def test_real_load_meter_reads_this_machine():
     meter = LoadMeter()
     meter.start()
-    sum(i * i for i in range(200_000))  # some CPU of our own
+    # 50 ms of CPU of our own: the kernel counts CPU time in 10 ms ticks, and a fixed amount of
+    # work can fall under one tick on a fast CPU (or a loaded one: seen here at 17 ms of wall).
+    end = time.process_time() + 0.05
+    while time.process_time() < end:
+        pass
     load = meter.read()
     assert load is not None and 1 <= load.usable_cores
     assert load.own_cores > 0 and 0 <= load.idle_cores <= load.usable_cores
