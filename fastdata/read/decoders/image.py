@@ -12,7 +12,7 @@ given their decode-time geometry here, because it is cheaper to shrink while dec
   box is so large that a DCT scale of 1/2, 1/4 or 1/8 still covers the output size, the whole
   image at that scale through Pillow-SIMD's draft mode and a boxed bilinear `resize`. Whichever
   has fewer pixels to produce wins. The region path gives the pixels of a full decode then
-  torchvision's `resized_crop` (Pillow's ``crop(box).resize(...)``; tests/read/test_decode.py).
+  torchvision's `resized_crop` (Pillow's ``crop(box).resize(...)``; tests/read/decoders/test_decode.py).
 - "center" (evaluation): resize the shorter side to `size * 256 / 224` and take the centre
   `size` x `size` crop, through the same two paths.
 - "cover": resize so the image just covers `hw` and take the centre `hw` window (the stored size
