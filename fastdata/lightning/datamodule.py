@@ -231,6 +231,10 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
         self.mean, self.std = mean, std
         self.split_names = dict(splits or {})
         self.decoded_cache_dir = None if decoded_cache_dir is None else os.fspath(decoded_cache_dir)
+        self._init_runtime(seed)
+
+    def _init_runtime(self, seed: int) -> None:
+        """The state that setup, the loaders and their batches fill in later (no option's)."""
         self._carve_seed: int | None = None  # the manifest's shard seed, once loaded
         self.manifest: Manifest | None = None
         self.transforms: Preset | None = None  # resolved in setup

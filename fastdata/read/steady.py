@@ -73,6 +73,16 @@ def process_tree_cpu_seconds() -> float:
     return total
 
 
+def _batches_to_skip(backlog: int, warmup: int, measure: int) -> int:
+    """Batches before the timed window (ValueError for a negative count or `measure` < 1)."""
+    if backlog < 0 or warmup < 0 or measure < 1:
+        raise ValueError(
+            f"steady_rate needs backlog >= 0, warmup >= 0, measure >= 1; got {backlog}, "
+            f"{warmup}, {measure}"
+        )
+    return backlog + warmup
+
+
 def steady_rate(
     batches: Iterable[Any],
     *,
@@ -99,12 +109,7 @@ def steady_rate(
     Raises:
         ValueError: a negative `backlog` or `warmup`, or `measure` < 1.
     """
-    if backlog < 0 or warmup < 0 or measure < 1:
-        raise ValueError(
-            f"steady_rate needs backlog >= 0, warmup >= 0, measure >= 1; got {backlog}, "
-            f"{warmup}, {measure}"
-        )
-    skip = backlog + warmup
+    skip = _batches_to_skip(backlog, warmup, measure)
     cpu = cpu_clock if cpu_clock is not None else (lambda: 0.0)
     start = clock()
     t0, cpu0 = (start, cpu()) if skip == 0 else (None, 0.0)

@@ -66,7 +66,9 @@ from fastdata.remote.config import (
 from fastdata.remote.fs import download
 from fastdata.remote.locks import LockFile
 from fastdata.remote.retry import DEFAULT_RETRY, RemoteError, RetryPolicy
-from fastdata.remote.room import CacheFolder, CacheStats  # CacheStats: re-exported
+
+# CacheStats and CachedShard: re-exported (`fastdata.remote` and this module name them)
+from fastdata.remote.room import CachedShard, CacheFolder, CacheStats, folder_bytes
 
 if TYPE_CHECKING:  # the manifest as remote/ sees it (remote/shards.py), named as its classes
     from fastdata.remote.shards import ShardEntry as ShardInfo
@@ -78,48 +80,6 @@ log = logging.getLogger(__name__)
 
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 _IDLE = 30.0  # seconds the prefetch thread waits for a job before it ends
-
-
-def folder_bytes(folder: str | os.PathLike[str]) -> int:
-    """Bytes of the files in `folder` now. Other processes of the node rename `.part` files and
-    evict shards while it is listed: a file gone between the listing and its stat is not counted."""
-    total = 0
-    for entry in os.scandir(folder):
-        try:
-            if entry.is_file():
-                total += entry.stat().st_size
-        except FileNotFoundError:  # renamed or removed by its owner meanwhile
-            continue
-    return total
-
-
-class CachedShard:
-    """A shard in the cache, pinned (never evicted) until `release()` or the end of a `with`.
-
-    Attributes:
-        tar: the shard's local file.
-        index: its DALI index, or None when the store has none (scan the tar instead).
-    """
-
-    def __init__(self, lock: LockFile, tar: Path, index: Path | None) -> None:
-        self._lock: LockFile | None = lock
-        self.tar = tar
-        self.index = index
-
-    def release(self) -> None:
-        """Unpin (closing the lock file releases the shared lock). Safe to call twice."""
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
-
-    def __enter__(self) -> CachedShard:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-    def __del__(self) -> None:
-        self.release()
 
 
 class ShardCache(CacheFolder):

@@ -1,6 +1,7 @@
 """Keeping the shard cache's folder within its limit: the `.cache.lock` section of
 `fastdata.remote.cache.ShardCache` (rule 5 of its module docstring), eviction (rule 3), trimming
-back to the limit, and the check that a limit can hold what the node's readers pin."""
+back to the limit, and the check that a limit can hold what the node's readers pin; a pin itself
+(`CachedShard`, a shared lock on the shard) and the folder's bytes now (`folder_bytes`)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ if TYPE_CHECKING:  # the manifest as remote/ sees it (remote/shards.py), named a
     from fastdata.remote.shards import ShardEntry as ShardInfo
     from fastdata.remote.shards import ShardSource as Manifest
 
-__all__ = ["CacheFolder", "CacheStats"]
+__all__ = ["CacheFolder", "CacheStats", "CachedShard", "folder_bytes"]
 
 log = logging.getLogger(__name__)
 
@@ -229,3 +230,45 @@ class _Held:
 
     def __exit__(self, *exc: object) -> None:
         self.lock.close()
+
+
+def folder_bytes(folder: str | os.PathLike[str]) -> int:
+    """Bytes of the files in `folder` now. Other processes of the node rename `.part` files and
+    evict shards while it is listed: a file gone between the listing and its stat is not counted."""
+    total = 0
+    for entry in os.scandir(folder):
+        try:
+            if entry.is_file():
+                total += entry.stat().st_size
+        except FileNotFoundError:  # renamed or removed by its owner meanwhile
+            continue
+    return total
+
+
+class CachedShard:
+    """A shard in the cache, pinned (never evicted) until `release()` or the end of a `with`.
+
+    Attributes:
+        tar: the shard's local file.
+        index: its DALI index, or None when the store has none (scan the tar instead).
+    """
+
+    def __init__(self, lock: LockFile, tar: Path, index: Path | None) -> None:
+        self._lock: LockFile | None = lock
+        self.tar = tar
+        self.index = index
+
+    def release(self) -> None:
+        """Unpin (closing the lock file releases the shared lock). Safe to call twice."""
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def __enter__(self) -> CachedShard:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        self.release()

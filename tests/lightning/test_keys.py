@@ -83,7 +83,7 @@ def test_every_backend_gives_the_same_keys_for_the_same_plan(folder_shards):
 
 
 def test_nvjpeg_loader_hands_over_the_cpu_loaders_keys(folder_shards):
-    from tests.read.test_nvjpeg import FakeDecoder
+    from tests.read.backends.test_nvjpeg import FakeDecoder
 
     spec = LoaderSpec(
         manifest=load_manifest(folder_shards), split="val", train=False, batch_size=4,

@@ -110,39 +110,60 @@ def choose_backend(
         raise ValueError(f"memory_share must be in (0, 1], got {memory_share!r}")
     split = _deciding_split(manifest, split)
     info = manifest.split(split)
-    on_gpu = torch.device(device).type == "cuda"
     free = free_memory(device)
-    budget = int(free * memory_share)
-    size, need = _store_size(info, image_size, preset, on_gpu, ranks_per_node)
-    figures = (
-        f"the memory backend's store of split {split!r} {size}; {memory_share:g} of the {_human(free)} free on "
-        f"{device} is {_human(budget)}"
+    name, reason = _store_choice(
+        info, split, device, free, memory_share, image_size, preset, ranks_per_node
     )
-    # On the CPU the memory backend's epochs would run a random-resized crop of encoded images
-    # in the training process (~11 ms an image at 224 px here, bench_loader --suites
-    # memory-first); the cpu backend fuses it into decoding, in its workers.
-    crop_in_trainer = (
-        not on_gpu
-        and info.encoding != "raw"
-        and isinstance(preset.decode_crop(True)[0], RandomResizedCrop)
-    )
-    if need is not None and need <= budget and crop_in_trainer:
-        name = "cpu"
-        reason = (
-            f"{figures}: it fits, but on {device} the {preset.name!r} preset's random-resized "
-            "crop would run in the training process; the cpu backend fuses it into decoding"
-        )
-    elif need is not None and need <= budget:
-        name, reason = "memory", f"{figures}: it fits"
-    elif on_gpu:
+    if name is None and _is_gpu(device):
         if rate is None:
             rate = _cached_probe(manifest, split, device, image_size, preset)
         name, why = _gpu_decoder(preset, available, is_classification(info.field_specs), rate)
-        reason = f"{figures}: it does not fit; " + why
-    else:
-        name, reason = "cpu", f"{figures}: it does not fit and {device} is not a GPU"
+        reason = f"{reason}: it does not fit; " + why
+    elif name is None:
+        name, reason = "cpu", f"{reason}: it does not fit and {device} is not a GPU"
     _log.info("backend=auto chose %r: %s", name, reason)
     return name, reason
+
+
+def _store_choice(
+    info: SplitInfo,
+    split: str,
+    device: str,
+    free: int,
+    memory_share: float,
+    image_size: ImageSize,
+    preset: Preset,
+    ranks_per_node: int,
+) -> tuple[str | None, str]:
+    """The choice when the memory backend's store of the split fits `memory_share` of `free`.
+
+    Returns:
+        (name, reason): "memory", or "cpu" where the cpu backend does the preset's crop better;
+        name None when the store does not fit, the reason then the figures that say so.
+    """
+    size, need = _store_size(info, image_size, preset, _is_gpu(device), ranks_per_node)
+    budget = int(free * memory_share)
+    figures = (
+        f"the memory backend's store of split {split!r} {size}; {memory_share:g} of the "
+        f"{_human(free)} free on {device} is {_human(budget)}"
+    )
+    if need is None or need > budget:
+        return None, figures
+    # On the CPU the memory backend's epochs would run a random-resized crop of encoded images
+    # in the training process (~11 ms an image at 224 px here, bench_loader --suites
+    # memory-first); the cpu backend fuses it into decoding, in its workers.
+    crop = isinstance(preset.decode_crop(True)[0], RandomResizedCrop)
+    if not _is_gpu(device) and info.encoding != "raw" and crop:
+        return "cpu", (
+            f"{figures}: it fits, but on {device} the {preset.name!r} preset's random-resized "
+            "crop would run in the training process; the cpu backend fuses it into decoding"
+        )
+    return "memory", f"{figures}: it fits"
+
+
+def _is_gpu(device: str) -> bool:
+    """Whether `device` ("cpu", "cuda", "cuda:1") is a CUDA device."""
+    return torch.device(device).type == "cuda"
 
 
 def _deciding_split(manifest: Manifest, splits: str | Sequence[str]) -> str:

@@ -7,12 +7,12 @@ flip, `decode_geometry`; dict splits field by field), collates them to one uint8
 and, with persistent workers, writes it into a reused shared-memory slot
 (`fastdata.read.transport.slots`). The epoch and resume position come from a small shared
 tensor (`ShardBatchDataset.state`), so persistent workers follow `set_epoch` without restarting;
-a persistent training worker decodes the next epoch's first batch ahead (`_Ahead`).
+a persistent training worker decodes the next epoch's first batch ahead
+(`fastdata.read.backends.next_epoch`).
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Iterator
 
@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata.augment import RandomResizedCrop
+from fastdata.read.backends.next_epoch import NextEpochBatch
 from fastdata.read.base import LoaderSpec
 from fastdata.read.decoders.dict_batch import Sample, SampleSpec, decode_samples, sample_spec
 from fastdata.read.decoders.image import Geometry, decode_batch, decode_raw, stored_hw
@@ -33,7 +34,6 @@ from fastdata.read.transport.stage_times import StageClock, StageTimes
 
 __all__ = ["STATE_SLOTS", "ShardBatchDataset", "decode_geometry"]
 
-log = logging.getLogger("fastdata")
 
 _EPOCH, _CONSUMED, _STEPS, _SKIPS = 0, 1, 2, 3  # slots of the shared state tensor
 #: The slots of `ShardBatchDataset.state` (epoch, consumed, steps before, then skips per worker).
@@ -92,7 +92,7 @@ class ShardBatchDataset(IterableDataset):
             1, spec.workers.num_workers
         )
         self.state = torch.tensor(state, dtype=torch.int64).share_memory_()
-        self._ahead: _Ahead | None = None  # a worker's next-epoch first batch (`_Ahead`)
+        self._ahead: NextEpochBatch | None = None  # a worker's next-epoch first batch
         self.stage_times = StageTimes()  # each batch's read and decode seconds, for the trainer
         self.slots: BatchSlots | None = None  # set by CpuLoader before its workers start
         self._local = all("://" not in spec.manifest.shard_url(s) for s in info.shards)
@@ -134,7 +134,9 @@ class ShardBatchDataset(IterableDataset):
                     batch = self._load_batch(reader, plan, number, skips)
                 self._count(skips)
                 if number == numbers[-1] and self._looks_ahead(info):
-                    self._ahead = _Ahead.start(self, epoch + 1, worker)
+                    self._ahead = NextEpochBatch.start(
+                        self.spec, self._load_batch, epoch + 1, worker
+                    )
                 slots = self.slots if info is not None and isinstance(batch, tuple) else None
                 ref = slots.put(worker, *batch[:2]) if slots is not None else None
                 if ref is None and slots is not None and slots.holds(batch[0]):
@@ -342,71 +344,6 @@ class ShardBatchDataset(IterableDataset):
 
 
 _Skip = Skip
-
-
-class _Ahead:
-    """The next epoch's first batch of one worker, decoded by a thread while the epoch ends.
-
-    `take` gives it to the next epoch when that epoch is the one foreseen (epoch + 1, from its
-    start): the same batch as decoding it then (plans and augmentation seeds are functions of
-    the epoch). Otherwise (another epoch set, a resume) it is dropped, after the thread ends.
-    """
-
-    def __init__(self, key: tuple[int, int, int], number: int) -> None:
-        self.key, self.number = key, number
-        self._result: tuple[tuple[torch.Tensor, torch.Tensor], list[_Skip]] | None = None
-        self._error: BaseException | None = None
-        self._thread: threading.Thread | None = None
-
-    @classmethod
-    def start(cls, dataset: ShardBatchDataset, epoch: int, worker: int) -> _Ahead:
-        ahead = cls((epoch, 0, 0), worker)  # a worker's first batch number is its id (rule 6)
-
-        def run() -> None:
-            reader = ShardReader(
-                dataset.spec.manifest,
-                dataset.spec.split,
-                cache=dataset.spec.cache,
-                verify_samples=dataset.spec.verify_samples,
-            )
-            try:
-                plan = dataset.spec.plan(epoch)
-                if worker < len(plan.rows):
-                    skips: list[_Skip] = []
-                    ahead._result = dataset._load_batch(reader, plan, worker, skips), skips
-            except BaseException as exc:  # noqa: BLE001 - raised where the batch is taken
-                ahead._error = exc
-            finally:
-                reader.close()
-
-        # A daemon: a worker that exits while it runs is not held up by it.
-        ahead._thread = threading.Thread(target=run, name="fastdata-next-epoch", daemon=True)
-        ahead._thread.start()
-        return ahead
-
-    def take(
-        self, key: tuple[int, int, int], timeout: float | None = None
-    ) -> tuple[int, tuple[tuple[torch.Tensor, torch.Tensor], list[_Skip]]] | None:
-        """(batch number, (batch, skips)) when `key` is the epoch foreseen, else None.
-
-        Waits at most `timeout` seconds (None: until the thread ends) for the thread; a thread
-        still running then is left behind (a daemon) and the batch is decoded anew.
-        """
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                log.warning(
-                    "the next epoch's first batch of worker %d was not decoded after %s s; "
-                    "decoding it again",
-                    self.number,
-                    timeout,
-                )
-                return None
-        if key != self.key:
-            return None
-        if self._error is not None:
-            raise self._error
-        return None if self._result is None else (self.number, self._result)
 
 
 def _collate(

@@ -18,7 +18,7 @@ an image for random-resized crops, 0.90 against 0.89 for centre crops; Pillow-SI
 gave the same pixels, and loaded nvImageCodec's CUDA libraries into every cpu-backend worker
 that used it (the GPU check of 2026-12-04 saw the cpu row take 3.3 GB of device memory with DALI,
 which installs it, against 188 MB without; and its cpu baseline move 2.3x with it). A cpu worker
-now imports nothing of NVIDIA's (tests/read/test_cpu_no_cuda.py).
+now imports nothing of NVIDIA's (tests/read/backends/test_cpu_no_cuda.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Resizing decoded crops to the output size on the CPU (torch's uint8 antialiased bilinear kernel).
 
 `resize_aa`: torch's kernel gives the pixels of Pillow's ``resize(size, BILINEAR)`` (torchvision's
-`resized_crop` on a PIL image: tests/read/test_decode.py) without Pillow's RGB -> RGBX -> RGB
+`resized_crop` on a PIL image: tests/read/decoders/test_decode.py) without Pillow's RGB -> RGBX -> RGB
 conversions. `cover`: a whole image (Pillow-SIMD, DCT-scaled) resized to cover a size, centre kept.
 """
 

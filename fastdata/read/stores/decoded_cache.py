@@ -197,24 +197,25 @@ def decode_split(
         cached = _load_cached(stem)
         assert cached is not None, f"cache entry {stem} vanished right after it was written"
     images, meta, header = cached
-    if header["skipped"] and on_error == "raise":
-        raise ValueError(
-            f"{len(header['skipped'])} corrupt samples in split {split!r} of {manifest.root} "
-            f"(first: {header['skipped'][0]}); pass on_error='skip' or re-write the shards"
-        )
-    if header["skipped"]:
-        shown = "\n".join(f"  {s}" for s in header["skipped"][:20])
-        more = len(header["skipped"]) - 20
-        _log.warning(
-            "skipped %d bad sample(s) of split %r of %s (on_error='skip'):\n%s%s",
-            len(header["skipped"]),
-            split,
-            manifest.root,
-            shown,
-            f"\n  ... and {more} more" if more > 0 else "",
-        )
+    _report_skipped(header["skipped"], f"split {split!r} of {manifest.root}", on_error)
     ok = torch.from_numpy(meta[:, 2].astype(bool))
     return torch.from_numpy(images), torch.from_numpy(meta[:, 0]), torch.from_numpy(meta[:, 1]), ok
+
+
+def _report_skipped(skipped: list[str], where: str, on_error: str) -> None:
+    """Raise for the corrupt samples a cache entry skipped, or (on_error="skip") log them."""
+    if not skipped:
+        return
+    if on_error == "raise":
+        raise ValueError(
+            f"{len(skipped)} corrupt samples in {where} (first: {skipped[0]}); "
+            "pass on_error='skip' or re-write the shards"
+        )
+    shown = "".join(f"\n  {s}" for s in skipped[:20])
+    more = f"\n  ... and {len(skipped) - 20} more" if len(skipped) > 20 else ""
+    _log.warning(
+        "skipped %d bad sample(s) of %s (on_error='skip'):%s%s", len(skipped), where, shown, more
+    )
 
 
 @dataclass(frozen=True)

@@ -23,12 +23,10 @@ is the class tokens, not the rows: a list of 100 million rows costs the same RAM
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import re
 import struct
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -43,11 +41,16 @@ from fastdata.write.sources.base import (
 )
 from fastdata.write.sources.listcolumns import (
     ColumnError,
-    column_kinds,
-    labels_of,
     list_fields,
     merged_kinds,
-    text_value,
+)
+from fastdata.write.sources.listrows import (
+    HELP,
+    PARSERS,
+    Row,
+    bad_line,
+    check_text,
+    short,
 )
 from fastdata.write.sources.rowfile import RowFile, RowFolder
 
@@ -58,21 +61,6 @@ __all__ = ["DEFAULT_MAX_CLASSES", "PARSERS", "ListSource"]
 DEFAULT_MAX_CLASSES = 100_000
 
 _INT = re.compile(r"[+-]?\d+")
-_HELP = (
-    "Expected a CSV with the header 'path,label' (optionally ',split') or JSON Lines with "
-    '{"path": ..., "label": ...} (optionally "split"); a label is a class index or a class name. '
-    "Optional columns: 'labels' (several classes: a JSON list or \"a;b\"), 'caption'/'text' "
-    "(text), others (CSV: text, JSONL: JSON values)."
-)
-
-
-class _Row(NamedTuple):
-    line: int
-    path: str
-    label: int | str | None  # an int from JSON; a str from CSV (maybe decimal) or a JSON name
-    split: str | None
-    labels: list[int | str] | None = None  # the `labels` column's class tokens
-    extras: dict[str, Any] | None = None  # other columns by name
 
 
 class _Token(NamedTuple):
@@ -118,15 +106,15 @@ class ListSource:
             raise ValueError(f"max_classes must be >= 1, got {max_classes}")
         self.list_path = Path(path).expanduser().resolve()
         if not self.list_path.is_file():
-            raise BadSourceError(f"{describe_path(self.list_path)}: no such list file. {_HELP}")
+            raise BadSourceError(f"{describe_path(self.list_path)}: no such list file. {HELP}")
         parser = PARSERS.get(self.list_path.suffix.lower())
         if parser is None:
             raise BadSourceError(
                 f"{self.list_path}: unknown list format {self.list_path.suffix!r}"
-                f"; expected one of {sorted(PARSERS)}. {_HELP}"
+                f"; expected one of {sorted(PARSERS)}. {HELP}"
             )
         self.root = Path(root).expanduser().resolve() if root is not None else self.list_path.parent
-        _check_text(self.list_path)  # a first pass, streamed: the file is never held whole
+        check_text(self.list_path)  # a first pass, streamed: the file is never held whole
         self._read_rows(parser(self.list_path), split)
         ordered = [_Token(line, token) for token, line in self._label_first.items()]
         ordered += [
@@ -141,7 +129,7 @@ class ListSource:
             self._by_id[self._token_ids[token.label]] = index
         del self._label_first, self._multi_first, self._token_ids
 
-    def _read_rows(self, rows: Iterator[_Row], split: str) -> None:
+    def _read_rows(self, rows: Iterator[Row], split: str) -> None:
         """Consume the parsed rows one at a time into per-split row files on disk (`RowFile`:
         the memory held does not grow with the list); the problems seen only over all rows are
         raised after the last row, in the order they always were."""
@@ -152,7 +140,7 @@ class ListSource:
         # what `_resolve_labels` checks, so that an error names the line it always named.
         self._label_first: dict[int | str, int] = {}
         self._multi_first: dict[int | str, int] = {}
-        first: _Row | None = None
+        first: Row | None = None
         mismatch: BadSourceError | None = None
         kinds: dict[str, str] = {}
         kinds_error: ColumnError | None = None
@@ -162,7 +150,7 @@ class ListSource:
             first = first or row
             if mismatch is None and (row.label is not None) != (first.label is not None):
                 has = first.label is not None
-                mismatch = _bad(
+                mismatch = bad_line(
                     self.list_path,
                     row.line,
                     f"'label' is {'missing' if has else 'given'} here but "
@@ -174,34 +162,37 @@ class ListSource:
                     kinds = merged_kinds([kinds, row.extras], csv)
                 except ColumnError as exc:
                     kinds_error = exc
-            name = row.split or split
-            rows_of_split = self._rows.get(name)
-            if rows_of_split is None:
-                rows_of_split = self._rows[name] = RowFile(self._folder, f"split-{len(self._rows)}")
-            label_id = 0
-            if row.label is not None:
-                self._label_first.setdefault(row.label, row.line)
-                label_id = self._token_ids.setdefault(row.label, len(self._token_ids))
-            ids = None
-            if row.labels is not None:
-                has_labels = True
-                for token in row.labels:
-                    self._multi_first.setdefault(token, row.line)
-                ids = [self._token_ids.setdefault(t, len(self._token_ids)) for t in row.labels]
-            rows_of_split.append(_pack(row, label_id, ids))
+            has_labels = self._store(row, row.split or split) or has_labels
         for rows_of_split in self._rows.values():
             rows_of_split.finish()
         if first is None:
-            raise BadSourceError(f"{self.list_path}: lists no images. {_HELP}")
+            raise BadSourceError(f"{self.list_path}: lists no images. {HELP}")
         if mismatch is not None:
             raise mismatch
         if kinds_error is not None:
             raise kinds_error
         self._has_label = first.label is not None
         if not (self._has_label or has_labels or kinds):
-            raise _bad(self.list_path, first.line, "no 'label', 'labels' or other column")
+            raise bad_line(self.list_path, first.line, "no 'label', 'labels' or other column")
         self._fields = list_fields(self._has_label, has_labels, kinds)
         self._kinds = kinds
+
+    def _store(self, row: Row, name: str) -> bool:
+        """Append `row` to split `name`'s rows, its class tokens numbered; True if it has `labels`."""
+        rows_of_split = self._rows.get(name)
+        if rows_of_split is None:
+            rows_of_split = self._rows[name] = RowFile(self._folder, f"split-{len(self._rows)}")
+        label_id = 0
+        if row.label is not None:
+            self._label_first.setdefault(row.label, row.line)
+            label_id = self._token_ids.setdefault(row.label, len(self._token_ids))
+        ids = None
+        if row.labels is not None:
+            for token in row.labels:
+                self._multi_first.setdefault(token, row.line)
+            ids = [self._token_ids.setdefault(t, len(self._token_ids)) for t in row.labels]
+        rows_of_split.append(_pack(row, label_id, ids))
+        return row.labels is not None
 
     def splits(self) -> dict[str, int]:
         """Split name -> number of listed images, in order of first appearance."""
@@ -264,7 +255,7 @@ class ListSource:
 _HEAD = struct.Struct("<qqI")  # a row's line, label token id and path length
 
 
-def _pack(row: _Row, label_id: int, ids: list[int] | None) -> bytes:
+def _pack(row: Row, label_id: int, ids: list[int] | None) -> bytes:
     """One row as stored: line, label token id, path; then, only for rows that have them, the
     `labels` token ids and the other columns as JSON (their values as the parser gave them)."""
     path = row.path.encode("utf-8")
@@ -283,163 +274,6 @@ def _unpack(data: bytes) -> tuple[str, int, int, list[int] | None, dict[str, Any
     if len(data) > start + size:
         ids, extras = json.loads(data[start + size :])
     return path, line, label_id, ids, extras
-
-
-def _bad(list_path: Path, line: int, problem: str) -> BadSourceError:
-    return BadSourceError(f"{list_path}:{line}: {problem}. {_HELP}")
-
-
-def _check_text(list_path: Path) -> None:
-    """Check, a line at a time, that the list is UTF-8 (after an optional byte-order mark)
-    without NUL bytes; the first NUL is reported even after a line that is not UTF-8."""
-    not_utf8: BadSourceError | None = None
-    try:
-        with list_path.open("rb") as file:
-            for number, line in enumerate(file, start=1):
-                if number == 1:
-                    # Spreadsheet programs start CSV files with a byte-order mark.
-                    line = line[3:] if line.startswith(b"\xef\xbb\xbf") else line
-                    utf16 = line[:2] in (b"\xff\xfe", b"\xfe\xff")
-                if b"\x00" in line:
-                    hint = " (UTF-16? save the list as UTF-8)" if utf16 else ""
-                    raise _bad(list_path, number, f"NUL byte: not a text file{hint}")
-                if not_utf8 is None:
-                    not_utf8 = _utf8_problem(list_path, number, line)
-    except OSError as exc:
-        raise BadSourceError(
-            f"{list_path}: cannot read the list file ({exc.strerror or exc})"
-        ) from exc
-    if not_utf8 is not None:
-        raise not_utf8
-
-
-def _utf8_problem(list_path: Path, number: int, line: bytes) -> BadSourceError | None:
-    try:
-        line.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        return _bad(
-            list_path,
-            number,
-            f"not UTF-8 (byte 0x{line[exc.start]:02x} at column {exc.start + 1}); save the "
-            "list as UTF-8, e.g. `iconv -f latin1 -t utf-8 old.csv > new.csv`",
-        )
-    return None
-
-
-def _split_of(list_path: Path, line: int, split: str | None) -> str | None:
-    """The row's split name (None: the default), checked to be a plain name."""
-    if not split:
-        return None
-    if (problem := split_name_problem(split)) is not None:
-        raise _bad(list_path, line, problem)
-    return split
-
-
-def _parse_csv(list_path: Path) -> Iterator[_Row]:
-    """Rows of a CSV list with a header naming at least `path` and `label` (`_check_text`ed)."""
-    with list_path.open(encoding="utf-8-sig", newline="") as file:
-        yield from _csv_rows(list_path, file)
-
-
-def _csv_rows(list_path: Path, file: io.TextIOBase) -> Iterator[_Row]:
-    lines = _Counted(file)
-    reader = csv.DictReader(lines)
-    try:
-        header = reader.fieldnames or []
-        if "path" not in header:
-            raise _bad(list_path, 1, f"header {header} lacks 'path'")
-        if len(set(header)) != len(header):
-            raise _bad(list_path, 1, f"header {header} names a column twice")
-        try:
-            kinds = column_kinds(header, csv=True)
-        except ColumnError as exc:
-            raise _bad(list_path, 1, str(exc)) from None
-        for record in reader:
-            line = reader.line_num
-            if None in record or None in record.values():
-                raise _bad(list_path, line, f"{len(header)} columns expected")
-            path = record["path"].strip()
-            label = record["label"].strip() if "label" in record else None
-            if not path or label == "":
-                raise _bad(list_path, line, "empty path or label")
-            split = _split_of(list_path, line, (record.get("split") or "").strip())
-            labels = labels_of(record["labels"]) if "labels" in record else None
-            extras = {name: record[name] for name in kinds}
-            yield _Row(line, path, label, split, labels, extras)
-    except csv.Error as exc:  # e.g. "field larger than field limit", "new-line in unquoted field"
-        raise _bad(list_path, max(lines.count, 1), f"not valid CSV ({exc})") from None
-
-
-class _Counted:
-    """Lines of a text, counting those handed out (the CSV reader's current line on an error)."""
-
-    def __init__(self, lines: Iterator[str]) -> None:
-        self._lines = lines
-        self.count = 0
-
-    def __iter__(self) -> _Counted:
-        return self
-
-    def __next__(self) -> str:
-        line = next(self._lines)
-        self.count += 1
-        return line
-
-
-def _parse_jsonl(list_path: Path) -> Iterator[_Row]:
-    """Rows of a JSON Lines list (`_check_text`ed): one object per line; blank lines skipped."""
-    with list_path.open("rb") as file:
-        for line, raw in enumerate(file, start=1):
-            chunk = raw.decode("utf-8-sig" if line == 1 else "utf-8").removesuffix("\n")
-            if (row := _jsonl_row(list_path, line, chunk)) is not None:
-                yield row
-
-
-def _jsonl_row(list_path: Path, line: int, chunk: str) -> _Row | None:
-    """The row of one JSON Lines line; None for a blank line."""
-    if not chunk.strip():
-        return None
-    try:
-        record = json.loads(chunk)
-    except json.JSONDecodeError as exc:
-        raise _bad(list_path, line, f"not valid JSON ({exc.msg})") from None
-    except RecursionError:
-        raise _bad(list_path, line, "not a flat JSON object (nested too deeply)") from None
-    except ValueError as exc:  # e.g. an integer of more than 4300 digits
-        raise _bad(list_path, line, f"not valid JSON ({exc})") from None
-    if not isinstance(record, dict):
-        raise _bad(list_path, line, f"expected an object, got {type(record).__name__}")
-    path, label, split = record.get("path"), record.get("label"), record.get("split")
-    if not isinstance(path, str) or not path.strip():
-        raise _bad(list_path, line, f"'path' must be a non-empty string, got {_short(path)}")
-    if "\x00" in path:
-        raise _bad(list_path, line, f"'path' contains a NUL character: {_short(path)}")
-    # bool is an int subclass: true/false are not labels.
-    if label is not None and (
-        isinstance(label, bool) or not isinstance(label, (int, str)) or label == ""
-    ):
-        raise _bad(list_path, line, f"'label' must be an int or a class name, got {_short(label)}")
-    if split is not None and not isinstance(split, str):
-        raise _bad(list_path, line, f"'split' must be a string, got {_short(split)}")
-    try:
-        labels = labels_of(record["labels"]) if "labels" in record else None
-        kinds = column_kinds(record, csv=False)
-        extras = {
-            k: text_value(k, record[k]) if kind == "text" else record[k]
-            for k, kind in kinds.items()
-        }
-    except ColumnError as exc:
-        raise _bad(list_path, line, str(exc)) from None
-    split = _split_of(list_path, line, split)
-    return _Row(line, path.strip(), label, split, labels, extras)
-
-
-# List-file suffix -> parser.
-PARSERS: dict[str, Callable[[Path], Iterator[_Row]]] = {
-    ".csv": _parse_csv,
-    ".jsonl": _parse_jsonl,
-    ".ndjson": _parse_jsonl,
-}
 
 
 def _as_index(label: int | str) -> int | None:
@@ -461,42 +295,26 @@ def _resolve_labels(
     if not rows:  # a list of captions or other columns only: no classes
         return list(classes or []), []
     if classes is not None:
-        names = list(classes)
-        lookup = {name: i for i, name in enumerate(names)}
-        labels = []
-        for row in rows:
-            # A name wins over an index: with classes "0".."9" in any order, "3" means class "3".
-            index = lookup.get(row.label) if isinstance(row.label, str) else None
-            if index is None:
-                index = _as_index(row.label)
-            if index is None or not 0 <= index < len(names):
-                raise _bad(
-                    list_path,
-                    row.line,
-                    f"label {_short(row.label)} is neither one of the "
-                    f"{len(names)} classes nor an index 0..{len(names) - 1}",
-                )
-            labels.append(index)
-        return names, labels
+        return list(classes), _indices_of(rows, list(classes), list_path)
     indices = [_as_index(row.label) for row in rows]
     by_index = indices[0] is not None
     for row, index in zip(rows, indices, strict=True):
         if (index is not None) != by_index:
             first = "class indices" if by_index else "class names"
-            raise _bad(
+            raise bad_line(
                 list_path,
                 row.line,
-                f"label {_short(row.label)} differs in kind from the {first} used since line "
+                f"label {short(row.label)} differs in kind from the {first} used since line "
                 f"{rows[0].line}; use one kind, or pass classes=[...] to allow both",
             )
         if index is not None and index < 0:
-            raise _bad(list_path, row.line, f"negative label {_short(row.label)}")
+            raise bad_line(list_path, row.line, f"negative label {short(row.label)}")
         if index is not None and index >= max_classes:
             # Checked before `range(max + 1)` below sizes the class list.
-            raise _bad(
+            raise bad_line(
                 list_path,
                 row.line,
-                f"label {_short(row.label)} implies more than max_classes={max_classes:,} classes "
+                f"label {short(row.label)} implies more than max_classes={max_classes:,} classes "
                 "(indices 0..label); fix the label, or raise max_classes (--max-classes) "
                 "if the dataset really has that many",
             )
@@ -506,10 +324,10 @@ def _resolve_labels(
     for row in rows:
         seen.add(str(row.label))
         if len(seen) > max_classes:
-            raise _bad(
+            raise bad_line(
                 list_path,
                 row.line,
-                f"label {_short(row.label)} is class name number {len(seen):,}: more than "
+                f"label {short(row.label)} is class name number {len(seen):,}: more than "
                 f"max_classes={max_classes:,}; raise max_classes (--max-classes) if the dataset "
                 "really has that many",
             )
@@ -518,7 +336,21 @@ def _resolve_labels(
     return names, [lookup[str(row.label)] for row in rows]
 
 
-def _short(value: object, limit: int = 40) -> str:
-    """repr(value), cut to `limit` characters for a message (a label may be 10,000 digits)."""
-    text = repr(value) if not isinstance(value, int) else str(value)
-    return text if len(text) <= limit else f"{text[: limit - 12]}...({len(text):,} chars)"
+def _indices_of(rows: Sequence[_Token], names: list[str], list_path: Path) -> list[int]:
+    """Each row's class index among the given class `names` (a name, or an index into them)."""
+    lookup = {name: i for i, name in enumerate(names)}
+    labels = []
+    for row in rows:
+        # A name wins over an index: with classes "0".."9" in any order, "3" means class "3".
+        index = lookup.get(row.label) if isinstance(row.label, str) else None
+        if index is None:
+            index = _as_index(row.label)
+        if index is None or not 0 <= index < len(names):
+            raise bad_line(
+                list_path,
+                row.line,
+                f"label {short(row.label)} is neither one of the "
+                f"{len(names)} classes nor an index 0..{len(names) - 1}",
+            )
+        labels.append(index)
+    return labels

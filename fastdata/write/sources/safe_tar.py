@@ -277,24 +277,10 @@ def _headers(stream: IO[bytes], archive: Path) -> Iterator[tarfile.TarInfo]:
     global_pax: dict[str, str] = {}
     first = True
     while True:
-        block = stream.read(tarfile.BLOCKSIZE)
-        if len(block) < tarfile.BLOCKSIZE:
-            if first:
-                if not block:
-                    raise EOFError("empty file")
-                raise EOFError(f"{len(block)} bytes, less than one tar header: not a tar archive")
-            if not block:  # ended without an end marker: what tarfile accepts too
-                return
-            raise EOFError("the archive ends inside a member header")
+        info = _next_header(stream, first)
+        if info is None:
+            return
         first = False
-        try:
-            info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
-        except tarfile.EOFHeaderError:
-            return
-        except tarfile.EmptyHeaderError:  # a zero block: the end marker
-            return
-        if info.size < 0:
-            raise tarfile.HeaderError(f"member {info.name!r} has a negative size ({info.size})")
         if info.type in _EXTENDED:
             if info.size > _MAX_EXTENDED:
                 raise tarfile.HeaderError(
@@ -309,30 +295,59 @@ def _headers(stream: IO[bytes], archive: Path) -> Iterator[tarfile.TarInfo]:
                 raise tarfile.HeaderError("two extended headers of one kind for one member")
             extended[kind] = value
             continue
-        pax = dict(global_pax)
-        if tarfile.XHDTYPE in extended:
-            pax.update(_pax_records(extended[tarfile.XHDTYPE], archive))
-        for kind, field in (
-            (tarfile.GNUTYPE_LONGNAME, "name"),
-            (tarfile.GNUTYPE_LONGLINK, "linkname"),
-        ):
-            if kind in extended:
-                text = extended[kind].split(b"\x00", 1)[0].decode("utf-8", "surrogateescape")
-                if (problem := _name_problem(text)) is not None:
-                    raise _refuse(archive, text, problem)
-                setattr(info, field, text)
-        if info.type == tarfile.GNUTYPE_SPARSE or _SPARSE in pax:
-            raise tarfile.HeaderError(f"member {info.name!r} is a GNU sparse file")
-        if "path" in pax:
-            info.name = pax["path"]
-        if "linkpath" in pax:
-            info.linkname = pax["linkpath"]
-        if "size" in pax:
-            info.size = _pax_size(pax["size"])
-        if info.isdir():
-            info.name = info.name.rstrip("/")
+        _apply_extended(info, extended, global_pax, archive)
         extended = {}
         yield info
+
+
+def _next_header(stream: IO[bytes], first: bool) -> tarfile.TarInfo | None:
+    """The next header's member; None at the end marker or end of file (EOFError mid-header)."""
+    block = stream.read(tarfile.BLOCKSIZE)
+    if len(block) < tarfile.BLOCKSIZE:
+        if first:
+            if not block:
+                raise EOFError("empty file")
+            raise EOFError(f"{len(block)} bytes, less than one tar header: not a tar archive")
+        if not block:  # ended without an end marker: what tarfile accepts too
+            return None
+        raise EOFError("the archive ends inside a member header")
+    try:
+        info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+    except tarfile.EOFHeaderError:
+        return None
+    except tarfile.EmptyHeaderError:  # a zero block: the end marker
+        return None
+    if info.size < 0:
+        raise tarfile.HeaderError(f"member {info.name!r} has a negative size ({info.size})")
+    return info
+
+
+def _apply_extended(
+    info: tarfile.TarInfo,
+    extended: dict[bytes, bytes],
+    global_pax: dict[str, str],
+    archive: Path,
+) -> None:
+    """Give `info` the names and size its extended headers and the global pax records set."""
+    pax = dict(global_pax)
+    if tarfile.XHDTYPE in extended:
+        pax.update(_pax_records(extended[tarfile.XHDTYPE], archive))
+    for kind, field in ((tarfile.GNUTYPE_LONGNAME, "name"), (tarfile.GNUTYPE_LONGLINK, "linkname")):
+        if kind in extended:
+            text = extended[kind].split(b"\x00", 1)[0].decode("utf-8", "surrogateescape")
+            if (problem := _name_problem(text)) is not None:
+                raise _refuse(archive, text, problem)
+            setattr(info, field, text)
+    if info.type == tarfile.GNUTYPE_SPARSE or _SPARSE in pax:
+        raise tarfile.HeaderError(f"member {info.name!r} is a GNU sparse file")
+    if "path" in pax:
+        info.name = pax["path"]
+    if "linkpath" in pax:
+        info.linkname = pax["linkpath"]
+    if "size" in pax:
+        info.size = _pax_size(pax["size"])
+    if info.isdir():
+        info.name = info.name.rstrip("/")
 
 
 # The pax keys the parser acts on; the others are dropped as they are read, so that global records

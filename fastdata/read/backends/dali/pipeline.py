@@ -203,7 +203,7 @@ def _resize_like_pillow(
     centred), resized, and divided by the share of each output pixel's filter weight that fell
     on the image (``rows`` x ``cols``, separable: `feed.weight_inside`), which is Pillow's
     renormalization (within a grey level of the cpu backend's pixels:
-    tests/read/test_dali_backend.py).
+    tests/read/backends/test_dali_backend.py).
     """
     from nvidia.dali import fn, types
 

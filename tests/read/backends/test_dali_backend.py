@@ -348,7 +348,7 @@ def test_fastdata_imports_without_dali(tiny_shards):
             raise AssertionError("no ImportError without DALI")
         """
     )
-    repo = Path(__file__).resolve().parents[2]
+    repo = Path(__file__).resolve().parents[3]
     env = {**os.environ, "PYTHONPATH": str(repo)}
     result = subprocess.run(
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120

@@ -18,8 +18,8 @@ from PIL import Image
 from fastdata.read.decoders import image as decode
 from fastdata.read.decoders import jpeg_region
 from fastdata.read.decoders.image import Geometry, decode_image
-from tests.read.test_decode import encode as jpeg
-from tests.read.test_decode import photo
+from tests.read.decoders.test_decode import encode as jpeg
+from tests.read.decoders.test_decode import photo
 
 _jpeg = pytest.importorskip(
     "fastdata.read._jpeg", reason="the extension was not built (no C compiler or libjpeg headers)"

@@ -91,7 +91,7 @@ def test_too_big_on_gpu_without_dali_picks_cpu():
 def test_photos_are_sized_at_the_stored_decode_size():
     photos = _manifest(100, encoding="jpeg")  # varying sizes: no raw_shape
     # The "none" preset does not crop: image_size 224 is stored at 224 x 224 (a preset that
-    # crops on the device, "photo", at 256 x 256: tests/read/test_memory_backend.py).
+    # crops on the device, "photo", at 256 x 256: tests/read/backends/test_memory_backend.py).
     need = 100 * 3 * 224 * 224
     assert _choose(photos, image_size=224, free=2 * need)[0] == "memory"
     name, reason = _choose(photos, image_size=224, free=2 * need - 2)

@@ -29,8 +29,8 @@ import pytest
 from PIL import Image
 
 from fastdata.read.decoders.image import Geometry, decode_image
-from tests.read.test_decode import box_and_reference, photo
-from tests.read.test_decode import encode as jpeg
+from tests.read.decoders.test_decode import box_and_reference, photo
+from tests.read.decoders.test_decode import encode as jpeg
 
 MAX_MAD = 4.0
 MAX_SET_MAD = 1.25
