@@ -199,6 +199,34 @@ def size_loader(
         sample_cost_s, consumer_rate, batch_size, batch_bytes, ranks_per_node, main_cores or 0.0
     )
     reasons: list[str] = []
+    workers = _worker_count(
+        probe, sample_cost_s, consumer_rate, ranks_per_node, main_cores, reasons
+    )
+    workers = _cap_by_worker_memory(workers, probe, reasons)
+    prefetch = _prefetch_from_memory(
+        workers, probe, batch_size, batch_bytes, batch_cost_cv, reasons
+    )
+    reasons.append(_PIN_REASONS[probe.cuda_available])
+    return LoaderSettings(workers, prefetch, probe.cuda_available, workers > 0, reasons)
+
+
+_PIN_REASONS = {
+    True: "pin_memory: CUDA is available, page-locked batches copy asynchronously",
+    False: "pin_memory off: no CUDA device to copy to",
+}
+
+
+def _worker_count(
+    probe: Probe,
+    sample_cost_s: float,
+    consumer_rate: float | None,
+    ranks_per_node: int,
+    main_cores: float | None,
+    reasons: list[str],
+) -> int:
+    """`size_loader`'s steps 1-3 before the memory cap: from the idle cores alone when the
+    training loop's load is not measured and the consumer rate unknown, else from the free
+    cores less `main_cores` (or `MAIN_PROCESS_CORES`) per rank and the consumer rate."""
     if main_cores is None and consumer_rate is None:
         idle = free_cores(probe, ranks_per_node, 0.0)
         if probe.cgroup_quota is not None:  # a quota of 1.5 CPUs runs 1.5 cores' work, not 2
@@ -206,26 +234,10 @@ def size_loader(
         reasons.append(_cores_reason(probe, idle, ranks_per_node, "none kept (not measured)"))
         workers, why = workers_for_loop(idle)
         reasons.append(why)
-    else:
-        reserve = MAIN_PROCESS_CORES if main_cores is None else main_cores
-        workers = _workers_from_cores(
-            probe, sample_cost_s, consumer_rate, (ranks_per_node, reserve), reasons
-        )
-    workers = _cap_by_worker_memory(workers, probe, reasons)
-    prefetch = _prefetch_from_memory(
-        workers, probe, batch_size, batch_bytes, batch_cost_cv, reasons
-    )
-    reasons.append(
-        "pin_memory: CUDA is available, page-locked batches copy asynchronously"
-        if probe.cuda_available
-        else "pin_memory off: no CUDA device to copy to"
-    )
-    return LoaderSettings(
-        num_workers=workers,
-        prefetch_factor=prefetch,
-        pin_memory=probe.cuda_available,
-        persistent_workers=workers > 0,
-        reasons=reasons,
+        return workers
+    reserve = MAIN_PROCESS_CORES if main_cores is None else main_cores
+    return _workers_from_cores(
+        probe, sample_cost_s, consumer_rate, (ranks_per_node, reserve), reasons
     )
 
 

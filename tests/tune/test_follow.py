@@ -143,7 +143,9 @@ def test_load_meter_separates_others_from_this_process_tree():
 
 def test_choose_threads_records_auto_choices_only(monkeypatch):
     machine = _Machine()
-    monkeypatch.setattr(follow.time, "sleep", lambda s: machine.run(s, others=1.0, own=0.0))
+    monkeypatch.setattr(
+        "fastdata.tune.load.time.sleep", lambda s: machine.run(s, others=1.0, own=0.0)
+    )
     assert choose_threads("auto", 1, meter=machine.meter()) == 1
     assert follow.last_thread_choice().load.idle_cores == pytest.approx(1.0)
     assert choose_threads(2, 1) == 2
