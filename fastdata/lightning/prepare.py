@@ -44,7 +44,7 @@ from fastdata.format.manifest_io import load_manifest
 from fastdata.write import ShardingError, ShardOptions, write_shards
 from fastdata.write.carve import carve_source
 from fastdata.write.outdir import WORK_DIR, same_identity
-from fastdata.write.sources import REGISTRY, open_source
+from fastdata.write.sources import REGISTRY, BadSourceError, open_source
 from fastdata.write.writer import dataset_identity
 
 __all__ = [
@@ -166,10 +166,25 @@ def prepare_shards(spec: ShardSource, root: str | os.PathLike[str], progress: bo
     Raises:
         SourceMismatchError: `root` holds shards, finished or not, of another source or options.
         fastdata.write.FolderLockedError: another run held the folder past `spec.timeout`.
-        fastdata.write.sources.BadSourceError: the source cannot be read.
+        fastdata.write.sources.BadSourceError: the source cannot be read, and `root` holds no
+            manifest (with one, its recorded kind and options are checked and it is used).
     """
     out = Path(root)
-    source = open_source(spec.kind, *spec.inputs(), **dict(spec.args or {}))
+    try:
+        source = open_source(spec.kind, *spec.inputs(), **dict(spec.args or {}))
+    except (BadSourceError, OSError) as exc:
+        if not (out / MANIFEST_NAME).exists():
+            raise
+        # A node (or a run) that has the shards but not the raw data: the manifest's recorded
+        # kind and options are checked, its fingerprint cannot be.
+        manifest = load_manifest(out)
+        check_recorded(spec, manifest, out)
+        log.warning(
+            "%s: the source cannot be read (%s); using the shards already there, written with "
+            "this kind and these options (their input could not be compared)",
+            out, exc,
+        )  # fmt: skip
+        return manifest
     options = spec.options
     identity = dataset_identity(carve_source(source, options.val_fraction, options.seed), options)
     recorded, finished = _recorded_identity(out)

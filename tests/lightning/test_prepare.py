@@ -30,6 +30,7 @@ from fastdata import (
 )
 from fastdata.format.manifest import ManifestError
 from fastdata.lightning.prepare import ShardsNotReadyError, SourceMismatchError
+from fastdata.write.sources import BadSourceError
 from tests.conftest import write_jpeg_folder
 
 REPO = Path(__file__).resolve().parents[2]
@@ -194,6 +195,24 @@ def test_setup_without_prepare_data_in_one_process_says_what_to_call_at_once(ima
     dm.prepare_data()
     dm.setup("fit")
     assert dm.num_classes == 3
+
+
+def test_shards_without_their_raw_data_are_used_when_kind_and_options_match(
+    images, tmp_path, caplog
+):
+    # A node that received the shards but not the photos (or the photos deleted after sharding).
+    root = tmp_path / "shards"
+    _dm(root, _source(images)).prepare_data()
+    written = (root / "manifest.json").read_bytes()
+    images.rename(tmp_path / "gone")
+    with caplog.at_level("WARNING", logger="fastdata"):
+        _dm(root, _source(images)).prepare_data()
+    assert (root / "manifest.json").read_bytes() == written
+    assert "the source cannot be read" in caplog.text
+    with pytest.raises(SourceMismatchError, match="max_count"):
+        _dm(root, _source(images, max_count=3)).prepare_data()
+    with pytest.raises(BadSourceError, match="not a folder"):  # no shards, no source: its error
+        _dm(tmp_path / "other", _source(images)).prepare_data()
 
 
 def test_a_path_in_the_sources_arguments_is_kept_as_text(images, tmp_path):
