@@ -17,7 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from fastdata.format.manifest import Manifest
+from fastdata.format.manifest import Manifest, ManifestError
+from fastdata.format.manifest_io import load_manifest
 from fastdata.write.carve import carve_source
 from fastdata.write.encode import resolve_encoding
 from fastdata.write.engine import Engine, LocalEngine
@@ -77,7 +78,9 @@ def write_shards(
             or an object-store URL (`s3://bucket/prefix`, `gs://...`): the shards are written
             into a local temporary folder, then uploaded, the manifest last
             (`fastdata.write.upload.staged_upload`; credentials and endpoint from the
-            environment, as fsspec reads them), and the manifest returned names the URL.
+            environment, as fsspec reads them), and the manifest returned names the URL. A URL
+            whose manifest records this dataset and options is kept as it is (nothing written);
+            another dataset there is refused unless `options.overwrite`.
         options: how to shard.
         engine: where the shards are written (`fastdata.write.engine`): None or "local" forks
             `options.workers` processes here; "ray" runs the same tasks on a local Ray
@@ -95,13 +98,40 @@ def write_shards(
             message says how to finish the upload).
     """
     if "://" in os.fspath(out):  # an object store: write locally, then upload (manifest last)
-        from fastdata.write.upload import staged_upload
+        from fastdata.write.upload import check_upload_url, staged_upload
 
         url = os.fspath(out)
+        check_upload_url(url)  # before anything is read or written (a web server takes none)
+        there = _remote_dataset(
+            url, carve_source(source, options.val_fraction, options.seed), options
+        )
+        if there is not None and not options.overwrite:
+            # What a local folder does (`prepare_out`): the same dataset is kept, another refused.
+            manifest, same = there
+            if same:
+                log.info("%s already holds this dataset with these options; nothing to do", url)
+                return manifest
+            raise ShardingError(
+                f"{url} already holds a different dataset (manifest source "
+                f"{manifest.source.get('kind')!r}, options {manifest.source.get('options')}); "
+                "pass --overwrite to replace it, or choose another URL"
+            )
         with staged_upload(url) as local:
             manifest = _write_local(source, local, options, engine)
         return replace(manifest, root=url)  # names the uploaded copy, not the staging folder
     return _write_local(source, Path(out), options, engine)
+
+
+def _remote_dataset(
+    url: str, source: Source, options: ShardOptions
+) -> tuple[Manifest, bool] | None:
+    """The manifest at `url` and whether it is `source`'s with these options; None when there is
+    none (an upload writes the manifest last: no manifest, no finished dataset)."""
+    try:
+        manifest = load_manifest(url)
+    except ManifestError:
+        return None
+    return manifest, same_identity(manifest.source, dataset_identity(source, options))
 
 
 def _write_local(

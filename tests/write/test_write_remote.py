@@ -42,3 +42,36 @@ def test_a_web_url_is_refused_before_anything_is_written(tmp_path, monkeypatch) 
     with pytest.raises(ValueError, match=r"cannot upload to 'https://host/data': give an object"):
         write_shards(source, "https://host/data", ShardOptions(workers=1, progress=False))
     assert list((tmp_path / "tmp").iterdir()) == []  # no staging folder left behind
+
+
+def test_a_url_holding_the_same_dataset_is_kept_and_another_is_refused(
+    moto_s3: MotoS3,  # noqa: F811
+    tmp_path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from s3fs import S3FileSystem
+
+    from fastdata.write import ShardingError
+    from fastdata.write.upload import staged_upload
+
+    moto_s3.as_environment(monkeypatch)
+    source = open_source("folder", write_jpeg_folder(tmp_path / "photos"))
+    options = ShardOptions(max_count=5, workers=1, progress=False)
+    url = "s3://fastdata-test/kept"
+    try:
+        first = write_shards(source, url, options)
+        staged = []
+        monkeypatch.setattr(  # a second upload would stage a folder first
+            "fastdata.write.upload.staged_upload",
+            lambda *a, **k: staged.append(a) or staged_upload(*a, **k),
+        )
+        again = write_shards(source, url, options)
+        assert staged == [] and again.splits == first.splits  # found, nothing written
+        with pytest.raises(ShardingError, match=r"already holds a different dataset.*--overwrite"):
+            write_shards(source, url, ShardOptions(max_count=3, workers=1, progress=False))
+        replaced = write_shards(
+            source, url, ShardOptions(max_count=3, workers=1, progress=False, overwrite=True)
+        )
+        assert load_manifest(url).splits == replaced.splits != first.splits
+    finally:
+        S3FileSystem.clear_instance_cache()
