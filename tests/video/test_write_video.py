@@ -109,3 +109,17 @@ def test_a_bad_clip_index_is_refused(edit):
     edit(good)
     with pytest.raises(ClipIndexError):
         ClipIndex.from_json(json.dumps(good).encode())
+
+
+def test_the_command_line(video_tree: Path, tmp_path: Path, capsys):
+    from fastdata.cli import main
+
+    out = tmp_path / "cli"
+    args = ["shard", "video", str(video_tree), str(out), "--no-progress", "--max-bad", "0.5"]
+    assert main([*args, "--max-video-bytes", "1MB"]) == 0
+    assert load_manifest(out).split("train").num_samples == 6
+    assert main(["verify", str(out), "--no-progress"]) == 0
+    capsys.readouterr()
+    folder = ["shard", "folder", str(video_tree), str(tmp_path / "x"), "--max-video-bytes", "1MB"]
+    assert main(folder) != 0
+    assert "--max-video-bytes is for the video source" in capsys.readouterr().err

@@ -20,11 +20,10 @@ import numpy as np
 import torch
 
 from fastdata.format import schema
-from fastdata.format.video import CLIP_INDEX_EXT, VIDEO_EXTS, ClipIndex, ClipIndexError
 from fastdata.read.backends.cpu import CpuLoader
 from fastdata.read.backends.cpu_batches import ShardBatchDataset
 from fastdata.read.clips import ClipSpec, clip_frames
-from fastdata.read.decoders.video import decode_clip
+from fastdata.read.decoders.video import decode_clip, video_parts
 from fastdata.read.plan import PAD_LABEL, EpochPlan, rows_to_refs, sample_seed
 from fastdata.read.rows import Skip
 from fastdata.read.shardio import ShardReader
@@ -86,10 +85,7 @@ class ClipBatchDataset(ShardBatchDataset):
                 parts = reader.sample(shard, index)
                 key = reader.key(shard, index)
                 label, _ = schema.label_and_id(key, parts, reader.position(shard, index))
-                video = next((parts[e] for e in VIDEO_EXTS if e in parts), None)
-                if video is None or CLIP_INDEX_EXT not in parts:
-                    raise ClipIndexError(f"not a video sample (components {sorted(parts)})")
-                clip_index = ClipIndex.from_json(parts[CLIP_INDEX_EXT])
+                video, clip_index = video_parts(parts)
                 frames = clip_frames(clip_index, spec.clips, int(clips[slot]), rng)
                 decode_clip(video, clip_index, frames, side, out=out[slot])
             except (ValueError, OSError) as exc:  # ShardReadError, ClipIndexError, decoding

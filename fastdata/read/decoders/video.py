@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from fastdata.format.video import ClipIndex, require_av
+from fastdata.format.video import CLIP_INDEX_EXT, VIDEO_EXTS, ClipIndex, ClipIndexError, require_av
 
-__all__ = ["decode_clip"]
+__all__ = ["check_video", "decode_clip"]
 
 
 class _ViewFile(io.RawIOBase):
@@ -115,6 +115,25 @@ def decode_clip(
             "its clip index does not match it)"
         )
     return out
+
+
+def video_parts(parts: Any) -> tuple[memoryview, ClipIndex]:
+    """(the video's bytes, its parsed clip index) of a sample's components.
+
+    Raises:
+        ClipIndexError: no video or clip index component, or an unusable index.
+    """
+    video = next((parts[e] for e in VIDEO_EXTS if e in parts), None)
+    if video is None or CLIP_INDEX_EXT not in parts:
+        raise ClipIndexError(f"not a video sample (components {sorted(parts)})")
+    return video, ClipIndex.from_json(parts[CLIP_INDEX_EXT])
+
+
+def check_video(parts: Any) -> None:
+    """`fastdata verify`'s check of a video sample: its clip index parses and its first and
+    last frames decode (ValueError otherwise)."""
+    video, index = video_parts(parts)
+    decode_clip(video, index, np.array([0, index.frames - 1]), 8)
 
 
 def _scaled_size(index: ClipIndex, side: int) -> tuple[int, int]:
