@@ -16,6 +16,7 @@ flip run later, on the device, the same for every frame of a clip (`fastdata.aug
 from __future__ import annotations
 
 import io
+import threading
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,8 @@ import numpy as np
 from fastdata.format.video import CLIP_INDEX_EXT, VIDEO_EXTS, ClipIndex, ClipIndexError, require_av
 
 __all__ = ["check_video", "decode_clip"]
+
+_THREAD = threading.local()  # per thread: its swscale converter (`_reformatter`)
 
 
 class _ViewFile(io.RawIOBase):
@@ -143,9 +146,23 @@ def _scaled_size(index: ClipIndex, side: int) -> tuple[int, int]:
     return max(side, round(width * scale)), max(side, round(height * scale))
 
 
+def _reformatter() -> Any:
+    """This thread's swscale converter. Reused: `VideoFrame.reformat` builds a new scaling
+    context per call, which cost more than decoding (8 frames of 320x180 to 112 px: 17.4 ms a
+    clip with it, 7.7 ms reusing one; the H.264 decoding alone ~7 ms)."""
+    found = getattr(_THREAD, "reformatter", None)
+    if found is None:
+        from av.video.reformatter import VideoReformatter
+
+        found = _THREAD.reformatter = VideoReformatter()
+    return found
+
+
 def _shown(frame: Any, size: tuple[int, int], rotation: int, side: int) -> np.ndarray:
     """One decoded frame scaled, turned as shown and centre-cropped: uint8 (3, side, side)."""
-    rgb = frame.reformat(width=size[0], height=size[1], format="rgb24", interpolation="AREA")
+    rgb = _reformatter().reformat(
+        frame, width=size[0], height=size[1], format="rgb24", interpolation="AREA"
+    )
     pixels = rgb.to_ndarray()
     if rotation:
         pixels = np.rot90(pixels, k=rotation // 90)
