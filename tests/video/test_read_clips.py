@@ -201,3 +201,31 @@ def test_import_fastdata_without_av_and_a_clear_error_where_video_is_used(tmp_pa
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "fastdata[video]" in out.stdout
+
+
+def test_a_bad_clip_index_at_read_time_is_named_or_skipped(tmp_path: Path):
+    from fastdata.format.integrity import ShardReadError
+    from fastdata.format.manifest_io import load_manifest
+    from fastdata.read.backends.video import make_video_loader
+    from fastdata.read.clips import ClipSpec
+
+    out = tmp_path / "shards"
+    write_shards(
+        open_source("video", _zoo(tmp_path / "v", 4)), out, ShardOptions(workers=1, progress=False)
+    )
+    tar = next(out.glob("train-*.tar"))
+    data = tar.read_bytes()
+    tar.write_bytes(data.replace(b'{"codec"', b'{"xodec"', 1))  # one sample's index, same size
+
+    def clips(on_error: str) -> tuple[int, int]:
+        spec = ClipSpec(
+            manifest=load_manifest(out), split="train", train=False, batch_size=4,
+            image_size=16, on_error=on_error, clips=ClipSampling(frames=2),
+        )  # fmt: skip
+        loader = make_video_loader(spec)
+        count = sum(len(y) for _, y in loader)
+        return count, loader.skipped
+
+    assert clips("skip") == (3, 1)
+    with pytest.raises(ShardReadError, match=r"train_0000000\d.*clip index"):
+        clips("raise")

@@ -123,3 +123,16 @@ def test_the_command_line(video_tree: Path, tmp_path: Path, capsys):
     folder = ["shard", "folder", str(video_tree), str(tmp_path / "x"), "--max-video-bytes", "1MB"]
     assert main(folder) != 0
     assert "--max-video-bytes is for the video source" in capsys.readouterr().err
+
+
+def test_a_webm_cut_short_of_its_stated_duration_is_skipped(tmp_path: Path):
+    root = tmp_path / "v"
+    (root / "a").mkdir(parents=True)
+    make_video(root / "a" / "whole.webm", Clip(codec="libvpx-vp9", frames=24))
+    cut = make_video(root / "a" / "cut.webm", Clip(codec="libvpx-vp9", frames=24))
+    data = cut.read_bytes()
+    cut.write_bytes(data[: len(data) * 2 // 3])  # the header still says 2 s
+    options = ShardOptions(workers=1, progress=False, max_bad=0.5)
+    manifest = write_shards(open_source("video", root), tmp_path / "out", options)
+    (skipped,) = manifest.split("train").skipped
+    assert Path(skipped.origin).name == "cut.webm" and "truncated" in skipped.reason
