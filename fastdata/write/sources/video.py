@@ -40,6 +40,7 @@ class VideoSource:
         max_video_bytes: largest video file accepted (bigger: a bad sample).
 
     Raises:
+        ValueError: `classes` or `root` given with a folder.
         BadSourceError: the folder or list cannot be read (see `FolderSource`, `ListSource`),
             or the list has columns besides path, label and split (videos carry a label only).
     """
@@ -61,6 +62,11 @@ class VideoSource:
         path = Path(input).expanduser()
         self.inner: FolderSource | ListSource
         if path.is_dir():
+            if classes is not None or root is not None:
+                raise ValueError(
+                    f"{path} is a folder: its class folders name the classes; classes and root "
+                    "are for a list file"
+                )
             self.inner = FolderSource(path, extensions=VIDEO_EXTENSIONS)
         else:
             self.inner = ListSource(path, root=root, classes=classes, max_classes=max_classes)
