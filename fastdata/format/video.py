@@ -2,7 +2,7 @@
 
 A video sample holds the file as it was (``mp4`` or ``webm`` component, never re-encoded) and
 its clip index (``vidx``, JSON), read from the container at shard time by demuxing its packets
-(`fastdata.write.video.probe_video`):
+(`probe`):
 
 | field | meaning |
 |-------|---------|
@@ -14,6 +14,9 @@ its clip index (``vidx``, JSON), read from the container at shard time by demuxi
 | ``keys`` | the frame numbers of the key frames, ascending (where a decoder can start) |
 | ``fps`` | the stream's average frame rate (frames / s) |
 
+`probe` reads the index from a video's bytes (`fastdata shard video` stores it;
+a reader of other tools' tars, which hold no ``vidx``, reads it the same way, once a video).
+
 A clip is a list of frame numbers; a reader seeks to the last key frame at or before the first
 one (`ClipIndex.key_before`) and decodes forward. The index is untrusted input on read
 (`ClipIndex.from_json` checks every field and bounds its size).
@@ -21,8 +24,10 @@ one (`ClipIndex.key_before`) and decodes forward. The index is untrusted input o
 
 from __future__ import annotations
 
+import io
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -32,6 +37,7 @@ __all__ = [
     "VIDEO_EXTS",
     "ClipIndex",
     "ClipIndexError",
+    "probe",
     "require_av",
 ]
 
@@ -43,6 +49,9 @@ CLIP_INDEX_EXT = "vidx"
 #: a corrupt or hostile index rather than parsed into memory.
 MAX_INDEX_FRAMES = 2_160_000
 _ROTATIONS = (0, 90, 180, 270)
+# Containers whose header states a duration: the index must reach it, within this many
+# seconds, or the file is taken for truncated.
+_DURATION_SLACK = 0.5
 
 
 class ClipIndexError(ValueError):
@@ -180,3 +189,105 @@ def require_av() -> object:
             "video samples need PyAV: pip install 'fastdata[video]' (or pip install av)"
         ) from exc
     return av
+
+
+def probe(data: bytes | memoryview, max_pixels: int | None = None) -> ClipIndex:
+    """The clip index of a video file's bytes, read by demuxing its packets (no frame decoded
+    for it), then decoding the first frame only: the stream must decode, and FFmpeg applies the
+    container's display matrix to decoded frames, which gives the rotation.
+
+    Args:
+        data: the whole file.
+        max_pixels: most width x height of a frame (None: no bound).
+
+    Raises:
+        ClipIndexError: not a readable video, no video stream, frames too large, too many
+            frames, a truncated file (a packet past the end, or frames that end before the
+            duration its header states), or a first frame that does not decode.
+    """
+    av = require_av()
+    try:
+        with av.open(io.BytesIO(data), "r") as container:
+            if not container.streams.video:
+                raise ClipIndexError("no video stream (not a video, or truncated)")
+            stream = container.streams.video[0]
+            width, height = int(stream.codec_context.width), int(stream.codec_context.height)
+            if width < 1 or height < 1:
+                raise ClipIndexError(f"video stream has no frame size ({width}x{height})")
+            if max_pixels is not None and width * height > max_pixels:
+                raise ClipIndexError(
+                    f"frames are {width} x {height}, more than max_pixels={max_pixels:,} "
+                    "(raise --max-pixels if the file is trusted)",
+                )
+            pts, key = _packets(container, stream, len(data))
+            rotation = _first_frame_rotation(container, stream)
+            order = np.argsort(pts, kind="stable")
+            pts, key = pts[order], key[order]
+            keys = np.flatnonzero(key)
+            if len(keys) == 0 or keys[0] != 0:
+                keys = np.concatenate([[0], keys[keys > 0]])  # decoding starts at the start
+            rate = stream.average_rate or stream.guessed_rate or stream.base_rate
+            index = ClipIndex(
+                codec=str(stream.codec_context.name),
+                width=width,
+                height=height,
+                rotation=rotation,
+                time_base=(stream.time_base.numerator, stream.time_base.denominator),
+                pts=pts,
+                keys=keys.astype(np.int64),
+                fps=float(rate) if rate else _measured_rate(pts, stream.time_base),
+            )
+            _check_duration(container, index)
+            index.check()
+            return index
+    except ClipIndexError:
+        raise
+    except (av.FFmpegError, ValueError, OSError, ZeroDivisionError) as exc:
+        raise ClipIndexError(f"not a readable video ({exc})") from exc
+
+
+def _packets(container: Any, stream: Any, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(pts, key flag) of every video packet, in decode order, demuxed without decoding."""
+    pts: list[int] = []
+    key: list[bool] = []
+    for packet in container.demux(stream):
+        if packet.size == 0 or packet.pts is None:
+            continue  # the demuxer's final empty packet
+        if packet.pos is not None and packet.pos >= 0 and packet.pos + packet.size > size:
+            raise ClipIndexError("truncated: a frame lies past the end of the file")
+        pts.append(int(packet.pts))
+        key.append(bool(packet.is_keyframe))
+        if len(pts) > MAX_INDEX_FRAMES:
+            raise ClipIndexError(f"more than {MAX_INDEX_FRAMES:,} frames")
+    if not pts:
+        raise ClipIndexError("the video stream has no frames")
+    if len(set(pts)) != len(pts):
+        raise ClipIndexError("two frames share a timestamp; remux the file (ffmpeg -c copy)")
+    return np.asarray(pts, dtype=np.int64), np.asarray(key, dtype=bool)
+
+
+def _first_frame_rotation(container: Any, stream: Any) -> int:
+    """Decode the first frame (the stream must decode) and return its rotation in degrees."""
+    container.seek(0, stream=stream)
+    for frame in container.decode(stream):
+        return int(round(getattr(frame, "rotation", 0) or 0)) % 360
+    raise ClipIndexError("no frame of the video stream decodes")
+
+
+def _measured_rate(pts: np.ndarray, time_base: Any) -> float:
+    if len(pts) < 2:
+        return 1.0
+    span = float(pts.max() - pts.min()) * float(time_base)
+    return (len(pts) - 1) / span if span > 0 else 1.0
+
+
+def _check_duration(container: Any, index: ClipIndex) -> None:
+    """A container whose header states a duration must hold frames up to it (else truncated)."""
+    if container.duration is None or container.duration <= 0:
+        return
+    stated = container.duration / 1_000_000  # AV_TIME_BASE
+    if index.duration + max(_DURATION_SLACK, 0.1 * stated) < stated:
+        raise ClipIndexError(
+            f"truncated: the header states {stated:.2f} s but the frames end at "
+            f"{index.duration:.2f} s; download or copy the file again",
+        )

@@ -229,3 +229,13 @@ def test_a_bad_clip_index_at_read_time_is_named_or_skipped(tmp_path: Path):
     assert clips("skip") == (3, 1)
     with pytest.raises(ShardReadError, match=r"train_0000000\d.*clip index"):
         clips("raise")
+
+
+def test_workers_forked_after_this_process_decoded_clips_do_not_hang(clip_shards: Path):
+    # swscale's default thread pool, kept in a reused converter, once left forked workers
+    # waiting for ever on threads that do not exist in them.
+    main = _module(clip_shards)
+    next(iter(main.val_dataloader()))  # decoded here (no workers)
+    forked = _module(clip_shards, workers=WorkerSettings(num_workers=2, timeout=60))
+    assert len(list(forked.val_dataloader())) == len(list(main.val_dataloader()))
+    forked.teardown()

@@ -85,7 +85,9 @@ class ClipBatchDataset(ShardBatchDataset):
                 parts = reader.sample(shard, index)
                 key = reader.key(shard, index)
                 label, _ = schema.label_and_id(key, parts, reader.position(shard, index))
-                video, clip_index = video_parts(parts)
+                video, clip_index = video_parts(
+                    parts, (reader.manifest.shard_url(reader.shards[shard]), key)
+                )
                 frames = clip_frames(clip_index, spec.clips, int(clips[slot]), rng)
                 decode_clip(video, clip_index, frames, side, out=out[slot])
             except (ValueError, OSError) as exc:  # ShardReadError, ClipIndexError, decoding

@@ -16,16 +16,28 @@ flip run later, on the device, the same for every frame of a clip (`fastdata.aug
 from __future__ import annotations
 
 import io
+import os
 import threading
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 
-from fastdata.format.video import CLIP_INDEX_EXT, VIDEO_EXTS, ClipIndex, ClipIndexError, require_av
+from fastdata.format.video import (
+    CLIP_INDEX_EXT,
+    VIDEO_EXTS,
+    ClipIndex,
+    ClipIndexError,
+    probe,
+    require_av,
+)
 
 __all__ = ["check_video", "decode_clip"]
 
 _THREAD = threading.local()  # per thread: its swscale converter (`_reformatter`)
+# (shard, key) -> the clip index probed from a video that has none stored (`video_parts`).
+_PROBED: OrderedDict[tuple[str, str], ClipIndex] = OrderedDict()
+_PROBED_LIMIT = 4096
 
 
 class _ViewFile(io.RawIOBase):
@@ -120,16 +132,31 @@ def decode_clip(
     return out
 
 
-def video_parts(parts: Any) -> tuple[memoryview, ClipIndex]:
-    """(the video's bytes, its parsed clip index) of a sample's components.
+def video_parts(parts: Any, where: tuple[str, str] | None = None) -> tuple[memoryview, ClipIndex]:
+    """(the video's bytes, its clip index) of a sample's components.
+
+    A sample of another tool's tar (`fastdata index`) has no ``vidx``: its index is read from the
+    video (`fastdata.format.video.probe`, demuxing the whole file) the first time this process
+    reads it, then kept (`where`: the sample's (shard, key); at most `_PROBED_LIMIT` indexes).
 
     Raises:
-        ClipIndexError: no video or clip index component, or an unusable index.
+        ClipIndexError: no video component, or an unusable index or video.
     """
     video = next((parts[e] for e in VIDEO_EXTS if e in parts), None)
-    if video is None or CLIP_INDEX_EXT not in parts:
+    if video is None:
         raise ClipIndexError(f"not a video sample (components {sorted(parts)})")
-    return video, ClipIndex.from_json(parts[CLIP_INDEX_EXT])
+    if CLIP_INDEX_EXT in parts:
+        return video, ClipIndex.from_json(parts[CLIP_INDEX_EXT])
+    found = _PROBED.get(where) if where is not None else None
+    if found is None:
+        found = probe(video)
+        if where is not None:
+            _PROBED[where] = found
+            if len(_PROBED) > _PROBED_LIMIT:
+                _PROBED.popitem(last=False)
+    else:
+        _PROBED.move_to_end(where)
+    return video, found
 
 
 def check_video(parts: Any) -> None:
@@ -149,19 +176,22 @@ def _scaled_size(index: ClipIndex, side: int) -> tuple[int, int]:
 def _reformatter() -> Any:
     """This thread's swscale converter. Reused: `VideoFrame.reformat` builds a new scaling
     context per call, which cost more than decoding (8 frames of 320x180 to 112 px: 17.4 ms a
-    clip with it, 7.7 ms reusing one; the H.264 decoding alone ~7 ms)."""
+    clip with it, 7.7 ms reusing one; the H.264 decoding alone ~7 ms). Made anew in a forked
+    process (a worker): it must not use its parent's."""
     found = getattr(_THREAD, "reformatter", None)
-    if found is None:
+    if found is None or found[0] != os.getpid():
         from av.video.reformatter import VideoReformatter
 
-        found = _THREAD.reformatter = VideoReformatter()
-    return found
+        found = _THREAD.reformatter = (os.getpid(), VideoReformatter())
+    return found[1]
 
 
 def _shown(frame: Any, size: tuple[int, int], rotation: int, side: int) -> np.ndarray:
     """One decoded frame scaled, turned as shown and centre-cropped: uint8 (3, side, side)."""
+    # threads=1: one worker per core; swscale's own thread pool (its default) would also leave
+    # threads that a forked child of this process waits on for ever.
     rgb = _reformatter().reformat(
-        frame, width=size[0], height=size[1], format="rgb24", interpolation="AREA"
+        frame, width=size[0], height=size[1], format="rgb24", interpolation="AREA", threads=1
     )
     pixels = rgb.to_ndarray()
     if rotation:
