@@ -45,7 +45,7 @@ else
     "${PIP[@]}" install --no-compile "$PIL_DIST>=9.0"
 fi
 # moto[server]: the S3-compatible server the remote tests start on loopback (no Docker).
-"${PIP[@]}" install --no-compile -e ".[test,dali,remote,ray,docs]" "moto[server]>=5.0"
+"${PIP[@]}" install --no-compile -e ".[test,dali,remote,ray,docs,video]" "moto[server]>=5.0"
 .venv/bin/python -m pip --disable-pip-version-check check
 FASTDATA_PIL="$PIL_DIST" .venv/bin/python - <<'PY'
 import importlib.metadata as md
@@ -55,7 +55,7 @@ import sys
 names = {d.metadata["Name"].lower() for d in md.distributions()}
 needed = {"torch", "lightning", "webdataset", os.environ["FASTDATA_PIL"], "psutil", "fastdata",
           "pytest", "pytest-timeout", "import-linter", "nvidia-dali-cuda120", "fsspec", "s3fs", "gcsfs", "aiohttp",
-          "moto", "ray", "mkdocs-material", "mkdocstrings"}
+          "moto", "ray", "mkdocs-material", "mkdocstrings", "av"}
 if missing := needed - names:
     sys.exit(f"install failed: missing {sorted(missing)}")
 import torch

@@ -149,10 +149,13 @@ def test_index_and_shard_parse_without_loading_torch():
 @pytest.mark.parametrize(
     ("flags", "message"),
     [
-        (["--classes", "names.txt"], "--classes is for the list, segmentation, parquet sources"),
+        (
+            ["--classes", "names.txt"],
+            "--classes is for the list, segmentation, parquet, video sources",
+        ),
         (["--split", "val"], "--split is for the coco, parquet sources, not folder"),
         (["--max-json-bytes", "4GB"], "--max-json-bytes is for the coco source, not folder"),
-        (["--max-classes", "5"], "--max-classes is for the list source, not folder"),
+        (["--max-classes", "5"], "--max-classes is for the list, video sources, not folder"),
         (["--ignore-index", "0"], "--ignore-index is for the segmentation source, not folder"),
         (["--download"], "--download is for the cifar10, cifar100 sources, not folder"),
     ],

@@ -259,8 +259,14 @@ class Preset:
     ) -> Tensor:
         """Augment (train) or just prepare (eval) a uint8 ``(N, C, H, W)`` batch on its device.
 
+        A batch of clips, ``(N, T, C, H, W)``, gets one draw per clip: its T frames are folded
+        into the channels for the ops (each op draws per row, and every built-in op moves all
+        channels of a row alike), so every frame of a clip has the same crop and flip; then
+        each frame is normalized. The result is ``(N, T, C, S, S)``.
+
         Args:
-            x: uint8 batch, contiguous or channels-last (float on the 0..255 scale also works).
+            x: uint8 batch, contiguous or channels-last (float on the 0..255 scale also works);
+                or a batch of clips.
             train: use `train_ops` (True) or `eval_ops` (False).
             generator: torch generator for reproducible random draws (CPU or the batch's device).
             pool: reuse the memory of earlier results nobody holds any more (CPU batches).
@@ -269,6 +275,8 @@ class Preset:
         Returns:
             Normalized ``(N, C, S, S)`` tensor of `dtype` on x's device.
         """
+        if x.dim() == 5:
+            return self._apply_clips(x, train, generator, pool, skip)
         if x.dim() != 4 or x.shape[1] != len(self.mean):
             raise ValueError(
                 f"preset {self.name!r} expects an (N, {len(self.mean)}, H, W) batch, "
@@ -292,6 +300,31 @@ class Preset:
             fmt = torch.channels_last if self.channels_last else torch.contiguous_format
             out = pool.empty(tuple(x.shape), self.dtype, x.device, fmt)
         return normalize(x, self.mean, self.std, self.dtype, self.channels_last, out)
+
+    def _apply_clips(
+        self,
+        x: Tensor,
+        train: bool,
+        generator: torch.Generator | None,
+        pool: TensorPool | None,
+        skip: int,
+    ) -> Tensor:
+        """`apply` on clips ``(N, T, C, H, W)``: one draw per clip, the same for its frames."""
+        n, t, c, h, w = x.shape
+        ops = self.ops(train)[skip:]
+        if c != len(self.mean) or any(isinstance(op, BatchTransform) for op in ops):
+            raise ValueError(
+                f"preset {self.name!r} expects clips (N, T, {len(self.mean)}, H, W) and built-in "
+                f"ops only (a callable sees single images), got shape {tuple(x.shape)}"
+            )
+        folded = x.reshape(n, t * c, h, w)
+        for op in ops:
+            folded = op(folded, self.image_size, generator)
+        s_h, s_w = folded.shape[-2:]
+        frames = self.apply(
+            folded.reshape(n * t, c, s_h, s_w), train, None, pool, skip=len(ops) + skip
+        )
+        return frames.reshape(n, t, c, s_h, s_w)
 
 
 #: Output side of photos (images of varying size) when no ``image_size`` is given.

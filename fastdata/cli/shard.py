@@ -199,6 +199,14 @@ _SOURCE_FLAGS: dict[str, tuple[dict[str, Any], Callable[[Any], Any]]] = {
         {"type": int, "help": "most classes the labels may imply (default {default:,})"},
         int,
     ),
+    "max_video_bytes": (
+        {
+            "type": _size,
+            "metavar": "SIZE",
+            "help": "largest video file accepted, e.g. 8GB (default {default:,} bytes)",
+        },
+        int,
+    ),
 }
 
 

@@ -22,6 +22,8 @@ _INFER: tuple[tuple[str, str, str], ...] = (
     ("png", "image", "image"),
     ("webp", "image", "image"),
     ("rgb", "image", "image"),
+    ("mp4", "image", "image"),  # videos: the sample's visual component (`fastdata.format.video`)
+    ("webm", "image", "image"),
     ("cls", "label", "label"),
     ("lid", "label", "label"),
     ("labels.npy", "labels", "labels"),
@@ -48,7 +50,7 @@ def infer_fields(components: Iterable[str]) -> dict[str, FieldSpec]:
         inner = comp.lower()
         if inner.endswith(GZ_SUFFIX):
             inner = inner[: -len(GZ_SUFFIX)]
-            if inner in ("jpg", "jpeg", "png", "webp", "rgb", "mask.png"):
+            if inner in ("jpg", "jpeg", "png", "webp", "rgb", "mask.png", "mp4", "webm"):
                 continue
         seen.setdefault(inner, []).append(comp)
     found: dict[str, list[str]] = {}

@@ -30,6 +30,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from fastdata.format.video import VIDEO_EXTS
+
 __all__ = [
     "ENCODED_EXTS",
     "IMAGE_EXTS",
@@ -37,6 +39,7 @@ __all__ = [
     "LABEL_TEXT_EXT",
     "RAW_EXT",
     "SUMS_HEADER",
+    "VIDEO_ENCODING",
     "MissingComponentError",
     "components",
     "decode_lid",
@@ -65,7 +68,10 @@ _ENCODING_EXTS: dict[str, tuple[str, ...]] = {
     "png": ("png",),
     "jpeg": ("jpg",),
     "mixed": ("jpg", "png"),
+    "video": VIDEO_EXTS,
 }
+#: The manifest encoding of a split of videos (`fastdata.format.video`).
+VIDEO_ENCODING = "video"
 
 
 class MissingComponentError(ValueError):
@@ -92,9 +98,12 @@ def decode_lid(data: bytes | memoryview) -> tuple[int, int]:
 
 
 def components(image_ext: str, image: bytes, label: int, sample_id: int) -> dict[str, bytes]:
-    """Every component of one sample, as the writer stores them."""
-    if image_ext not in IMAGE_EXTS:
-        raise ValueError(f"image component must be one of {IMAGE_EXTS}, got {image_ext!r}")
+    """Every component of one sample, as the writer stores them (a video sample: its video
+    component in place of the image; the writer adds its clip index, `fastdata.format.video`)."""
+    if image_ext not in IMAGE_EXTS and image_ext not in VIDEO_EXTS:
+        raise ValueError(
+            f"image component must be one of {IMAGE_EXTS + VIDEO_EXTS}, got {image_ext!r}"
+        )
     return {
         image_ext: image,
         LABEL_TEXT_EXT: str(label).encode(),
@@ -162,8 +171,10 @@ def exts_of_encoding(encoding: str) -> tuple[str, ...]:
 
 
 def encoding_of_exts(exts: list[str] | tuple[str, ...]) -> str:
-    """The manifest encoding of a split whose shards hold these image components."""
+    """The manifest encoding of a split whose shards hold these image (or video) components."""
     found = tuple(sorted(set(exts)))
+    if found and set(found) <= set(VIDEO_EXTS):
+        return VIDEO_ENCODING
     for encoding, expected in _ENCODING_EXTS.items():
         if found == tuple(sorted(expected)) and encoding != "mixed":
             return encoding

@@ -450,10 +450,14 @@ class ShardDataModule(DatasetInfo, *DATAMODULE_BASES):
             if previous.iterating:
                 self._retired.add(previous)  # teardown still stops it
         position = self._position if train else None  # one position for every training loader
-        loader = EpochLoader(self, spec, get_backend(self.backend_name).load(), position)
+        loader = EpochLoader(self, spec, self._loader_factory(), position)
         self._loaders[slot] = loader  # weakly: a loader nobody holds is collected, workers and all
         self._made[train], self._made_last = loader.batch_kind(), train
         return loader
+
+    def _loader_factory(self) -> Any:
+        """spec -> the backend's loader (a family member reading other samples overrides it)."""
+        return get_backend(self.backend_name).load()
 
     def __getstate__(self) -> dict[str, Any]:
         # Loaders (and their workers) do not travel: a copy or an unpickled module makes its own.

@@ -65,6 +65,8 @@ class SourceIds:
             batch["source_id"] = self(batch["key"])
             return batch
         images, labels, keys = batch
+        if isinstance(keys, Mapping):  # a clip batch's {"key": ..., "start": ...}
+            return images, labels, {**keys, "source_id": self(keys["key"])}
         return images, labels, {"key": keys, "source_id": self(keys)}
 
 

@@ -21,9 +21,11 @@ from fastdata.format.fields import is_classification
 from fastdata.format.integrity import IntegrityError, open_regular
 from fastdata.format.manifest import Manifest, ManifestError, ShardInfo, SplitInfo
 from fastdata.format.manifest_io import load_manifest
+from fastdata.format.schema import VIDEO_ENCODING
 from fastdata.format.summary import summarize
 from fastdata.read.decoders.dict_batch import SampleSpec, decode_fields
 from fastdata.read.decoders.image import Geometry, decode_image, decode_raw
+from fastdata.read.decoders.video import check_video
 from fastdata.read.rows import RowReader
 from fastdata.read.shard_index import check_index_count, read_index_file
 from fastdata.read.shardio import ShardReader, ShardReadError, _close, _open_bytes
@@ -112,7 +114,8 @@ def verify(root: str | os.PathLike[str], progress: bool = True) -> VerifyReport:
             report.shards_checked += 1
             try:
                 _check_shard(manifest, shard, report, reader, number)
-                _check_samples(rows, number, shard.num_samples, spec, shape, report)
+                video = split.encoding == VIDEO_ENCODING
+                _check_samples(rows, number, shard.num_samples, spec, shape, report, video)
             except (ShardReadError, OSError, IntegrityError) as exc:
                 reason = exc.reason if isinstance(exc, ShardReadError) else str(exc)
                 report.bad_shards.append(f"{shard.name}: {reason}")
@@ -192,12 +195,14 @@ def _check_samples(
     spec: SampleSpec | None,
     shape: tuple[int, ...] | None,
     report: VerifyReport,
+    video: bool = False,
 ) -> None:
     """Read and decode every sample of one shard through the loaders' row reader (a finding per
     bad sample, naming the shard, the key and, for a dict split, the field).
 
     A classification sample is its label (from `lid`, or a foreign shard's `cls`) and its image
-    (`jpg`/`png`/`rgb`); a dict sample is every field of the split (`decode_fields`).
+    (`jpg`/`png`/`rgb`); a dict sample is every field of the split (`decode_fields`); a video
+    sample is its label, its clip index and its first and last frames (`check_video`).
     """
     rng = np.random.default_rng(0)
     name = rows.reader.shards[shard].name
@@ -207,6 +212,9 @@ def _check_samples(
         report.samples_checked += 1
         key = rows.reader.key(shard, index)
         try:
+            if video:
+                check_video(rows.reader.sample(shard, index))
+                continue
             sample = rows.sample(shard, index)
             if spec is not None:
                 decode_fields(rows, sample, spec)  # raises ShardReadError (on_error="raise")

@@ -50,6 +50,9 @@ class CarvedSource:
         self.source, self.fraction, self.seed = source, fraction, seed
         self.kind, self.classes = source.kind, source.classes
         self.class_ids = getattr(source, "class_ids", None)  # COCO: the category ids
+        # A video source's: how the writer stores its items, and its file size bound.
+        self.sample_encoding = getattr(source, "sample_encoding", None)
+        self.max_video_bytes = getattr(source, "max_video_bytes", None)
         kept, carved = carve_ids(splits["train"], fraction, seed)
         self._ids = {"train": kept, "val": carved}
 

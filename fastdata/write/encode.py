@@ -42,6 +42,7 @@ __all__ = [
     "BadSampleError",
     "EncodedSample",
     "encode_item",
+    "read_source_file",
     "resolve_encoding",
     "shrink",
 ]
@@ -159,8 +160,24 @@ def encode_item(
 
 
 def _read_image_file(item: SourceItem, max_pixels: int | None) -> bytes:
-    """The bytes of the item's file: a regular file (a FIFO would block, /dev/zero never end),
-    no larger than any image of `max_pixels` pixels could reasonably be."""
+    """The bytes of the item's image file, no larger than any image of `max_pixels` pixels
+    could reasonably be."""
+    if max_pixels is None:
+        return read_source_file(item, None)
+    hint = (
+        f"more than an image of max_pixels={max_pixels:,} takes "
+        "(raise --max-pixels if it is trusted)"
+    )
+    return read_source_file(item, _MAX_BYTES_PER_PIXEL * max_pixels, hint)
+
+
+def read_source_file(item: SourceItem, max_bytes: int | None, hint: str = "") -> bytes:
+    """The bytes of the item's file: a regular file (a FIFO would block, /dev/zero never end)
+    of at most `max_bytes` bytes (None: no bound; `hint` says which limit, for the message).
+
+    Raises:
+        BadSampleError: missing, unreadable, not a regular file, or too large.
+    """
     assert item.path is not None
     try:
         # O_NONBLOCK: opening a FIFO does not wait for a writer (no effect on regular files).
@@ -169,11 +186,9 @@ def _read_image_file(item: SourceItem, max_pixels: int | None) -> bytes:
             st = os.fstat(f.fileno())
             if not stat.S_ISREG(st.st_mode):
                 raise BadSampleError(item.origin, "not a regular file (a folder, device or FIFO)")
-            if max_pixels is not None and st.st_size > _MAX_BYTES_PER_PIXEL * max_pixels:
+            if max_bytes is not None and st.st_size > max_bytes:
                 raise BadSampleError(
-                    item.origin,
-                    f"file is {st.st_size:,} bytes, more than an image of max_pixels="
-                    f"{max_pixels:,} takes (raise --max-pixels if it is trusted)",
+                    item.origin, f"file is {st.st_size:,} bytes, {hint or f'over {max_bytes:,}'}"
                 )
             return f.read()
     except BadSampleError:

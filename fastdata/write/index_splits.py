@@ -17,7 +17,8 @@ from collections.abc import Iterable
 from fastdata.format.field_inference import infer_fields
 from fastdata.format.fields import FieldSpec, is_classification
 from fastdata.format.manifest import ShardInfo, SplitInfo
-from fastdata.format.schema import IMAGE_EXTS
+from fastdata.format.schema import IMAGE_EXTS, VIDEO_ENCODING
+from fastdata.format.video import VIDEO_EXTS
 from fastdata.write.foreign import ScannedTar
 from fastdata.write.locate import IndexingError
 
@@ -47,7 +48,11 @@ def split_info(split: str, tars: list[ScannedTar], num_classes: int) -> SplitInf
                 counts[label] += 1
     exts = {c.lower() for c in image.components} if image is not None else set()
     encoding = "jpeg" if exts == {"jpg"} else "png" if exts == {"png"} else "mixed"
-    plain = is_classification(fields) and set(image.components) <= {"jpg", "png"}  # type: ignore[union-attr]
+    if exts and exts <= set(VIDEO_EXTS):
+        encoding = VIDEO_ENCODING  # read as clips (`VideoDataModule`); indexes read on first use
+    plain = is_classification(fields) and (
+        set(image.components) <= {"jpg", "png"} or encoding == VIDEO_ENCODING  # type: ignore[union-attr]
+    )
     stats, raw_shape = _image_stats(tars) if image is not None else ({}, None)
     shards = [
         ShardInfo(
@@ -83,6 +88,15 @@ def _check_image(split: str, tars: list[ScannedTar], fields: dict[str, FieldSpec
             )
         return
     exts = {c.lower() for c in image.components}
+    videos = exts & set(VIDEO_EXTS)
+    if videos and (exts - videos or not is_classification(fields)):
+        raise IndexingError(
+            f"split {split!r} ({tars[0].name}, ...): video members ({sorted(videos)}) beside "
+            f"{sorted((exts - videos) | (set(fields) - {'image', 'label'}))}; a video split "
+            "holds a video and a label per sample: keep the other members in other tars"
+        )
+    if videos:
+        return
     if "rgb" in exts:
         raise IndexingError(
             f"split {split!r}: 'rgb' members (raw pixels) carry no shape a reader could use; "

@@ -48,6 +48,7 @@ from fastdata.write.sources.base import (
 )
 from fastdata.write.stats import PixelStats
 from fastdata.write.tarshard import ShardTarWriter, sha256_file
+from fastdata.write.video import encode_video
 
 __all__ = ["IDS_RUN_SUFFIX", "SUMS_SUFFIX", "WriteContext", "run_jobs"]
 
@@ -183,7 +184,7 @@ class _Tally:
         self.heights.append(encoded.height)
         self.widths.append(encoded.width)
         self.exts.add(encoded.ext)
-        if self.result.split == "train":
+        if self.result.split == "train" and encoded.ext in schema.IMAGE_EXTS:
             self.pixels.add(encoded.ext, encoded.data, encoded.height, encoded.width)
 
     def add_labels(self, labels: Any) -> None:
@@ -221,21 +222,16 @@ def _write_job(job: ShardJob) -> int:
 def _write_sample(item: SourceItem, specs: Any, writer: ShardTarWriter, tally: _Tally) -> None:
     """Encode and write one sample; a bad one is recorded as skipped (or raises when strict)."""
     options: ShardOptions = _WORKER_STATE["options"]
-    parts, classes = None, ()
+    parts, classes, fields = None, (), False
+    source = _WORKER_STATE["source"]
+    video = getattr(source, "sample_encoding", None) == "video"  # `VideoSource`
     try:
-        encoded = encode_item(
-            item, _WORKER_STATE["encoding"], options.resize, options.quality, options.max_pixels
-        )
-        if specs is not None or options.max_side is not None or item.size is not None:
-            encoded, parts, classes = encode_with_fields(
-                item,
-                specs,
-                encoded,
-                options.max_side,
-                options.quality,
-                options.max_pixels,
-                len(_WORKER_STATE["source"].classes),
-            )
+        if video:
+            encoded, extra = encode_video(item, source.max_video_bytes, options.max_pixels)
+            parts = {**_components(item, encoded.ext, encoded.data), **extra}
+        else:
+            encoded, parts, classes = _encode_image(item, specs, options)
+            fields = parts is not None
     except BadSampleError as exc:
         if options.strict:
             raise ShardingError(f"bad sample (strict mode): {exc}") from exc
@@ -246,7 +242,26 @@ def _write_sample(item: SourceItem, specs: Any, writer: ShardTarWriter, tally: _
     components = parts or _components(item, encoded.ext, encoded.data)
     writer.write(key, components)
     tally.add(key, components, item, encoded)
-    tally.add_labels(sorted(classes) if parts is not None else (item.label,))
+    tally.add_labels(sorted(classes) if fields else (item.label,))
+
+
+def _encode_image(item: SourceItem, specs: Any, options: ShardOptions) -> tuple[Any, Any, Any]:
+    """(the image, the sample's components or None for image + label, its classes)."""
+    parts, classes = None, ()
+    encoded = encode_item(
+        item, _WORKER_STATE["encoding"], options.resize, options.quality, options.max_pixels
+    )
+    if specs is not None or options.max_side is not None or item.size is not None:
+        encoded, parts, classes = encode_with_fields(
+            item,
+            specs,
+            encoded,
+            options.max_side,
+            options.quality,
+            options.max_pixels,
+            len(_WORKER_STATE["source"].classes),
+        )
+    return encoded, parts, classes
 
 
 def _finish_job(job: ShardJob, writer: ShardTarWriter, tally: _Tally, out_dir: Path) -> None:

@@ -60,8 +60,11 @@ class CpuLoader(PlannedLoader):
         last_stages: the read and decode seconds of the batch yielded last (None: unknown).
     """
 
+    #: What the workers iterate (the video backend's loader gives its clip dataset).
+    dataset_type: type[ShardBatchDataset] = ShardBatchDataset
+
     def __init__(self, spec: LoaderSpec) -> None:
-        self.dataset = ShardBatchDataset(spec)
+        self.dataset = self.dataset_type(spec)
         self.applied_ops = self.dataset.applied_ops
         w = spec.workers
         pin = torch.cuda.is_available() if w.pin_memory is None else w.pin_memory

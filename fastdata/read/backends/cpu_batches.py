@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import IterableDataset, get_worker_info
 
 from fastdata.augment import RandomResizedCrop
+from fastdata.format.schema import VIDEO_ENCODING
 from fastdata.read.backends.next_epoch import NextEpochBatch
 from fastdata.read.base import LoaderSpec
 from fastdata.read.decoders.dict_batch import Sample, SampleSpec, decode_samples, sample_spec
@@ -50,7 +51,7 @@ def decode_geometry(spec: LoaderSpec) -> tuple[Geometry, int]:
     Raw splits: no decode-time geometry (every op runs on the device).
     """
     info = spec.manifest.split(spec.split)
-    if info.encoding == "raw":
+    if info.encoding in ("raw", VIDEO_ENCODING):  # videos: `fastdata.read.backends.video`
         return Geometry("none"), 0
     crop, flip_p, covered = spec.preset.decode_crop(spec.train)
     if crop is not None and spec.image_size is not None:

@@ -6,6 +6,7 @@ src = open_source("list", "labels.csv", root="images/")
 src = open_source("coco", "val2017/", "instances_val2017.json")
 src = open_source("segmentation", "JPEGImages/", "SegmentationClass/")
 src = open_source("parquet", "data/")  # a Hugging Face image dataset's Parquet files
+src = open_source("video", "clips/")  # class folders of videos, or a list file
 
 `REGISTRY` is the one list of sources: `fastdata shard`'s choices, its help and the number of
 inputs each takes are read from it.
@@ -29,6 +30,7 @@ from fastdata.write.sources.parquet import ParquetSource
 from fastdata.write.sources.safe_pickle import UnsafePickleError
 from fastdata.write.sources.safe_tar import UnsafeArchiveError
 from fastdata.write.sources.segmentation import SegmentationSource
+from fastdata.write.sources.video import VideoSource
 
 __all__ = [
     "REGISTRY",
@@ -47,6 +49,7 @@ __all__ = [
     "SourceKind",
     "UnsafeArchiveError",
     "UnsafePickleError",
+    "VideoSource",
     "open_source",
 ]
 
@@ -114,6 +117,13 @@ REGISTRY: dict[str, SourceKind] = {
             "Parquet file(s): Hugging Face image datasets (image struct, label, class names) or "
             "plain columns (image bytes or path, label, other columns as fields)",
             options=("classes", "split"),
+        ),
+        SourceKind(
+            "video",
+            VideoSource,
+            "videos (MP4, WebM, MOV, MKV) kept as they are, with a clip index: class-per-folder "
+            "tree or CSV/JSONL list (path,label[,split])",
+            options=("classes", "max_classes", "max_video_bytes"),
         ),
     )
 }

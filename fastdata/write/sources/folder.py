@@ -67,6 +67,8 @@ class FolderSource:
         splits: "auto" (split folders if `root` has any of `SPLIT_NAMES` holding class folders,
             else a single "train" split), "none" (`root` holds the class folders: one "train"
             split), or the names of the split folders to use.
+        extensions: the file extensions (lower case, with the dot) of the files to take;
+            default `IMAGE_EXTENSIONS` (the video source passes its own).
 
     Raises:
         ValueError: a bad `splits` value.
@@ -76,7 +78,12 @@ class FolderSource:
 
     kind = "folder"
 
-    def __init__(self, root: str | Path, splits: str | Sequence[str] = "auto") -> None:
+    def __init__(
+        self,
+        root: str | Path,
+        splits: str | Sequence[str] = "auto",
+        extensions: frozenset[str] = IMAGE_EXTENSIONS,
+    ) -> None:
         if root is None:
             raise ValueError("FolderSource needs the dataset folder as input, got None")
         self.root = Path(root).expanduser().resolve()
@@ -94,7 +101,7 @@ class FolderSource:
         self._sizes = 0
         self._mtime = 0
         for split, folder in split_dirs.items():
-            scan = _scan_split(self.root, folder, class_dirs[split], self.classes)
+            scan = _scan_split(self.root, folder, class_dirs[split], self.classes, extensions)
             self._files[split], self._labels[split] = scan.files, scan.labels
             self.skipped[split] += scan.skipped
             self.ignored_files += scan.ignored
@@ -265,7 +272,11 @@ class _SplitScan(NamedTuple):
 
 
 def _scan_split(
-    root: Path, split_dir: Path, class_names: list[str], classes: list[str]
+    root: Path,
+    split_dir: Path,
+    class_names: list[str],
+    classes: list[str],
+    extensions: frozenset[str] = IMAGE_EXTENSIONS,
 ) -> _SplitScan:
     """The images (relative to root), labels and unusable entries of one split folder."""
     index = {name: i for i, name in enumerate(classes)}
@@ -275,7 +286,7 @@ def _scan_split(
     sizes = mtime = 0
     ignored = sum(1 for e in _listed(split_dir, "split folder") if e.is_file)
     for name in class_names:
-        images, skipped_files = _images_under(split_dir / name, skipped)
+        images, skipped_files = _images_under(split_dir / name, skipped, extensions)
         files += [os.path.relpath(path, root) for path, _ in images]
         labels += [index[name]] * len(images)
         ignored += skipped_files
@@ -291,7 +302,7 @@ def _scan_split(
 
 
 def _images_under(
-    folder: Path, skipped: list[tuple[str, str]]
+    folder: Path, skipped: list[tuple[str, str]], extensions: frozenset[str] = IMAGE_EXTENSIONS
 ) -> tuple[list[tuple[str, os.stat_result]], int]:
     """(sorted (image file, stat) under `folder`, recursively, skipping hidden ones; number of
     other files). Folders that cannot be listed and broken or folder symlinks go to `skipped`."""
@@ -312,7 +323,7 @@ def _images_under(
                 skipped.append((entry.path, "symlinked folder inside a class folder: not followed"))
             elif entry.is_dir:
                 pending.append(entry.path)
-            elif entry.is_file and os.path.splitext(entry.name)[1].lower() in IMAGE_EXTENSIONS:
+            elif entry.is_file and os.path.splitext(entry.name)[1].lower() in extensions:
                 images.append((entry.path, entry.st))
             else:
                 ignored += 1

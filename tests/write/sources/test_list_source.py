@@ -132,6 +132,7 @@ def test_open_source_registry(tmp_path: Path) -> None:
         "coco",
         "segmentation",
         "parquet",
+        "video",
     }
     with pytest.raises(ValueError, match="'imagenet'.*cifar10, cifar100, folder, list"):
         open_source("imagenet", tmp_path)

@@ -1,0 +1,133 @@
+"""`VideoDataModule`: video clips as samples, over `ShardDataModule`'s plan, resume and hooks.
+
+A split written by ``fastdata shard video`` holds videos; this module reads it as clips
+(`fastdata.read.clips`): each epoch takes ``clips.clips`` clips of every video, a clip being a
+sample of the one epoch plan, so ranks get equal batches, evaluation reads every (video, clip)
+once with its padding marked, and `state_dict` / `load_state_dict` resume mid-epoch exactly,
+on another world size too. Batches are uint8 ``(B, T, 3, S, S)`` clips decoded in the cpu
+backend's worker processes (`fastdata.read.backends.video`); `on_after_batch_transfer` crops,
+flips and normalizes them on the device, one draw per clip for all of its frames. With
+``keys=True`` each batch carries ``{"key", "start", "source_id"}``: per clip, its video's key,
+first frame and path in the source, to gather predictions per video.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import fields, replace
+from typing import Any
+
+from fastdata.augment import IMAGENET_MEAN, IMAGENET_STD, Flip, Preset, RandomResizedCrop
+from fastdata.format.carve import Carve
+from fastdata.format.manifest import Manifest, SplitInfo
+from fastdata.format.schema import VIDEO_ENCODING
+from fastdata.lightning.datamodule import ShardDataModule
+from fastdata.read import LoaderSpec
+from fastdata.read.clips import ClipSampling, ClipSpec
+
+__all__ = ["VideoDataModule", "video_preset"]
+
+#: The side of decoded frames when no ``image_size`` is given (a clip of 8 frames at 112 px is
+#: 300 KB of uint8, as much as one 224 px photo... times 8 / 4).
+DEFAULT_VIDEO_SIZE = 112
+
+
+def video_preset(image_size: int, scale: tuple[float, float] = (0.35, 1.0)) -> Preset:
+    """The default: training clips get a random-resized crop (``scale`` of the frame) and a
+    horizontal flip half of the time, the same for every frame of a clip; evaluation clips are
+    used as decoded (the centre square at ``image_size``)."""
+    return Preset(
+        "video",
+        image_size,
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        (RandomResizedCrop(scale=scale), Flip(0.5)),
+        (),
+    )
+
+
+class VideoDataModule(ShardDataModule):
+    """Video clips from ``fastdata shard video`` shards (see the module docstring).
+
+    Args:
+        root: the shard folder (as `ShardDataModule`'s; a mix of video datasets is not
+            supported yet).
+        clips: which clips each epoch reads (`ClipSampling`: frames per clip, stride or fps,
+            clips per video, random or uniform starts); default 8 consecutive frames, one
+            random clip per video per epoch.
+        image_size: the side of the decoded frames and of the model's input (default 112).
+        **kwargs: every other `ShardDataModule` option (batch_size, seed, workers, keys, ...).
+            ``backend`` may be "auto" or "cpu" (the clips are decoded in the cpu backend's
+            workers); ``workers`` counts given as "auto" get a fixed default, since the tuner
+            measures image loaders.
+
+    Raises:
+        ValueError: another backend, or (at setup) a split that holds no videos.
+    """
+
+    def __init__(
+        self,
+        root: Any,
+        *,
+        clips: ClipSampling | None = None,
+        image_size: int | None = DEFAULT_VIDEO_SIZE,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(root, image_size=image_size or DEFAULT_VIDEO_SIZE, **kwargs)
+        if self.backend not in ("auto", "cpu"):
+            raise ValueError(
+                f"VideoDataModule decodes clips in the cpu backend's workers; got "
+                f"backend={self.backend!r}: pass 'auto' or 'cpu'"
+            )
+        if self.mixed:
+            raise ValueError("VideoDataModule reads one dataset; a mix of roots is not supported")
+        if isinstance(self.val, float):
+            # The carve draws rows of the plan, here clips: a video's clips would land on both
+            # sides. Carve videos when sharding instead.
+            raise ValueError(
+                "VideoDataModule(val=fraction) is not supported (it would split a video's clips "
+                "between training and validation); shard with --val-fraction instead"
+            )
+        self.clips = clips or ClipSampling()
+        self.workers = _concrete(self.workers)
+
+    def _default_train_transforms(self, name: str) -> Preset:
+        assert self.image_size is not None
+        return video_preset(self.image_size)
+
+    def _check_fields(self, roles: dict[str, SplitInfo]) -> None:
+        for role, info in roles.items():
+            if info.encoding != VIDEO_ENCODING:
+                raise ValueError(
+                    f"VideoDataModule needs video splits, but the {role} split "
+                    f"{self.split_names[role]!r} of {self.root} holds {info.encoding!r} "
+                    "samples; write videos with `fastdata shard video SRC OUT`"
+                )
+
+    def _choose_backend(self) -> str:
+        return "cpu"
+
+    def _loader_factory(self) -> Any:
+        from fastdata.read.backends.video import make_video_loader
+
+        return make_video_loader
+
+    def loader_spec(self, role: str, train: bool) -> ClipSpec:
+        """The `ClipSpec` of a split role on this rank: `ShardDataModule`'s spec, read as clips."""
+        spec = super().loader_spec(role, train)
+        values = {f.name: getattr(spec, f.name) for f in fields(LoaderSpec)}
+        if spec.window is not None:  # sized in videos: the same share of the split in clips
+            values["window"] = spec.window * self.clips.clips
+        return ClipSpec(**values, clips=self.clips)
+
+    def _epoch_size(self, manifest: Manifest, split: str, carve: Carve | None = None) -> int:
+        """Clips in a training epoch (videos after the carve, times clips per video)."""
+        return super()._epoch_size(manifest, split, carve) * self.clips.clips
+
+
+def _concrete(workers: Any) -> Any:
+    """`workers` with "auto" counts replaced: the tuner times image loaders, not clips."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    defaults = {"num_workers": min(4, cores or 1), "prefetch_factor": 2, "decode_threads": 1}
+    given = {k: v for k, v in defaults.items() if getattr(workers, k) == "auto"}
+    return replace(workers, **given) if given else workers

@@ -1,0 +1,114 @@
+"""The video backend: the cpu backend's workers, making batches of clips.
+
+`VideoLoader` is a `CpuLoader` (DataLoader workers that die with the training process, bounded
+waits, persistent workers that follow `set_epoch` through shared memory, the next epoch's first
+batch made ahead) whose workers iterate `ClipBatchDataset`: for each planned clip
+(`fastdata.read.clips`: row r is clip ``r % N`` of video ``r // N``) it reads the video's
+components from the shard (in place, memory-mapped), picks the clip's frames from the clip index
+and the clip's seed, and decodes only those (`fastdata.read.decoders.video.decode_clip`).
+
+Batches: uint8 ``(B, T, 3, S, S)`` clips and int64 labels (evaluation padding: -100); with
+``keys=True`` a third element ``{"key": [...], "start": [...]}``: each clip's video key and
+first frame number (None for padding), so predictions can be gathered per video (a
+DataModule adds ``source_id``: the video's path in the source). The crop and flip run on the device, the same for every
+frame of a clip (`fastdata.augment.Preset.apply`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fastdata.format import schema
+from fastdata.read.backends.cpu import CpuLoader
+from fastdata.read.backends.cpu_batches import ShardBatchDataset
+from fastdata.read.clips import ClipSpec, clip_frames
+from fastdata.read.decoders.video import decode_clip, video_parts
+from fastdata.read.plan import PAD_LABEL, EpochPlan, rows_to_refs, sample_seed
+from fastdata.read.rows import Skip
+from fastdata.read.shardio import ShardReader
+
+__all__ = ["ClipBatchDataset", "VideoLoader", "make_video_loader"]
+
+
+class ClipBatchDataset(ShardBatchDataset):
+    """`ShardBatchDataset` whose batches are clips (see the module docstring).
+
+    Args:
+        spec: a `ClipSpec` whose `image_size` is the side S of the decoded frames.
+
+    Raises:
+        ValueError: not a `ClipSpec`, no image_size, or a split that holds no videos.
+    """
+
+    def __init__(self, spec: ClipSpec) -> None:
+        if not isinstance(spec, ClipSpec):
+            raise ValueError(f"the video loader needs a ClipSpec, got {type(spec).__name__}")
+        info = spec.manifest.split(spec.split)
+        if info.encoding != schema.VIDEO_ENCODING:
+            raise ValueError(
+                f"split {spec.split!r} of {spec.manifest.root} holds {info.encoding!r} samples, "
+                "not videos; write it with `fastdata shard video`"
+            )
+        if spec.image_size is None:
+            raise ValueError("the video loader needs image_size (the side of decoded frames)")
+        super().__init__(spec)
+        self.spec: ClipSpec = spec
+        self.applied_ops = 0
+
+    def image_shape(self) -> None:
+        """None: clip batches travel as tensors, not through the image slots."""
+        return None
+
+    def _load_batch(
+        self, reader: ShardReader, plan: EpochPlan, number: int, skips: list[Skip]
+    ) -> tuple:
+        """Batch `number` of `plan`: (clips, labels) or, with keys, (clips, labels, keys)."""
+        spec = self.spec
+        rows, pads = plan.rows[number], plan.padding[number]
+        positions = plan.positions[number]
+        videos, clips = np.divmod(rows, spec.clips.clips)
+        refs = rows_to_refs(videos, spec.video_sizes).tolist()
+        side, t = int(spec.image_size), spec.clips.frames
+        out = np.empty((len(rows), t, 3, side, side), np.uint8)
+        labels: list[int] = []
+        keys: list[str | None] = []
+        starts: list[int | None] = []
+        kept: list[int] = []
+        for slot, (shard, index) in enumerate(refs):
+            rng = None
+            if spec.random_starts():
+                rng = np.random.default_rng(
+                    sample_seed(spec.seed, plan.epoch, int(positions[slot]))
+                )
+            try:
+                parts = reader.sample(shard, index)
+                key = reader.key(shard, index)
+                label, _ = schema.label_and_id(key, parts, reader.position(shard, index))
+                video, clip_index = video_parts(
+                    parts, (reader.manifest.shard_url(reader.shards[shard]), key)
+                )
+                frames = clip_frames(clip_index, spec.clips, int(clips[slot]), rng)
+                decode_clip(video, clip_index, frames, side, out=out[slot])
+            except (ValueError, OSError) as exc:  # ShardReadError, ClipIndexError, decoding
+                skips.append(self._fail(reader, shard, index, exc))
+                continue
+            padding = bool(pads[slot]) and not spec.train
+            labels.append(PAD_LABEL if padding else label)
+            keys.append(None if padding else key)
+            starts.append(None if padding else int(frames[0]))
+            kept.append(slot)
+        clips_out = torch.from_numpy(out if len(kept) == len(rows) else out[kept])
+        batch = (clips_out, torch.tensor(labels, dtype=torch.int64))
+        return (*batch, {"key": keys, "start": starts}) if spec.keys else batch
+
+
+class VideoLoader(CpuLoader):
+    """The cpu backend's loader over `ClipBatchDataset` (see the module docstring)."""
+
+    dataset_type = ClipBatchDataset
+
+
+def make_video_loader(spec: ClipSpec) -> VideoLoader:
+    """The video loader for one split on one rank."""
+    return VideoLoader(spec)
