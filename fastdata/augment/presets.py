@@ -259,14 +259,11 @@ class Preset:
     ) -> Tensor:
         """Augment (train) or just prepare (eval) a uint8 ``(N, C, H, W)`` batch on its device.
 
-        A batch of clips, ``(N, T, C, H, W)``, gets one draw per clip: its T frames are folded
-        into the channels for the ops (each op draws per row, and every built-in op moves all
-        channels of a row alike), so every frame of a clip has the same crop and flip; then
-        each frame is normalized. The result is ``(N, T, C, S, S)``.
+        Clips ``(N, T, C, H, W)`` get one draw per clip (frames folded into channels: every
+        built-in op moves a row's channels alike), then each frame is normalized: ``(N, T, C, S, S)``.
 
         Args:
-            x: uint8 batch, contiguous or channels-last (float on the 0..255 scale also works);
-                or a batch of clips.
+            x: uint8 batch (or clips), contiguous or channels-last (float 0..255 also works).
             train: use `train_ops` (True) or `eval_ops` (False).
             generator: torch generator for reproducible random draws (CPU or the batch's device).
             pool: reuse the memory of earlier results nobody holds any more (CPU batches).
