@@ -58,7 +58,8 @@ from fastdata.read.backends.cpu import make_cpu_loader
 from fastdata.read.base import LoaderSpec
 from fastdata.tune import tuning_spec
 from fastdata.tune.epoch_stats import wait_cv
-from fastdata.tune.follow import EpochFigures, LoadMeter, Sizing, recheck
+from fastdata.tune.follow import EpochFigures, Sizing, recheck
+from fastdata.tune.load import LoadMeter
 from fastdata.write import ShardOptions, write_shards
 from fastdata.write.sources import open_source
 

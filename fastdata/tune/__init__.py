@@ -29,7 +29,8 @@ from fastdata.format.manifest import Manifest
 from fastdata.format.manifest_io import load_manifest
 from fastdata.read.base import LoaderSpec
 from fastdata.tune.confirm import confirm_by_measurement, decodes_photos
-from fastdata.tune.follow import choose_threads, recheck
+from fastdata.tune.follow import recheck
+from fastdata.tune.load import choose_threads
 from fastdata.tune.measure import (
     SampleCost,
     SweepPoint,

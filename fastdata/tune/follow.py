@@ -19,17 +19,7 @@ import logging
 import math
 from dataclasses import dataclass, field, replace
 
-from fastdata.tune.load import (  # re-exported: their home until the split
-    _LAST_CHOICE,  # noqa: F401 - tests reset this process's start-up choice through follow
-    HYSTERESIS_CORES,
-    CoreLoad,
-    LoadMeter,
-    LoadReaders,
-    ThreadChoice,  # noqa: F401
-    choose_threads,
-    last_thread_choice,
-    threads_for,
-)
+from fastdata.tune.load import HYSTERESIS_CORES, CoreLoad, threads_for
 from fastdata.tune.sizing import (
     HIGH_VARIATION_CV,
     MAIN_PROCESS_CORES,
@@ -37,20 +27,7 @@ from fastdata.tune.sizing import (
     workers_for_loop,
 )
 
-__all__ = [
-    "HYSTERESIS_CORES",
-    "CoreLoad",
-    "EpochFigures",
-    "LoadMeter",
-    "LoadReaders",
-    "Recheck",
-    "Sizing",
-    "Trial",
-    "choose_threads",
-    "last_thread_choice",
-    "recheck",
-    "threads_for",
-]
+__all__ = ["EpochFigures", "Recheck", "Sizing", "Trial", "recheck"]
 
 log = logging.getLogger("fastdata")
 

@@ -42,15 +42,8 @@ import torch
 from fastdata.tune.energy import GpuReader, energy_delta, rapl_wrap_joules, read_rapl_joules
 from fastdata.tune.epoch_stats import EpochStats, batch_bytes, batch_len, summary_line, wait_cv
 from fastdata.tune.fetch_timer import FETCH_ACTION, FetchTimer
-from fastdata.tune.follow import (
-    EpochFigures,
-    LoadMeter,
-    Recheck,
-    Sizing,
-    Trial,
-    last_thread_choice,
-    recheck,
-)
+from fastdata.tune.follow import EpochFigures, Recheck, Sizing, Trial, recheck
+from fastdata.tune.load import LoadMeter, last_thread_choice
 
 # GpuReader and energy_delta are re-exported: callers import them from here.
 __all__ = ["GpuReader", "LoaderMonitor", "energy_delta"]

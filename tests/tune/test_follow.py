@@ -10,18 +10,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from fastdata.tune import follow
-from fastdata.tune.follow import (
-    CoreLoad,
-    EpochFigures,
-    LoadMeter,
-    LoadReaders,
-    Sizing,
-    Trial,
-    choose_threads,
-    recheck,
-    threads_for,
-)
+from fastdata.tune import load as load_module
+from fastdata.tune.follow import EpochFigures, Sizing, Trial, recheck
+from fastdata.tune.load import CoreLoad, LoadMeter, LoadReaders, choose_threads, threads_for
 from fastdata.tune.monitor import LoaderMonitor
 from tests.conftest import quiet_trainer
 
@@ -35,10 +26,10 @@ def _figures(idle: float, wait_frac: float = 0.0, epoch: int = 0, **kw) -> Epoch
 
 @pytest.fixture(autouse=True)
 def _no_recorded_choice():
-    follow._LAST_CHOICE.clear()
+    load_module._LAST_CHOICE.clear()
     threads = torch.get_num_threads()
     yield
-    follow._LAST_CHOICE.clear()
+    load_module._LAST_CHOICE.clear()
     torch.set_num_threads(threads)
 
 
@@ -147,9 +138,9 @@ def test_choose_threads_records_auto_choices_only(monkeypatch):
         "fastdata.tune.load.time.sleep", lambda s: machine.run(s, others=1.0, own=0.0)
     )
     assert choose_threads("auto", 1, meter=machine.meter()) == 1
-    assert follow.last_thread_choice().load.idle_cores == pytest.approx(1.0)
+    assert load_module.last_thread_choice().load.idle_cores == pytest.approx(1.0)
     assert choose_threads(2, 1) == 2
-    assert follow.last_thread_choice() is None  # a fixed count is not followed
+    assert load_module.last_thread_choice() is None  # a fixed count is not followed
 
 
 def test_real_load_meter_reads_this_machine():
@@ -203,7 +194,7 @@ def test_monitor_sets_threads_each_epoch_from_the_measured_load(caplog):
     machine_meter = machine.meter()
     machine_meter.start()
     machine.run(1.0, others=1.0, own=0.0)
-    follow._LAST_CHOICE[:] = [follow.ThreadChoice(1, 1, machine_meter.read())]
+    load_module._LAST_CHOICE[:] = [load_module.ThreadChoice(1, 1, machine_meter.read())]
     torch.set_num_threads(1)  # what choose_threads("auto") chose with one core busy
     # epoch 0: the other process still holds a core; 1: it is gone; 2-3: noise; 4: back again.
     meter = _ScriptedMeter([1.0, 0.1, 0.5, 0.3, 1.0, 0.0])
