@@ -6,7 +6,7 @@
     python benchmarks/bench_decode.py --loader              # + the loader photo suite (below)
 
 First, which DCT scales the crops allow (the share of crops that a scale of 1/2, 1/4, 1/8, or of
-M/8, still covers at the output size) and where nvImageCodec's region decode spends its time (whole
+M/8, still covers at the output size) and where the region decoder (fastdata's `_jpeg` extension) spends its time (whole
 image, the crop's region, and the entropy-decoding floor: `scale_rows`).
 
 Every decoder gets the same JPEGs and the same random-resized-crop boxes (torchvision semantics,
@@ -15,15 +15,14 @@ Every decoder gets the same JPEGs and the same random-resized-crop boxes (torchv
 - Pillow full decode + `resize(box=...)`: what a per-sample Pillow DataLoader does;
 - fastdata, Pillow-SIMD path: draft mode (DCT scale 1/2..1/8 when it covers the box) + boxed resize
   (`decode_image(..., roi=False)`, the decoder before region decoding);
-- fastdata: `decode_image` (crop-region decode by nvImageCodec's libjpeg-turbo CPU decoder, or the
+- fastdata: `decode_image` (crop-region decode by fastdata's libjpeg-turbo extension, or the
   draft path where a DCT-scaled whole image has fewer pixels);
 - simplejpeg / pyvips, when installed: whole decode at the DCT scale that covers the box (they
   cannot decode a region) + Pillow-SIMD boxed resize / libvips shrink-on-load + crop + resize.
 
-Per image: wall time and the process's CPU time (all threads: nvImageCodec decodes in threads
-of its own); on a busy machine the CPU figure is the one to compare. Then `decode_batch` over
-batches of 64 with 1, 2, ... threads (its regions in one nvImageCodec call per batch; threads
-only add throughput where a core is free).
+Per image: wall time and the process's CPU time (all threads); on a busy machine the CPU figure is the one to compare. Then `decode_batch` over
+batches of 64 with 1, 2, ... threads (threads only add
+throughput where a core is free).
 
 --loader adds the photo suite of bench_loader.py (clothing-small train, 224 px RRC + flip +
 normalize, batch 64, 2 workers): its per-sample Pillow DataLoader against fastdata cpu, with region
@@ -193,7 +192,7 @@ def scale_rows(args, jpegs, geometry) -> list[dict]:
     A crop can be decoded at DCT scale s (libjpeg-turbo: 1/2, 1/4, 1/8 with SIMD IDCTs;
     TurboJPEG 3 also M/8, M = 1..7, in plain C) without upscaling when s * (its box's shorter
     side) >= the output side. Per scale set: the share of the crops that one of its scales < 1
-    covers. Then nvImageCodec's CPU time per image (64 per call, one thread) for the whole
+    covers. Then the region decoder's CPU time per image (one thread) for the whole
     image, the crop's region, and a 16 x 16 region at the bottom-right corner: libjpeg-turbo
     entropy-decodes every row above a region, so that last one is the floor no DCT scale or
     region lowers.
@@ -216,16 +215,16 @@ def scale_rows(args, jpegs, geometry) -> list[dict]:
     whole = [(s, (0, 0, *s.size)) for s in streams]
     corner = [(s, (s.size[0] - 16, s.size[1] - 16, *s.size)) for s in streams]
     jobs = {
-        "nvImageCodec CPU ms/image: whole image": whole,
-        "nvImageCodec CPU ms/image: the crop's region": list(zip(streams, boxes, strict=True)),
-        "nvImageCodec CPU ms/image: 16 x 16 corner (entropy decoding)": corner,
+        "region decoder CPU ms/image: whole image": whole,
+        "region decoder CPU ms/image: the crop's region": list(zip(streams, boxes, strict=True)),
+        "region decoder CPU ms/image: 16 x 16 corner (entropy decoding)": corner,
     }
     for name, items in jobs.items():
         best = math.inf
         for _ in range(args.repeats):
             start = time.process_time()
-            for i in range(0, len(items), 64):
-                decoder.regions(items[i : i + 64])
+            for stream, box in items:
+                decoder.region(stream, box)
             best = min(best, time.process_time() - start)
         rows.append({"measure": name, "value": best / len(items) * 1e3})
     return rows

@@ -14,7 +14,7 @@ normalized float batch ready for the model (for fastdata: after `on_after_batch_
 clothing-small train (800 JPEGs, 224 px random-resized-crop + flip, batch 64):
   - Pillow per-sample: ImageFolder-style Dataset, full decode, crop, resize, flip, to-tensor, normalize;
   - fastdata cpu: the crop's JPEG region decoded (libjpeg-turbo: fastdata's extension, or
-    nvImageCodec where it is not built; the JSON records which) and resized
+    Pillow where it is not built; the JSON records which) and resized
     (torch's uint8 antialiased kernel) in the workers, flipped there, normalized after transfer;
     once more with 2 decode threads;
   - fastdata dali: DALI CPU decode with random crop.

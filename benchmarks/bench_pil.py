@@ -8,8 +8,8 @@ the figures are the PIL paths' own cost, not the loader's process start-up:
   - shard a folder: `write_shards` of clothing-small (1,514 JPEGs kept as they are; PIL reads each
     header and computes the channel statistics), one writer process;
   - photos, region: clothing-small train JPEGs, 224 px random-resized-crop + flip through
-    `decode_image` (the crop's region decoded by fastdata's libjpeg-turbo extension or
-    nvImageCodec, resized by torch: PIL only for the flip);
+    `decode_image` (the crop's region decoded by fastdata's libjpeg-turbo extension, resized
+    by torch: PIL only for the flip);
   - photos, PIL: the same with `roi=False` (PIL's draft-mode decode and resize: the path where no
     region decoder is available);
   - PNG samples: 2,000 CIFAR-100 images as PNG (the bytes of a PNG shard), decoded whole by PIL;

@@ -108,7 +108,7 @@ def environment(extra: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def _region_decoder() -> str | None:
-    """The CPU JPEG region decoder of this process (fastdata's extension, nvImageCodec or none)."""
+    """The CPU JPEG region decoder of this process (fastdata's extension, or none)."""
     from fastdata.read.decoders.image import jpeg_region_decoder
     from fastdata.read.decoders.jpeg_region import DecoderChoiceError
 

@@ -93,7 +93,7 @@ def decode_image(
         job = _region_job(data, geometry, rng) if roi else None
         if job is None:
             return _decode_pillow(data, geometry, rng)
-        pixels = _region_pixels([job], 1)[0] if job.region else None
+        pixels = _region_pixels(job) if job.region else None
         return _finish(job, pixels, data, geometry.size)
     except Exception as exc:
         raise pillow_path.readable(exc, data) from exc
@@ -111,9 +111,8 @@ def decode_batch(
 
     Each image draws its random geometry from its own generator `rngs[i]`, so the result does not
     depend on the order in which images are decoded (nor on `threads`). Every image's JPEG region
-    is decoded (fastdata's extension; a batched region decoder would decode the batch's regions in
-    one call first, on `threads` threads), resized and flipped, or the image decoded whole by Pillow-SIMD, by the
-    calling thread and ``threads - 1`` threads of this process's decode pool (created on first
+    is decoded (fastdata's extension), resized and flipped, or the image decoded whole by
+    Pillow-SIMD, by the calling thread and ``threads - 1`` threads of this process's decode pool (created on first
     use, and anew in a forked child). The pool's threads have finished when it returns, even on
     an error: `out` may be shared memory that the caller hands on.
 
@@ -134,13 +133,6 @@ def decode_batch(
     _check_batch(len(payloads), geometry, len(rngs), threads, out)
     n = len(payloads)
     jobs = [_region_job(payloads[i], geometry, rngs[i]) if roi else None for i in range(n)]
-    regions: dict[int, np.ndarray | None] = dict.fromkeys(range(n))
-    # A batched region decoder decodes the batch's regions in one call here; fastdata's own decodes
-    # each region in `one`, just before it is resized (the region is still in the cache).
-    together = [i for i in range(n) if jobs[i] is not None and jobs[i].region and jobs[i].batched]
-    if together:
-        found = _region_pixels([jobs[i] for i in together], threads)
-        regions.update(zip(together, found, strict=True))
 
     def one(i: int) -> np.ndarray | ValueError:
         slot = None if out is None else out[i]
@@ -149,9 +141,8 @@ def decode_batch(
             if job is None:  # no draws made for it yet
                 return _place(decode_image(payloads[i], geometry, rngs[i], roi=False), slot)
             try:
-                pixels = regions[i]
-                if job.region and not job.batched:
-                    pixels = _region_pixels([job], 1)[0]
+                # The region is decoded just before it is resized (while it is in the cache).
+                pixels = _region_pixels(job) if job.region else None
                 return _finish(job, pixels, payloads[i], geometry.size, slot)
             except Exception as exc:
                 raise pillow_path.readable(exc, payloads[i]) from exc
@@ -216,18 +207,13 @@ class _Job:
     flip: bool
     region: bool  # decode the box's region; False: Pillow's DCT-scaled path
 
-    @property
-    def batched(self) -> bool:
-        """Whether the batch's regions are decoded in one call (`RegionDecoder.batched`)."""
-        return self.decoder.batched
 
-
-def _region_pixels(jobs: list[_Job], threads: int) -> list[np.ndarray | None]:
-    """The RGB pixels of each job's box (None where the decode failed), by this thread's decoder.
+def _region_pixels(job: _Job) -> np.ndarray | None:
+    """The RGB pixels of the job's box (None where the decode failed), by this thread's decoder.
 
     Every region decode goes through here (tests replace it to check which path ran).
     """
-    return jobs[0].decoder.regions([(job.stream, job.box) for job in jobs], threads)
+    return job.decoder.region(job.stream, job.box)
 
 
 def _region_job(

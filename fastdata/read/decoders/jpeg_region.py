@@ -72,12 +72,9 @@ class RegionDecoder:
 
     Attributes:
         name: the library, its version and the backend, for logs and benchmark records.
-        batched: decode a batch's regions in one `regions` call before resizing them (True), or
-            each image's region in the thread that resizes it (False).
     """
 
     name: str = ""
-    batched: bool = False
 
     def open(self, data: memoryview | bytes) -> JpegStream | None:
         """The JPEG's parsed header, None unless it is an 8-bit grey, YCbCr or RGB JPEG."""
@@ -86,12 +83,6 @@ class RegionDecoder:
     def region(self, stream: JpegStream, box: tuple[int, int, int, int]) -> np.ndarray | None:
         """RGB (H, W, 3) pixels of ``box = (left, top, right, bottom)``, None when it fails."""
         raise NotImplementedError
-
-    def regions(
-        self, items: list[tuple[JpegStream, tuple[int, int, int, int]]], threads: int = 1
-    ) -> list[np.ndarray | None]:
-        """`region` of each (stream, box)."""
-        return [self.region(stream, box) for stream, box in items]
 
 
 class LibjpegDecoder(RegionDecoder):
@@ -107,8 +98,6 @@ class LibjpegDecoder(RegionDecoder):
     Raises:
         ImportError: the extension was not built (no C compiler or libjpeg headers at install).
     """
-
-    batched = False
 
     def __init__(self) -> None:
         from fastdata.read import _jpeg
