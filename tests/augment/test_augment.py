@@ -326,14 +326,14 @@ def test_resize_center_crop_crops_the_centre_box_then_resizes(height, width):
 
 
 def test_center_crop_box_is_the_decoders_box():
-    from fastdata.read.decoders.image import Geometry, _draw
+    from fastdata.read.decoders.image import Geometry, draw_crop
 
     assert A.center_crop_box(375, 500, 224) == (23, 86, 328, 328)
     assert A.center_crop_box(500, 375, 224) == (86, 23, 328, 328)
     assert A.center_crop_box(300, 400, (224, 112)) == (19, 134, 262, 131)  # the output's aspect
     assert A.center_crop_box(182, 200, 160) == (11, 20, 160, 160)  # stored at floor(160 * 8 / 7)
     for hw in [(375, 500), (500, 375), (61, 61), (3, 200)]:
-        (left, top, right, bottom), _ = _draw(hw[::-1], Geometry("center", 224), None)
+        (left, top, right, bottom), _ = draw_crop(hw[::-1], Geometry("center", 224), None)
         assert A.center_crop_box(*hw, 224) == (top, left, bottom - top, right - left)
     with pytest.raises(ValueError, match="resize_ratio"):
         A.center_crop_box(10, 10, 8, 0.5)

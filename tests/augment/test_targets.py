@@ -220,14 +220,14 @@ def test_photo_regions_match_the_cpu_decoders_crop(train):
     """With the same seeds, the photo preset's regions are the boxes and flips that the cpu
     backend's decode-time geometry draws (fastdata.read.decoders.image), so a worker can warp targets
     for a crop it fused into decoding."""
-    from fastdata.read.decoders.image import Geometry, _draw
+    from fastdata.read.decoders.image import Geometry, draw_crop
 
     geometry = Geometry("rrc", 64, flip_p=0.5) if train else Geometry("center", 64)
     sizes = [(480, 640), (333, 500), (64, 64), (701, 129), (100, 1000)]
     seeds = list(range(100, 105))
     regions = draw_regions(get_preset("photo", 64), train, sizes, (64, 64), 0, seeds=seeds)
     for (h, w), seed, region in zip(sizes, seeds, regions, strict=True):
-        box, flip = _draw((w, h), geometry, np.random.default_rng(seed))
+        box, flip = draw_crop((w, h), geometry, np.random.default_rng(seed))
         assert region.box == tuple(float(v) for v in box) and region.flip == flip
 
 

@@ -233,9 +233,6 @@ def _region_job(
     return _Job(decoder, stream, box, flip, _region_is_cheaper(stream.size, box, geometry.size))
 
 
-_draw = draw_crop  # the name tests/augment/test_targets.py imports
-
-
 def _region_is_cheaper(size: tuple[int, int], box: tuple[int, int, int, int], out: int) -> bool:
     """Whether decoding `box`'s region has fewer pixels to produce than a DCT-scaled whole decode."""
     width, height = size
