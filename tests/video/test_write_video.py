@@ -136,3 +136,14 @@ def test_a_webm_cut_short_of_its_stated_duration_is_skipped(tmp_path: Path):
     manifest = write_shards(open_source("video", root), tmp_path / "out", options)
     (skipped,) = manifest.split("train").skipped
     assert Path(skipped.origin).name == "cut.webm" and "truncated" in skipped.reason
+
+
+def test_a_folder_of_photos_is_refused_naming_the_video_extensions(tmp_path: Path):
+    from fastdata.write.sources import BadSourceError
+    from tests.conftest import write_jpeg_folder
+
+    photos = write_jpeg_folder(tmp_path / "photos")
+    with pytest.raises(BadSourceError, match=r"no files in its class folders") as caught:
+        open_source("video", photos)
+    message = str(caught.value)
+    assert ".mp4" in message and ".webm" in message and ".jpg" not in message

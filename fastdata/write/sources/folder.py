@@ -47,10 +47,20 @@ IMAGE_EXTENSIONS = frozenset(
 SPLIT_NAMES = ("train", "val", "validation", "test")
 _FLAT_SPLIT = "train"
 
-_LAYOUT_HELP = (
-    "Expected root/<class>/<image> (one split) or root/{train,val,validation,test}/<class>/<image>, "
-    f"with images ending in {', '.join(sorted(IMAGE_EXTENSIONS))}."
-)
+
+def _kind(extensions: frozenset[str]) -> str:
+    """What the files are called in messages: images, or (another extension set) files."""
+    return "image" if extensions == IMAGE_EXTENSIONS else "file"
+
+
+def _layout_help(extensions: frozenset[str] = IMAGE_EXTENSIONS) -> str:
+    """The expected tree, for errors, naming the file kinds the source takes."""
+    kind = _kind(extensions)
+    return (
+        f"Expected root/<class>/<{kind}> (one split) or "
+        f"root/{{train,val,validation,test}}/<class>/<{kind}>, "
+        f"with {kind}s ending in {', '.join(sorted(extensions))}."
+    )
 
 
 class FolderSource:
@@ -88,11 +98,14 @@ class FolderSource:
             raise ValueError("FolderSource needs the dataset folder as input, got None")
         self.root = Path(root).expanduser().resolve()
         if not self.root.is_dir():
-            raise BadSourceError(f"{describe_path(self.root)}: not a folder. {_LAYOUT_HELP}")
+            raise BadSourceError(
+                f"{describe_path(self.root)}: not a folder. {_layout_help(extensions)}"
+            )
         split_dirs = _split_dirs(self.root, splits)
         self.skipped: dict[str, list[tuple[str, str]]] = {split: [] for split in split_dirs}
         class_dirs = {
-            split: _class_dirs(folder, self.skipped[split]) for split, folder in split_dirs.items()
+            split: _class_dirs(folder, self.skipped[split], extensions)
+            for split, folder in split_dirs.items()
         }
         self.classes: list[str] = sorted({c for names in class_dirs.values() for c in names})
         self.ignored_files = 0
@@ -230,7 +243,11 @@ def _split_dirs(root: Path, splits: str | Sequence[str]) -> dict[str, Path]:
     return {c.name: c for c in found}
 
 
-def _class_dirs(split_dir: Path, skipped: list[tuple[str, str]]) -> list[str]:
+def _class_dirs(
+    split_dir: Path,
+    skipped: list[tuple[str, str]],
+    extensions: frozenset[str] = IMAGE_EXTENSIONS,
+) -> list[str]:
     """Class folder names of a split folder (raises if there are none); a broken symlink or a
     symlink into the split itself or to an ancestor is added to `skipped` instead."""
     names = []
@@ -258,7 +275,9 @@ def _class_dirs(split_dir: Path, skipped: list[tuple[str, str]]) -> list[str]:
         elif entry.is_dir:
             names.append(entry.name)
     if not names:
-        raise BadSourceError(f"{describe_path(split_dir)}: no class folders. {_LAYOUT_HELP}")
+        raise BadSourceError(
+            f"{describe_path(split_dir)}: no class folders. {_layout_help(extensions)}"
+        )
     return names
 
 
@@ -295,8 +314,8 @@ def _scan_split(
     if not files:
         reasons = f"; unusable: {skipped[0][0]}: {skipped[0][1]}" if skipped else ""
         raise BadSourceError(
-            f"{describe_path(split_dir)}: no images in its class folders "
-            f"({ignored} other files ignored{reasons}). {_LAYOUT_HELP}"
+            f"{describe_path(split_dir)}: no {_kind(extensions)}s in its class folders "
+            f"({ignored} other files ignored{reasons}). {_layout_help(extensions)}"
         )
     return _SplitScan(files, np.asarray(labels, dtype=np.int64), ignored, skipped, sizes, mtime)
 
