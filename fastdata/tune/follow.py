@@ -34,6 +34,11 @@ log = logging.getLogger("fastdata")
 #: Prefetched batches may use this share of free memory (as at start-up, `sizing`).
 PREFETCH_MEMORY_SHARE = 0.25
 
+#: A worker change kept with at least this gain in throughput is followed by one more step the
+#: same way (`_follow_the_loop` step 2): the best count is found by climbing, not by the model
+#: of cores alone. Below it the gain is within an epoch's noise and the count stays.
+CLIMB_GAIN = 0.05
+
 
 # ---------------------------------------------------------------------------------------------
 # The epoch-boundary re-check
@@ -244,10 +249,14 @@ def _follow_the_loop(
        load stays (a change of the idle cores by more than 0.5 + `HYSTERESIS_CORES` forgets
        it). A model of cores cannot see everything: on a machine shared with other processes,
        more runnable workers also get a larger share of the contended cores.
-    2. The target is `sizing.workers_for_loop` (the idle cores, the loop's compute per step, a
+    2. A change kept with a gain above `CLIMB_GAIN` is followed by one more step the same way,
+       whatever the wait (`_climb`): the count climbs to the best measured one and stops one
+       past it, undone (with a core taken by another process 3 workers beat the 1 the wait
+       asks for: `benchmarks/bench_auto_workers.py`).
+    3. The target is `sizing.workers_for_loop` (the idle cores, the loop's compute per step, a
        batch's cost): up when the data wait passes half the threshold, down when it stays under
        the threshold, so both moves go towards the same target.
-    3. At the target with the wait still above the threshold, one more worker is tried (its
+    4. At the target with the wait still above the threshold, one more worker is tried (its
        next epoch decides), unless that count lost before or exceeds `max_workers`.
     """
     head, load = f"epoch {figures.epoch}", figures.load
@@ -257,10 +266,14 @@ def _follow_the_loop(
     # Trials lost under another load say nothing about this one.
     figures = replace(figures, lost=frozenset()) if moved else figures
     out = replace(out, lost=figures.lost)
-    out, undone = _judge_trial(out, figures, workers, head)
-    if undone:
+    out, verdict = _judge_trial(out, figures, workers, head)
+    if verdict == "undone":
         return out
     figures = replace(figures, lost=out.lost)
+    limit = max_workers if max_workers is not None else 2 * load.usable_cores
+    climbed = _climb(out, figures, workers, limit) if verdict == "climb" else None
+    if climbed is not None:
+        return climbed
     idle = load.idle_cores / max(1, ranks_per_node)
     target, why = workers_for_loop(idle, figures.batch_cost_s, figures.compute_s)
     if max_workers is not None:
@@ -271,7 +284,6 @@ def _follow_the_loop(
     if (grow or shrink) and target not in figures.lost:
         out.changes.append(f"{head}: workers {workers} -> {target} ({wait}; {why})")
         return _tried(out, target, workers, figures)
-    limit = max_workers if max_workers is not None else 2 * load.usable_cores
     if figures.data_wait_frac > threshold and workers + 1 not in figures.lost and workers < limit:
         out.changes.append(
             f"{head}: workers {workers} -> {workers + 1} ({wait} > {threshold:.0%}; {why}; "
@@ -284,6 +296,21 @@ def _follow_the_loop(
     return out
 
 
+def _climb(out: Recheck, figures: EpochFigures, workers: int, limit: int) -> Recheck | None:
+    """One more worker the way the last (kept, gaining) change went, as a trial (up after an
+    increase, down after a decrease); None where that count lost before or leaves [0, limit]
+    (`max_workers`, or twice the usable cores)."""
+    assert figures.trial is not None  # a "climb" verdict judged one
+    step = 1 if workers > figures.trial.before else -1
+    if not 0 <= workers + step <= limit or workers + step in figures.lost:
+        return None
+    out.changes.append(
+        f"epoch {figures.epoch}: workers {workers} -> {workers + step} (the last change gained "
+        f"more than {CLIMB_GAIN:.0%}; tried: kept if the next epoch is faster)"
+    )
+    return _tried(out, workers + step, workers, figures)
+
+
 def _tried(out: Recheck, workers: int, before: int, figures: EpochFigures) -> Recheck:
     trial = None
     if figures.samples_per_s is not None:
@@ -293,21 +320,24 @@ def _tried(out: Recheck, workers: int, before: int, figures: EpochFigures) -> Re
 
 def _judge_trial(
     out: Recheck, figures: EpochFigures, workers: int, head: str
-) -> tuple[Recheck, bool]:
-    """(out, True) with the last change undone when this epoch was slower than the one before
-    it; else (out, False), the count it beat added to `lost` (not gone back to)."""
+) -> tuple[Recheck, str]:
+    """The last change judged by this epoch's throughput: (out, "undone") with it undone when
+    this epoch was slower than the one before it; else the count it beat added to `lost` (not
+    gone back to) and (out, "climb") when it gained more than `CLIMB_GAIN`, (out, "kept") when
+    less; (out, "none") when there was no change to judge."""
     trial, now = figures.trial, figures.samples_per_s
     if trial is None or now is None or trial.before == workers:
-        return out, False
+        return out, "none"
     if now >= trial.before_samples_per_s:
         out.notes.append(
             f"{head}: {workers} workers kept ({now:.0f} samples/s, {trial.before} workers "
             f"ran {trial.before_samples_per_s:.0f})"
         )
-        return replace(out, lost=out.lost | {trial.before}), False
+        gained = now > (1 + CLIMB_GAIN) * trial.before_samples_per_s
+        return replace(out, lost=out.lost | {trial.before}), "climb" if gained else "kept"
     out.changes.append(
         f"{head}: workers {workers} -> {trial.before} ({workers} workers ran {now:.0f} "
         f"samples/s, {trial.before} ran {trial.before_samples_per_s:.0f}: undone)"
     )
     lost = out.lost | {workers}
-    return replace(out, sizing=replace(out.sizing, num_workers=trial.before), lost=lost), True
+    return replace(out, sizing=replace(out.sizing, num_workers=trial.before), lost=lost), "undone"

@@ -383,9 +383,10 @@ def test_a_worker_change_is_judged_by_the_next_epoch():
     assert faster.sizing.num_workers == 2 and faster.trial == Trial(1, 150.0)
     assert "1 workers kept (150 samples/s, 0 workers ran 100)" in faster.notes[0]
     assert faster.lost == frozenset({0})  # the model's "0 workers" is not gone back to
+    # Kept with a gain within the noise (< CLIMB_GAIN) and a low wait: the count stays.
     calm = recheck(
         Sizing(None, 1),
-        _figures(1.0, 0.1, samples_per_s=150.0, trial=Trial(0, 100.0), **figures),
+        _figures(1.0, 0.1, samples_per_s=103.0, trial=Trial(0, 100.0), **figures),
     )
     assert calm.sizing.num_workers == 1 and not calm.changes
     # Another load (idle cores moved by more than 0.75): the lost counts are forgotten.
@@ -393,3 +394,43 @@ def test_a_worker_change_is_judged_by_the_next_epoch():
         Sizing(None, 1), _figures(2.0, 0.1, lost=frozenset({0, 2}), previous_idle=1.0, **figures)
     )
     assert moved.lost == frozenset()
+
+
+def test_a_gaining_change_climbs_to_the_best_count_and_stops_one_past_it():
+    """With a low wait, a kept change that gained more than CLIMB_GAIN tries one more step the
+    same way; the step past the best count loses and is undone (a core taken by another process:
+    more runnable workers win a larger share of it, which the wait does not show)."""
+    figures = {"batch_cost_s": 0.04, "compute_s": 0.03, "wait_s": 0.002}
+    rates = {0: 570.0, 1: 620.0, 2: 680.0, 3: 735.0, 4: 670.0}
+    sizing, trial, lost, path = Sizing(None, 1), Trial(0, rates[0]), frozenset(), [1]
+    for _ in range(8):
+        workers = sizing.num_workers
+        out = recheck(
+            sizing,
+            _figures(1.0, 0.05, samples_per_s=rates[workers], trial=trial, lost=lost, **figures),
+        )
+        sizing, trial, lost = out.sizing, out.trial, out.lost
+        if sizing.num_workers == workers:
+            break
+        path.append(sizing.num_workers)
+    assert path == [1, 2, 3, 4, 3]
+    assert sizing.num_workers == 3 and 4 in lost
+    # Downwards too: 3 -> 2 kept with a gain tries 1; 1 is slower and undone.
+    down = recheck(
+        Sizing(None, 2), _figures(1.0, 0.05, samples_per_s=700.0, trial=Trial(3, 600.0), **figures)
+    )
+    assert down.sizing.num_workers == 1 and down.trial == Trial(2, 700.0)
+    # Never past max_workers, nor to a count that lost.
+    capped = recheck(
+        Sizing(None, 2),
+        _figures(1.0, 0.05, samples_per_s=700.0, trial=Trial(1, 600.0), **figures),
+        max_workers=2,
+    )
+    assert capped.sizing.num_workers <= 2 and not any("gained" in c for c in capped.changes)
+    barred = recheck(
+        Sizing(None, 2),
+        _figures(
+            1.0, 0.05, samples_per_s=700.0, trial=Trial(1, 600.0), lost=frozenset({3}), **figures
+        ),
+    )
+    assert barred.sizing.num_workers != 3 and not any("gained" in c for c in barred.changes)
