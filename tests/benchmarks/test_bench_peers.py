@@ -150,11 +150,14 @@ def test_load_watcher_reports_other_busy_processes_but_not_its_own_children():
     import subprocess
 
     spin = "import time\nend = time.time() + {0}\nwhile time.time() < end: pass"
-    child = subprocess.Popen([sys.executable, "-c", spin.format(2.0) + "  # own child"])
+    # Margins for a loaded 2-core machine (xdist workers beside the two spinners): the spinners
+    # outlast the watch, and 10% of a core is far above an idle process's share.
+    child = subprocess.Popen([sys.executable, "-c", spin.format(5.0) + "  # own child"])
     # `sh` exits at once, so the second spinner is re-parented away from this process: "other".
-    subprocess.run(["sh", "-c", f'"{sys.executable}" -c "{spin.format(2.0)}" &'], check=True)
-    with peers_common.LoadWatcher(interval=0.4, min_percent=20.0) as watcher:
-        time.sleep(1.8)
+    subprocess.run(["sh", "-c", f'"{sys.executable}" -c "{spin.format(5.0)}" &'], check=True)
+    time.sleep(0.5)  # both interpreters started
+    with peers_common.LoadWatcher(interval=0.4, min_percent=10.0) as watcher:
+        time.sleep(3.0)
     child.wait()
     summary = watcher.summary()
     assert summary["samples"] >= 3
