@@ -1,4 +1,4 @@
-"""Pure parts of the remote code: sizes, which failures are retried, the retry loop's bound."""
+"""Pure parts of the remote code: the size parser it shares, which failures are retried, the retry loop's bound."""
 
 from __future__ import annotations
 
@@ -9,29 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from fastdata._util import sizes
 from fastdata.remote import RemoteError, RetryPolicy, parse_size
 from fastdata.remote.retry import IntegrityError, is_transient, retry_call
 
 
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("50GB", 50 * 10**9),
-        ("512MiB", 512 * 2**20),
-        ("1.5T", 1_500_000_000_000),
-        ("1000", 1000),
-        ("10k", 10_000),
-        (123, 123),
-    ],
-)
-def test_parse_size(text: str | int, expected: int) -> None:
-    assert parse_size(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "GB", "12 parsecs", "-5GB"])
-def test_parse_size_refuses_what_is_not_a_size(text: str) -> None:
-    with pytest.raises(ValueError, match="not a size"):
-        parse_size(text)
+def test_parse_size_is_the_one_size_grammar() -> None:
+    """`fastdata.remote.parse_size` is `fastdata._util.sizes.parse_size` (its texts are tested in
+    tests/util/test_sizes.py); a number of bytes passes through."""
+    assert parse_size is sizes.parse_size
+    assert parse_size(123) == 123
 
 
 class _Status(Exception):
