@@ -9,6 +9,12 @@ backend's worker processes (`fastdata.read.backends.video`); `on_after_batch_tra
 flips and normalizes them on the device, one draw per clip for all of its frames. With
 ``keys=True`` each batch carries ``{"key", "start", "source_id"}``: per clip, its video's key,
 first frame and path in the source, to gather predictions per video.
+
+A list of roots or `ShardSet`s is a mix of video datasets, as for `ShardDataModule`: each
+dataset counts its videos times ``clips.clips`` clips (`fastdata.read.clips.clip_mix`), so the
+weights (numbers or a `Schedule`), ``epoch_samples`` and the exact per-epoch counts are in clips;
+every dataset is read with the same `ClipSampling` and decoded at the same side. A video dataset
+mixed with an image one is refused (`fastdata.read.mix`).
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from fastdata.format.manifest import Manifest, SplitInfo
 from fastdata.format.schema import VIDEO_ENCODING
 from fastdata.lightning.datamodule import ShardDataModule
 from fastdata.read import LoaderSpec
-from fastdata.read.clips import ClipSampling, ClipSpec
+from fastdata.read.clips import ClipSampling, ClipSpec, clip_mix
 
 __all__ = ["VideoDataModule", "video_preset"]
 
@@ -50,8 +56,9 @@ class VideoDataModule(ShardDataModule):
     """Video clips from ``fastdata shard video`` shards (see the module docstring).
 
     Args:
-        root: the shard folder (as `ShardDataModule`'s; a mix of video datasets is not
-            supported yet).
+        root: the shard folder, or a list of them (or of `ShardSet`s): a mix of video
+            datasets, each counted in clips (the module docstring; a mix's ``epoch_samples``
+            counts clips too); as `ShardDataModule`'s.
         clips: which clips each epoch reads (`ClipSampling`: frames per clip, stride or fps,
             clips per video, random or uniform starts); default 8 consecutive frames, one
             random clip per video per epoch.
@@ -62,7 +69,8 @@ class VideoDataModule(ShardDataModule):
             measures image loaders.
 
     Raises:
-        ValueError: another backend, or (at setup) a split that holds no videos.
+        ValueError: another backend, or (at setup) a split that holds no videos, or a mix of
+            video and image datasets (names both).
     """
 
     def __init__(
@@ -79,8 +87,6 @@ class VideoDataModule(ShardDataModule):
                 f"VideoDataModule decodes clips in the cpu backend's workers; got "
                 f"backend={self.backend!r}: pass 'auto' or 'cpu'"
             )
-        if self.mixed:
-            raise ValueError("VideoDataModule reads one dataset; a mix of roots is not supported")
         if isinstance(self.val, float):
             # The carve draws rows of the plan, here clips: a video's clips would land on both
             # sides. Carve videos when sharding instead.
@@ -120,9 +126,14 @@ class VideoDataModule(ShardDataModule):
             values["window"] = spec.window * self.clips.clips
         return ClipSpec(**values, clips=self.clips)
 
+    def _read_manifest(self) -> Manifest:
+        """The manifest; a mix's counted in clips (`clip_mix`)."""
+        return clip_mix(super()._read_manifest(), self.clips)
+
     def _epoch_size(self, manifest: Manifest, split: str, carve: Carve | None = None) -> int:
-        """Clips in a training epoch (videos after the carve, times clips per video)."""
-        return super()._epoch_size(manifest, split, carve) * self.clips.clips
+        """Clips in a training epoch: videos times clips per video (a mix counts clips)."""
+        size = super()._epoch_size(manifest, split, carve)
+        return size if self.mixed else size * self.clips.clips
 
 
 def _concrete(workers: Any) -> Any:

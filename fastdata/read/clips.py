@@ -5,7 +5,9 @@ A video split of V videos read with `ClipSampling(clips=N)` is, for the plan
 ``r // N`` (each shard's size times N, `ClipSpec.shard_sizes`). Everything the plan does for
 images it therefore does for clips, unchanged: the epoch order and shuffles, equal batches on
 every rank with the one padding rule, per-sample seeds, and a resume that counts global clips
-(exact, and elastic across world sizes).
+(exact, and elastic across world sizes). A mix of video datasets (`fastdata.read.mix`) is read
+the same way once its datasets are counted in clips (`clip_mix`): dataset i of V_i videos holds
+V_i * N samples, so the weights share out clips and each epoch draws exact clip counts.
 
 Where a clip starts (`clip_frames`):
 
@@ -23,15 +25,17 @@ video shorter than a clip repeats its last frame.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
 
+from fastdata.format.manifest import Manifest
 from fastdata.format.video import ClipIndex
 from fastdata.read.base import LoaderSpec
+from fastdata.read.mix import MIX_KIND
 
-__all__ = ["ClipSampling", "ClipSpec", "clip_frames"]
+__all__ = ["ClipSampling", "ClipSpec", "clip_frames", "clip_mix"]
 
 
 @dataclass(frozen=True)
@@ -131,3 +135,19 @@ class ClipSpec(LoaderSpec):
     def random_starts(self) -> bool:
         """Whether clips start at random (training with mode "random") or uniformly."""
         return self.train and self.clips.mode == "random"
+
+
+def clip_mix(manifest: Manifest, sampling: ClipSampling) -> Manifest:
+    """A mix of video datasets (`fastdata.read.mix.mix_manifests`) counted in clips: each
+    dataset's samples per split times `sampling.clips`, so the mix's epoch size, weights' shares,
+    exact per-epoch (or, scheduled, per-batch) counts and resume fingerprint are all in clips,
+    the plan's samples. A given ``epoch_samples`` counts clips already. Anything but a mix is
+    returned unchanged (its shards, counted in videos, are read by `ClipSpec.shard_sizes`)."""
+    if manifest.source.get("kind") != MIX_KIND:
+        return manifest
+    n = sampling.clips
+    datasets = [
+        {**d, "samples": {split: count * n for split, count in d["samples"].items()}}
+        for d in manifest.source["datasets"]
+    ]
+    return replace(manifest, source={**manifest.source, "datasets": datasets, "clips": n})

@@ -20,7 +20,8 @@ makes it a mix:
   A dataset without class names cannot be mixed (refused).
 - A split is in the mix when every dataset has it (same name); pass ``splits=`` to name others.
 - Images: all raw with one shape, or all encoded (JPEG/PNG: "mixed" when they differ); raw and
-  encoded datasets are refused. Pixel statistics are combined weighted by each dataset's samples
+  encoded datasets are refused. Videos mix with videos only (`VideoDataModule` reads such a mix
+  as clips: `fastdata.read.clips.clip_mix`); a video dataset with an image one is refused. Pixel statistics are combined weighted by each dataset's samples
   in the split.
 - Resume: the training fingerprint covers each dataset's fingerprint, the weights and the epoch
   size (`fastdata.read.resume.dataset_fingerprint`), so a state from another mix is refused.
@@ -41,6 +42,7 @@ import torch
 
 from fastdata.format.manifest import Manifest, ManifestError, ShardInfo, SplitInfo
 from fastdata.format.manifest_io import load_manifest
+from fastdata.format.schema import VIDEO_ENCODING
 from fastdata.read.plan import EpochMix
 from fastdata.read.schedule import (
     MixResume,
@@ -335,17 +337,26 @@ def _absolute(path: str) -> str:
 def _merge_encoding(
     infos: list[SplitInfo], manifests: Sequence[Manifest]
 ) -> tuple[str, list[int] | None]:
+    def each(value: str) -> str:  # "root: value, ..." of every dataset, for messages
+        return ", ".join(
+            f"{m.root}: {getattr(i, value)}" for m, i in zip(manifests, infos, strict=True)
+        )
+
+    video = [info.encoding == VIDEO_ENCODING for info in infos]
+    if any(video) and not all(video):
+        raise ValueError(
+            f"cannot mix video and image datasets ({each('encoding')}): a mix reads one kind of "
+            "sample; mix only videos (VideoDataModule) or only images (ShardDataModule)"
+        )
     raw = [info.encoding == "raw" for info in infos]
     if any(raw) and not all(raw):
-        kinds = ", ".join(f"{m.root}: {i.encoding}" for m, i in zip(manifests, infos, strict=True))
         raise ValueError(
-            f"cannot mix raw-pixel and encoded datasets ({kinds}): re-shard one of them with "
-            "`fastdata shard --encoding` to match the other"
+            f"cannot mix raw-pixel and encoded datasets ({each('encoding')}): re-shard one of "
+            "them with `fastdata shard --encoding` to match the other"
         )
     shapes = {tuple(i.raw_shape) if i.raw_shape else None for i in infos}
     if all(raw) and len(shapes) > 1:
-        kinds = ", ".join(f"{m.root}: {i.raw_shape}" for m, i in zip(manifests, infos, strict=True))
-        raise ValueError(f"cannot mix raw datasets of different image shapes ({kinds})")
+        raise ValueError(f"cannot mix raw datasets of different image shapes ({each('raw_shape')})")
     encodings = {info.encoding for info in infos}
     encoding = encodings.pop() if len(encodings) == 1 else "mixed"
     shape = shapes.pop() if len(shapes) == 1 else None

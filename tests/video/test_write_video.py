@@ -147,3 +147,25 @@ def test_a_folder_of_photos_is_refused_naming_the_video_extensions(tmp_path: Pat
         open_source("video", photos)
     message = str(caught.value)
     assert ".mp4" in message and ".webm" in message and ".jpg" not in message
+
+
+def test_parts_then_merge_equal_one_run(video_tree: Path, tmp_path: Path):
+    from fastdata.cli import main
+
+    words = ["shard", "video", str(video_tree)]
+    flags = ["--max-count", "2", "--val-fraction", "0.3", "--max-bad", "0.5", "--no-progress"]
+    assert main([*words, str(tmp_path / "one"), *flags]) == 0
+    for part in ("2/3", "0/3", "1/3"):  # 4 shards: train 3 (planned with the broken video), val 1
+        assert main([*words, str(tmp_path / "parts"), *flags, "--part", part]) == 0
+    assert main(["merge", str(tmp_path / "parts")]) == 0
+    one, parts = load_manifest(tmp_path / "one"), load_manifest(tmp_path / "parts")
+    assert {n: s.num_samples for n, s in parts.splits.items()} == {"train": 4, "val": 2}
+    assert {n: s.num_samples for n, s in one.splits.items()} == {"train": 4, "val": 2}
+    assert [s.origin for s in parts.split("train").skipped] == [
+        s.origin for s in one.split("train").skipped
+    ]  # the truncated video, counted once
+    assert _samples(tmp_path / "parts") == _samples(tmp_path / "one")
+    tars = sorted(p.name for p in (tmp_path / "one").glob("*.tar"))
+    assert len(tars) == 4 and tars == sorted(p.name for p in (tmp_path / "parts").glob("*.tar"))
+    for name in tars:
+        assert (tmp_path / "parts" / name).read_bytes() == (tmp_path / "one" / name).read_bytes()

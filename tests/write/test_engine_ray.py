@@ -127,6 +127,12 @@ def _other_source(kind: str, root: Path) -> list[str]:
         return [str(p) for p in write_coco(root)]
     if kind == "segmentation":
         return [str(p) for p in write_segmentation(root, count=5)]
+    if kind == "video":
+        from tests.video.clips import Clip, make_tree
+
+        clips = [(f"v{i}.mp4", Clip(frames=12, direction=1 - 2 * (i % 2))) for i in range(3)]
+        webm = [(f"w{i}.webm", Clip(codec="libvpx-vp9", frames=10)) for i in range(2)]
+        return [str(make_tree(root / "videos", {"a": clips, "b": webm}))]
     images = write_jpeg_folder(root / "images", classes=2, per_class=4)
     files = sorted(p.relative_to(root) for p in images.rglob("*.*"))
     if kind == "list":
@@ -140,7 +146,7 @@ def _other_source(kind: str, root: Path) -> list[str]:
     return [str(root / "part.parquet")]
 
 
-@pytest.mark.parametrize("kind", ["list", "coco", "segmentation", "parquet"])
+@pytest.mark.parametrize("kind", ["list", "coco", "segmentation", "parquet", "video"])
 def test_every_other_source_goes_through_the_engine(hooks, tmp_path, kind):
     """~3 s each. No source-specific code: the same bytes with and without the engine."""
     inputs = _other_source(kind, tmp_path / "data")

@@ -85,6 +85,7 @@ class ClipBatchDataset(ShardBatchDataset):
                 parts = reader.sample(shard, index)
                 key = reader.key(shard, index)
                 label, _ = schema.label_and_id(key, parts, reader.position(shard, index))
+                label = reader.shards[shard].map_label(label)  # a mix's merged classes
                 video, clip_index = video_parts(
                     parts, (reader.manifest.shard_url(reader.shards[shard]), key)
                 )
