@@ -21,8 +21,8 @@ makes it a mix:
 - A split is in the mix when every dataset has it (same name); pass ``splits=`` to name others.
 - Images: all raw with one shape, or all encoded (JPEG/PNG: "mixed" when they differ); raw and
   encoded datasets are refused. Videos mix with videos only (`VideoDataModule` reads such a mix
-  as clips: `fastdata.read.clips.clip_mix`); a video dataset with an image one is refused. Pixel statistics are combined weighted by each dataset's samples
-  in the split.
+  as clips: `fastdata.read.clips.clip_mix`); a video dataset with an image one is refused. Pixel
+  statistics are combined weighted by each dataset's samples in the split.
 - Resume: the training fingerprint covers each dataset's fingerprint, the weights and the epoch
   size (`fastdata.read.resume.dataset_fingerprint`), so a state from another mix is refused.
 - Schedules: a weight may change with the global sample position (a `Schedule` table or a
