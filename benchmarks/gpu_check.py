@@ -28,6 +28,8 @@ never the end of the check; the report is rewritten after every step and at exit
 6. trainer: ``python -m pipelines.cifar100`` (module resolved at run time; ``--trainer-module``)
    on the shards of step 2, its output in a temporary folder; its metrics.json and log tail are
    copied to ``--out``.
+7. video: clips/s of the DALI video loader (NVDEC) against the cpu one on H.264 clips made
+   here (`gpu_video`); skipped with the reason without a GPU, PyAV or DALI.
 
 Targets (`gpu_report.TARGETS`; pass / fail / not measured) are judged on steady rates only.
 
@@ -73,6 +75,7 @@ from gpu_steps import (  # noqa: E402
     synthetic_cifar,
     synthetic_photos,
 )
+from gpu_video import video_step  # noqa: E402
 
 # The trainer recipe the 75%-in-10-s target is checked with (one H200, bf16, memory backend).
 GPU_TRAINER_ARGS = (
@@ -109,6 +112,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "cpu first)",
     )
     p.add_argument("--skip", default="", help="steps to skip, e.g. 'trainer,photo'")
+    p.add_argument("--video-count", type=int, default=32, help="H.264 videos (step video)")
+    p.add_argument("--video-seconds", type=float, default=8.0, help="length of each")
     p.add_argument("--trainer-module", default="pipelines.cifar100")
     p.add_argument("--trainer-args", default=GPU_TRAINER_ARGS)
     p.add_argument("--trainer-timeout", type=float, default=180.0, help="seconds")
@@ -422,6 +427,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
             if step == "photo" and step not in check.skip:
                 auto_step(check, data["photo"])
         trainer_step(check, data["cifar"])
+        video_step(check)
     finally:
         check.report.targets = evaluate_targets(check.report.rows, check.device.type)
         check.report.finish()

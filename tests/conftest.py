@@ -96,6 +96,22 @@ def jpeg_bytes(pixels: np.ndarray) -> bytes:
 
 
 @pytest.fixture
+def dali_pipelines(monkeypatch) -> list[dict]:
+    """The keyword arguments of every DALI pipeline built while the test runs (DALI tests)."""
+    import nvidia.dali
+
+    built: list[dict] = []
+
+    class Counted(nvidia.dali.Pipeline):
+        def __init__(self, *args, **kwargs):
+            built.append(kwargs)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(nvidia.dali, "Pipeline", Counted)
+    return built
+
+
+@pytest.fixture
 def real_data() -> Path:
     """../shared/data (or $FASTDATA_DATA_DIR); skips the test when it is absent."""
     root = data_dir()

@@ -6,8 +6,10 @@ sample of the one epoch plan, so ranks get equal batches, evaluation reads every
 once with its padding marked, and `state_dict` / `load_state_dict` resume mid-epoch exactly,
 on another world size too. Batches are uint8 ``(B, T, 3, S, S)`` clips decoded in the cpu
 backend's worker processes (`fastdata.read.backends.video`); `on_after_batch_transfer` crops,
-flips and normalizes them on the device, one draw per clip for all of its frames. With
-``keys=True`` each batch carries ``{"key", "start", "source_id"}``: per clip, its video's key,
+flips and normalizes them on the device, one draw per clip for all of its frames.
+``backend="dali"`` decodes them with DALI's video decoder instead (NVDEC on a CUDA training
+device; `fastdata.read.backends.dali.video`), and "auto" takes it where the training device is
+a GPU and DALI is installed. With ``keys=True`` each batch carries ``{"key", "start", "source_id"}``: per clip, its video's key,
 first frame and path in the source, to gather predictions per video.
 
 A list of roots or `ShardSet`s is a mix of video datasets, as for `ShardDataModule`: each
@@ -19,6 +21,7 @@ mixed with an image one is refused (`fastdata.read.mix`).
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import fields, replace
 from typing import Any
@@ -28,14 +31,34 @@ from fastdata.format.carve import Carve
 from fastdata.format.manifest import Manifest, SplitInfo
 from fastdata.format.schema import VIDEO_ENCODING
 from fastdata.lightning.datamodule import ShardDataModule
+from fastdata.lightning.runtime import training_device
 from fastdata.read import LoaderSpec
+from fastdata.read.backends.dali import dali_status
 from fastdata.read.clips import ClipSampling, ClipSpec, clip_mix
 
 __all__ = ["VideoDataModule", "video_preset"]
 
+log = logging.getLogger("fastdata")
+
 #: The side of decoded frames when no ``image_size`` is given (a clip of 8 frames at 112 px is
 #: 300 KB of uint8, as much as one 224 px photo... times 8 / 4).
 DEFAULT_VIDEO_SIZE = 112
+
+
+def _cpu_loader(spec: ClipSpec) -> Any:
+    from fastdata.read.backends.video import make_video_loader
+
+    return make_video_loader(spec)
+
+
+def _dali_loader(spec: ClipSpec) -> Any:
+    from fastdata.read.backends.dali.video import make_dali_video_loader
+
+    return make_dali_video_loader(spec)
+
+
+#: The video backends: name (and "auto") -> the loader of a `ClipSpec`; imported when used.
+VIDEO_BACKENDS = {"auto": _cpu_loader, "cpu": _cpu_loader, "dali": _dali_loader}
 
 
 def video_preset(image_size: int, scale: tuple[float, float] = (0.35, 1.0)) -> Preset:
@@ -64,13 +87,15 @@ class VideoDataModule(ShardDataModule):
             random clip per video per epoch.
         image_size: the side of the decoded frames and of the model's input (default 112).
         **kwargs: every other `ShardDataModule` option (batch_size, seed, workers, keys, ...).
-            ``backend`` may be "auto" or "cpu" (the clips are decoded in the cpu backend's
-            workers); ``workers`` counts given as "auto" get a fixed default, since the tuner
-            measures image loaders.
+            ``backend`` may be "cpu" (the clips are decoded in the cpu backend's workers),
+            "dali" (DALI's video decoder, on NVDEC with a CUDA device) or "auto" (dali when
+            the training device is a GPU and DALI is installed, else cpu); ``workers`` counts
+            given as "auto" get a fixed default, since the tuner measures image loaders.
 
     Raises:
         ValueError: another backend, or (at setup) a split that holds no videos, or a mix of
-            video and image datasets (names both).
+            video and image datasets (names both), or "dali" where DALI cannot run (the
+            message says why and how to install it).
     """
 
     def __init__(
@@ -82,10 +107,10 @@ class VideoDataModule(ShardDataModule):
         **kwargs: Any,
     ) -> None:
         super().__init__(root, image_size=image_size or DEFAULT_VIDEO_SIZE, **kwargs)
-        if self.backend not in ("auto", "cpu"):
+        if self.backend not in VIDEO_BACKENDS:
             raise ValueError(
-                f"VideoDataModule decodes clips in the cpu backend's workers; got "
-                f"backend={self.backend!r}: pass 'auto' or 'cpu'"
+                f"VideoDataModule decodes clips with the cpu or dali backend; got "
+                f"backend={self.backend!r}: pass 'auto', 'cpu' or 'dali'"
             )
         if isinstance(self.val, float):
             # The carve draws rows of the plan, here clips: a video's clips would land on both
@@ -110,13 +135,30 @@ class VideoDataModule(ShardDataModule):
                     "samples; write videos with `fastdata shard video SRC OUT`"
                 )
 
+    def _refuse_backend(self, roles: dict[str, SplitInfo]) -> None:
+        """Nothing to refuse: `_check_fields` took video splits only, which both backends read."""
+
     def _choose_backend(self) -> str:
-        return "cpu"
+        """ "cpu", or "dali" when asked (ValueError where it cannot run) or, for "auto", when
+        the training device is a GPU and DALI is available. Not timed: DALI's video decoder is
+        the one GPU candidate, and timing it against the cpu workers needs that GPU."""
+        device = training_device(self._trainer_or_none())
+        if self.backend == "auto":
+            ok, why = dali_status() if device.type == "cuda" else (False, "a CPU training device")
+            name = "dali" if ok else "cpu"
+            log.info("VideoDataModule backend=auto chose %r (%s)", name, why or "a GPU and DALI")
+            return name
+        if self.backend == "dali":
+            ok, why = dali_status()
+            if not ok:
+                raise ValueError(
+                    f"backend='dali' cannot run here: {why}; install NVIDIA DALI "
+                    "(`pip install fastdata[dali]`) or pass backend='cpu'"
+                )
+        return self.backend
 
     def _loader_factory(self) -> Any:
-        from fastdata.read.backends.video import make_video_loader
-
-        return make_video_loader
+        return VIDEO_BACKENDS[self.backend_name or "cpu"]
 
     def loader_spec(self, role: str, train: bool) -> ClipSpec:
         """The `ClipSpec` of a split role on this rank: `ShardDataModule`'s spec, read as clips."""

@@ -239,3 +239,22 @@ def test_workers_forked_after_this_process_decoded_clips_do_not_hang(clip_shards
     forked = _module(clip_shards, workers=WorkerSettings(num_workers=2, timeout=60))
     assert len(list(forked.val_dataloader())) == len(list(main.val_dataloader()))
     forked.teardown()
+
+
+@pytest.mark.parametrize("rotation", [0, 90, 180, 270])
+def test_the_source_window_turned_is_the_centre_square_decode_clip_keeps(rotation):
+    from fastdata.read.decoders.video import _scaled_size, source_window
+
+    index = ClipIndex("vp9", 41, 25, rotation, (1, 10), np.arange(2), np.array([0]), 10.0)
+    side = 11
+    width, height = _scaled_size(index, side)
+    scaled = np.arange(width * height).reshape(height, width)  # the scaled, unturned frame
+    shown = np.rot90(scaled, k=rotation // 90)
+    top, left = (shown.shape[0] - side) // 2, (shown.shape[1] - side) // 2
+    expected = shown[top : top + side, left : left + side]
+    y0, x0, y1, x1 = source_window(index, side)
+    sy, sx = height / index.height, width / index.width
+    rows, cols = round(y0 * sy), round(x0 * sx)
+    assert (round(y1 * sy) - rows, round(x1 * sx) - cols) == (side, side)
+    window = scaled[rows : rows + side, cols : cols + side]
+    assert np.array_equal(np.rot90(window, k=rotation // 90), expected)

@@ -16,10 +16,14 @@ frame of a clip (`fastdata.augment.Preset.apply`).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
 from fastdata.format import schema
+from fastdata.format.video import ClipIndex
 from fastdata.read.backends.cpu import CpuLoader
 from fastdata.read.backends.cpu_batches import ShardBatchDataset
 from fastdata.read.clips import ClipSpec, clip_frames
@@ -28,7 +32,14 @@ from fastdata.read.plan import PAD_LABEL, EpochPlan, rows_to_refs, sample_seed
 from fastdata.read.rows import Skip
 from fastdata.read.shardio import ShardReader
 
-__all__ = ["ClipBatchDataset", "VideoLoader", "make_video_loader"]
+__all__ = [
+    "ClipBatchDataset",
+    "PlannedClip",
+    "VideoLoader",
+    "clip_batch",
+    "make_video_loader",
+    "planned_clips",
+]
 
 
 class ClipBatchDataset(ShardBatchDataset):
@@ -65,43 +76,92 @@ class ClipBatchDataset(ShardBatchDataset):
     ) -> tuple:
         """Batch `number` of `plan`: (clips, labels) or, with keys, (clips, labels, keys)."""
         spec = self.spec
-        rows, pads = plan.rows[number], plan.padding[number]
-        positions = plan.positions[number]
-        videos, clips = np.divmod(rows, spec.clips.clips)
-        refs = rows_to_refs(videos, spec.video_sizes).tolist()
-        side, t = int(spec.image_size), spec.clips.frames
-        out = np.empty((len(rows), t, 3, side, side), np.uint8)
-        labels: list[int] = []
-        keys: list[str | None] = []
-        starts: list[int | None] = []
-        kept: list[int] = []
-        for slot, (shard, index) in enumerate(refs):
-            rng = None
-            if spec.random_starts():
-                rng = np.random.default_rng(
-                    sample_seed(spec.seed, plan.epoch, int(positions[slot]))
-                )
+        side, t = int(spec.image_size or 0), spec.clips.frames
+        out = np.empty((len(plan.rows[number]), t, 3, side, side), np.uint8)
+        kept: list[PlannedClip] = []
+        for clip in planned_clips(reader, spec, plan, number, skips, self._rows(reader).fail):
             try:
-                parts = reader.sample(shard, index)
-                key = reader.key(shard, index)
-                label, _ = schema.label_and_id(key, parts, reader.position(shard, index))
-                label = reader.shards[shard].map_label(label)  # a mix's merged classes
-                video, clip_index = video_parts(
-                    parts, (reader.manifest.shard_url(reader.shards[shard]), key)
-                )
-                frames = clip_frames(clip_index, spec.clips, int(clips[slot]), rng)
-                decode_clip(video, clip_index, frames, side, out=out[slot])
-            except (ValueError, OSError) as exc:  # ShardReadError, ClipIndexError, decoding
-                skips.append(self._fail(reader, shard, index, exc))
+                decode_clip(clip.video, clip.index, clip.frames, side, out=out[clip.slot])
+            except (ValueError, OSError) as exc:  # decoding
+                skips.append(self._fail(reader, clip.shard, clip.sample, exc))
                 continue
-            padding = bool(pads[slot]) and not spec.train
-            labels.append(PAD_LABEL if padding else label)
-            keys.append(None if padding else key)
-            starts.append(None if padding else int(frames[0]))
-            kept.append(slot)
-        clips_out = torch.from_numpy(out if len(kept) == len(rows) else out[kept])
-        batch = (clips_out, torch.tensor(labels, dtype=torch.int64))
-        return (*batch, {"key": keys, "start": starts}) if spec.keys else batch
+            kept.append(clip)
+        slots = [c.slot for c in kept]
+        clips_out = torch.from_numpy(out if len(kept) == len(out) else out[slots])
+        return clip_batch(clips_out, kept, spec.keys)
+
+
+@dataclass(frozen=True)
+class PlannedClip:
+    """One planned clip of a batch, read but not decoded (`planned_clips`).
+
+    Attributes:
+        slot: its place in the batch.
+        shard: the shard's number in the split.
+        sample: the video's index in the shard.
+        video: the video file's bytes (a view into the shard).
+        index: its clip index.
+        frames: the clip's frame numbers (`fastdata.read.clips.clip_frames`).
+        label: the video's label (`PAD_LABEL` for evaluation padding).
+        key: the video's key (None for evaluation padding).
+    """
+
+    slot: int
+    shard: int
+    sample: int
+    video: memoryview
+    index: ClipIndex
+    frames: np.ndarray
+    label: int
+    key: str | None
+
+
+def planned_clips(
+    reader: ShardReader,
+    spec: ClipSpec,
+    plan: EpochPlan,
+    number: int,
+    skips: list[Skip],
+    fail: Callable[[int, int, Exception], Skip],
+) -> Iterator[PlannedClip]:
+    """The clips of batch `number` of `plan`, in batch order, with the frames each needs: what
+    every video backend decodes (row r is clip ``r % N`` of video ``r // N``; a random start
+    drawn from the clip's per-sample seed). A clip whose video or index cannot be read is
+    `fail`'s (which raises, or returns the `Skip` appended to `skips`)."""
+    rows, pads = plan.rows[number], plan.padding[number]
+    positions = plan.positions[number]
+    videos, clips = np.divmod(rows, spec.clips.clips)
+    refs = rows_to_refs(videos, spec.video_sizes).tolist()
+    for slot, (shard, index) in enumerate(refs):
+        rng = None
+        if spec.random_starts():
+            rng = np.random.default_rng(sample_seed(spec.seed, plan.epoch, int(positions[slot])))
+        try:
+            parts = reader.sample(shard, index)
+            key = reader.key(shard, index)
+            label, _ = schema.label_and_id(key, parts, reader.position(shard, index))
+            label = reader.shards[shard].map_label(label)  # a mix's merged classes
+            video, clip_index = video_parts(
+                parts, (reader.manifest.shard_url(reader.shards[shard]), key)
+            )
+            frames = clip_frames(clip_index, spec.clips, int(clips[slot]), rng)
+        except (ValueError, OSError) as exc:  # ShardReadError, ClipIndexError
+            skips.append(fail(shard, index, exc))
+            continue
+        padding = bool(pads[slot]) and not spec.train
+        label, name = (PAD_LABEL, None) if padding else (label, key)
+        yield PlannedClip(slot, shard, index, video, clip_index, frames, label, name)
+
+
+def clip_batch(clips: torch.Tensor, kept: list[PlannedClip], keys: bool) -> tuple:
+    """A video batch: (clips, int64 labels) and, with `keys`, ``{"key": [...], "start":
+    [...]}`` (each clip's video key and first frame; None for padding); labels on the clips'
+    device."""
+    labels = torch.tensor([c.label for c in kept], dtype=torch.int64, device=clips.device)
+    if not keys:
+        return clips, labels
+    starts = [None if c.key is None else int(c.frames[0]) for c in kept]
+    return clips, labels, {"key": [c.key for c in kept], "start": starts}
 
 
 class VideoLoader(CpuLoader):

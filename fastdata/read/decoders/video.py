@@ -32,7 +32,7 @@ from fastdata.format.video import (
     require_av,
 )
 
-__all__ = ["check_video", "decode_clip"]
+__all__ = ["check_video", "decode_clip", "source_window"]
 
 _THREAD = threading.local()  # per thread: its swscale converter (`_reformatter`)
 # (shard, key) -> the clip index probed from a video that has none stored (`video_parts`).
@@ -164,6 +164,29 @@ def check_video(parts: Any) -> None:
     last frames decode (ValueError otherwise)."""
     video, index = video_parts(parts)
     decode_clip(video, index, np.array([0, index.frames - 1]), 8)
+
+
+def source_window(index: ClipIndex, side: int) -> tuple[float, float, float, float]:
+    """The part of a coded (unturned) frame that `decode_clip` makes the ``side x side`` square
+    of: (top, left, bottom, right) in the coded frame's pixels, sub-pixel.
+
+    `decode_clip` scales the frame to `_scaled_size`, turns it by the index's rotation and
+    crops the centre; resizing this window to ``side x side`` and then turning it gives the same
+    square, to the resize filter's rounding (the DALI video loader does this on the device).
+    """
+    width, height = _scaled_size(index, side)
+    turns = index.rotation // 90
+    shown_h, shown_w = (height, width) if turns % 2 == 0 else (width, height)
+    top, left = (shown_h - side) // 2, (shown_w - side) // 2
+    # The crop's corner in the scaled frame before `np.rot90(k=turns)` (counter-clockwise).
+    y0, x0 = {
+        0: (top, left),
+        1: (left, width - top - side),
+        2: (height - top - side, width - left - side),
+        3: (height - left - side, top),
+    }[turns]
+    sy, sx = height / index.height, width / index.width
+    return y0 / sy, x0 / sx, (y0 + side) / sy, (x0 + side) / sx
 
 
 def _scaled_size(index: ClipIndex, side: int) -> tuple[int, int]:

@@ -1,5 +1,8 @@
 """`DaliLoader`: one rank's epochs of a split, decoded by one DALI pipeline for the loader's life.
 
+`PipelineLoader` is that life (build once, reset per pass, close), shared with the video loader
+(`fastdata.read.backends.dali.video`); `DaliLoader` is the image loader over it.
+
 The samples come from the epoch plan (`fastdata.read.plan`), like every backend's: the pipeline's
 one ``fn.external_source`` calls the loader for each batch's inputs, which `PlanFeeder` reads from
 the shards (memory-mapped, by the index offsets) with the crop windows and flips the cpu backend
@@ -28,7 +31,7 @@ from fastdata.read.decoders.dict_batch import refuse_fields
 from fastdata.read.plan import EpochPlan
 from fastdata.read.source_ids import batch_keys, row_keys
 
-__all__ = ["DaliLoader", "dali_available", "dali_status", "make_dali_loader"]
+__all__ = ["DaliLoader", "PipelineLoader", "dali_available", "dali_status", "make_dali_loader"]
 
 log = logging.getLogger("fastdata")
 
@@ -62,34 +65,32 @@ def _dali() -> Any:
     return nvidia.dali
 
 
-# ---------------------------------------------------------------------------- loader
+# ---------------------------------------------------------------------------- loaders
 
 
-class DaliLoader(PlannedLoader):
-    """Batches of one split on one rank, decoded (and cropped at decode time) by a DALI pipeline.
+class PipelineLoader(PlannedLoader):
+    """A planned loader whose batches one DALI pipeline makes for the loader's life.
 
-    Iterating yields the plan's batches of (uint8 (B, 3, H, W), int64 (B,)), on the training GPU
-    when `spec.device` is CUDA and one is present, else on the CPU: the cpu backend's images (the
-    same decode-time geometry, windows and flips, `fastdata.read.backends.dali.feed`; up to the
-    resize kernels' rounding) with the same `applied_ops`, so the rest of the preset runs on the
-    device as for every backend. `set_epoch` selects the epoch and the resume position (the plan
-    then starts after the consumed samples; nothing is decoded for them).
-
-    The pipeline is built on the first pass and kept for the loader's life: every later pass
-    (epoch, resume, or a pass abandoned midway) resets it, so the decoders start once. `close()`
-    deletes it and returns DALI's pooled memory.
+    The pipeline is built on the first pass (`_build`, whose one external source is
+    `_next_inputs`) and reset at each pass's end, so the decoders start once: every later pass
+    (epoch, resume, or a pass abandoned midway) finds it reset. A subclass starts each pass's
+    inputs with `_start` and runs the pipeline with `_run`. `close()` deletes the pipeline and
+    returns DALI's pooled memory.
 
     Attributes:
-        decoder: the decoder's settings (hardware decoder load, buffer hints).
         device_id: the GPU DALI runs on (None: CPU operators).
+        gpu: whether DALI runs on a GPU (``spec.device`` is CUDA and one is present).
         builds: pipelines built so far (one per loader unless it was closed).
 
     Args:
-        spec: the loader spec (split, batch size, seed, epoch, rank, world size, preset, device).
+        spec: the loader spec.
+
+    Raises:
+        ImportError: DALI is not installed (the message says how to install it).
+        ValueError: ``on_error="skip"`` or ``verify_samples`` (DALI can do neither).
     """
 
     def __init__(self, spec: LoaderSpec) -> None:
-        refuse_fields(spec, "dali")
         self._dali = _dali()
         if spec.on_error != "raise":
             raise ValueError(
@@ -102,60 +103,49 @@ class DaliLoader(PlannedLoader):
                 "use backend='cpu' or 'memory'"
             )
         check_indexes(spec.manifest, spec.split)  # the shards' index files, checked once
-        info = spec.manifest.split(spec.split)
-        geometry, self.applied_ops = decode_geometry(spec)  # the cpu backend's: ValueError too
         self.gpu = spec.device.startswith("cuda") and torch.cuda.is_available()
         self.device_id = _device_id(spec.device) if self.gpu else None
-        self.decoder = decoder_settings(info)
-        self._shape = GraphShape(geometry, info.encoding == "raw", self.gpu, self.decoder)
-        self._feeder = PlanFeeder(spec, self._shape)
         self._pipe: Any = None
         self._feed: Iterator[tuple[Any, ...]] = iter(())
         self._clean = True  # no batch of an earlier pass left in the pipeline
         self.builds = 0
-        self.start_at(spec)
 
-    def _iterate(self, plan: EpochPlan) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _build(self, options: dict[str, Any]) -> Any:
+        """The built pipeline, with `options` (`Pipeline` arguments) and `_next_inputs` as its
+        source."""
+        raise NotImplementedError
+
+    def _start(self, feed: Iterator[tuple[Any, ...]]) -> Any:
+        """Begin a pass whose pipeline inputs are `feed`; the loader's pipeline, ready."""
         pipe = self._pipeline()
-        # keys=True: DALI yields every planned sample in plan order (on_error='raise' only).
-        table = row_keys(self.spec) if self.spec.keys else None
-        self._feed, self._clean = self._feeder.batches(plan), False
-        stream = self._stream()
-        for number in range(len(plan.rows)):
-            try:
-                outputs = pipe.run(stream)
-            except StopIteration:
-                raise RuntimeError(
-                    f"the dali pipeline of split {self.spec.split!r} ended after {number} of "
-                    f"{len(plan.rows)} batches; this is a bug, please report it"
-                ) from None
-            images, labels = self._tensors(outputs, stream)
-            if table is None:
-                yield images, labels
-                continue
-            rows = plan.rows[number].tolist()
-            pads = None if self.spec.train else plan.padding[number].tolist()
-            yield images, labels, batch_keys(table, rows, pads)
-        self._drain()
+        self._feed, self._clean = feed, False
+        return pipe
+
+    def _run(self, number: int, total: int) -> Any:
+        """The outputs of the pipeline's next batch (batch `number` of `total` planned)."""
+        try:
+            return self._pipe.run(self._stream())
+        except StopIteration:
+            raise RuntimeError(
+                f"the dali pipeline of split {self.spec.split!r} ended after {number} of "
+                f"{total} batches; this is a bug, please report it"
+            ) from None
 
     def _pipeline(self) -> Any:
         """The loader's pipeline, built on the first pass; a later pass finds it reset."""
         if self._pipe is None:
             spec = self.spec
-            self._pipe = build_pipeline(
-                self._shape,
-                self._next_inputs,
-                batch_size=spec.batch_size,
-                threads=spec.workers.num_workers or min(4, os.cpu_count() or 1),
-                device_id=self.device_id,
-                prefetch=max(2, spec.workers.prefetch_factor),
-                seed=_seed(spec.seed, spec.rank),  # no random operator: the draws are fed
+            self._pipe = self._build(
+                {
+                    "batch_size": spec.batch_size,
+                    "threads": spec.workers.num_workers or min(4, os.cpu_count() or 1),
+                    "device_id": self.device_id,
+                    "prefetch": max(2, spec.workers.prefetch_factor),
+                    "seed": _seed(spec.seed, spec.rank),  # no random operator: draws are fed
+                }
             )
             self.builds += 1
-            log.info(
-                "dali pipeline of split %r built: device_id=%s, decoder %s",
-                spec.split, self.device_id, self.decoder,
-            )  # fmt: skip
+            log.info("dali pipeline of split %r built: device_id=%s", spec.split, self.device_id)
         else:
             self._drain()
         return self._pipe
@@ -182,17 +172,19 @@ class DaliLoader(PlannedLoader):
         bound to it, so the copies below need no host synchronization."""
         return torch.cuda.current_stream(self.device_id) if self.gpu else None
 
-    def _tensors(self, outputs: Any, stream: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        """Copies of a run's outputs as torch tensors (DALI reuses its buffers)."""
+    def _device(self) -> torch.device:
+        """Where the batches are: the GPU DALI runs on, else the CPU."""
+        return torch.device("cuda", self.device_id) if self.gpu else torch.device("cpu")
+
+    def _torch(self, output: Any, dtype: torch.dtype) -> torch.Tensor:
+        """A copy of one of a run's outputs (a uniform batch) as a torch tensor (DALI reuses its
+        buffers)."""
         from nvidia.dali.plugin.pytorch import feed_ndarray
 
-        images, labels = outputs[0].as_tensor(), outputs[1].as_tensor()
-        device = torch.device("cuda", self.device_id) if self.gpu else torch.device("cpu")
-        x = torch.empty(images.shape(), dtype=torch.uint8, device=device)
-        y = torch.empty(labels.shape(), dtype=torch.int64, device=device)
-        feed_ndarray(images, x, cuda_stream=stream)
-        feed_ndarray(labels, y, cuda_stream=stream)
-        return x, y.reshape(-1)
+        dense = output.as_tensor()
+        x = torch.empty(dense.shape(), dtype=dtype, device=self._device())
+        feed_ndarray(dense, x, cuda_stream=self._stream())
+        return x
 
     def close(self) -> None:
         """Delete the pipeline and give DALI's unused pooled memory back (host and device); a
@@ -205,11 +197,60 @@ class DaliLoader(PlannedLoader):
                 torch.cuda.synchronize()
             release()
 
-    def __enter__(self) -> DaliLoader:
+    def __enter__(self) -> PipelineLoader:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class DaliLoader(PipelineLoader):
+    """Batches of one split on one rank, decoded (and cropped at decode time) by a DALI pipeline.
+
+    Iterating yields the plan's batches of (uint8 (B, 3, H, W), int64 (B,)), on the training GPU
+    when `spec.device` is CUDA and one is present, else on the CPU: the cpu backend's images (the
+    same decode-time geometry, windows and flips, `fastdata.read.backends.dali.feed`; up to the
+    resize kernels' rounding) with the same `applied_ops`, so the rest of the preset runs on the
+    device as for every backend. `set_epoch` selects the epoch and the resume position (the plan
+    then starts after the consumed samples; nothing is decoded for them). One pipeline for the
+    loader's life (`PipelineLoader`).
+
+    Attributes:
+        decoder: the decoder's settings (hardware decoder load, buffer hints).
+
+    Args:
+        spec: the loader spec (split, batch size, seed, epoch, rank, world size, preset, device).
+    """
+
+    def __init__(self, spec: LoaderSpec) -> None:
+        refuse_fields(spec, "dali")
+        super().__init__(spec)
+        info = spec.manifest.split(spec.split)
+        geometry, self.applied_ops = decode_geometry(spec)  # the cpu backend's: ValueError too
+        self.decoder = decoder_settings(info)
+        self._shape = GraphShape(geometry, info.encoding == "raw", self.gpu, self.decoder)
+        self._feeder = PlanFeeder(spec, self._shape)
+        self.start_at(spec)
+
+    def _build(self, options: dict[str, Any]) -> Any:
+        log.info("dali decoder of split %r: %s", self.spec.split, self.decoder)
+        return build_pipeline(self._shape, self._next_inputs, **options)
+
+    def _iterate(self, plan: EpochPlan) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        self._start(self._feeder.batches(plan))
+        # keys=True: DALI yields every planned sample in plan order (on_error='raise' only).
+        table = row_keys(self.spec) if self.spec.keys else None
+        for number in range(len(plan.rows)):
+            outputs = self._run(number, len(plan.rows))
+            images = self._torch(outputs[0], torch.uint8)
+            labels = self._torch(outputs[1], torch.int64).reshape(-1)
+            if table is None:
+                yield images, labels
+                continue
+            rows = plan.rows[number].tolist()
+            pads = None if self.spec.train else plan.padding[number].tolist()
+            yield images, labels, batch_keys(table, rows, pads)
+        self._drain()
 
 
 def _device_id(device: str) -> int:

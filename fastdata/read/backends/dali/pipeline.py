@@ -38,6 +38,7 @@ __all__ = [
     "GraphShape",
     "build_pipeline",
     "decoder_settings",
+    "new_pipeline",
 ]
 
 log = logging.getLogger("fastdata")
@@ -114,21 +115,13 @@ class GraphShape:
         return WINDOW_INPUTS
 
 
-def build_pipeline(
-    shape: GraphShape,
-    source: Callable[[], tuple[Any, ...]],
-    *,
-    batch_size: int,
-    threads: int,
-    device_id: int | None,
-    prefetch: int,
-    seed: int,
+def new_pipeline(
+    *, batch_size: int, threads: int, device_id: int | None, prefetch: int, seed: int
 ) -> Any:
-    """A built DALI pipeline whose one external source calls `source` for each batch's inputs
-    (`GraphShape.inputs`; StopIteration ends the epoch, ``pipe.reset()`` starts the next)."""
-    from nvidia.dali import Pipeline, fn, types
+    """An empty DALI pipeline as every fastdata loader runs it (`PipelineLoader`)."""
+    from nvidia.dali import Pipeline
 
-    pipe = Pipeline(
+    return Pipeline(
         batch_size=batch_size,
         num_threads=threads,
         device_id=device_id,
@@ -138,6 +131,15 @@ def build_pipeline(
         # default only in recent DALI releases.
         exec_dynamic=True,
     )
+
+
+def build_pipeline(shape: GraphShape, source: Callable[[], tuple[Any, ...]], **options: Any) -> Any:
+    """A built DALI pipeline whose one external source calls `source` for each batch's inputs
+    (`GraphShape.inputs`; StopIteration ends the epoch, ``pipe.reset()`` starts the next);
+    `options` are `new_pipeline`'s."""
+    from nvidia.dali import fn, types
+
+    pipe = new_pipeline(**options)
     dtypes = {
         "data": types.UINT8,
         "labels": types.INT64,
