@@ -13,7 +13,11 @@
      (`container.decode(video=0)`, `to_ndarray(format="rgb24")`), keeps the clip's frames and
      resizes them with torch, in a `DataLoader` with the same workers and batch size;
    - baseline "pyav-seek": the same, but seeking to the clip's start first (`container.seek`),
-     as `torchvision.io.read_video(start_pts=...)` does.
+     as `torchvision.io.read_video(start_pts=...)` does;
+   - baseline "torchcodec" (where torchcodec imports; otherwise skipped, the reason printed and
+     in the table): the same `Dataset` with torchcodec, a `VideoDecoder(path,
+     num_ffmpeg_threads=1)` per sample (its default exact seek mode) and `get_frames_at` the
+     clip's frames, resized with torch as above.
    The baselines read exactly the clips fastdata read in its timed epoch (same videos, frames).
    Each loader runs a warm-up epoch (workers start), then a timed one; rounds alternate.
 2. Memory. One worker decodes clips of a long video and of a short one (fastdata and "pyav");
@@ -33,7 +37,8 @@ from typing import Any
 import av
 import numpy as np
 import torch
-from common import print_table, results_dir, save_results  # noqa: I001  (run as a script)
+from bench_video_decoders import torchcodec_status  # noqa: I001  (run as a script)
+from common import print_table, results_dir, save_results
 from fastdata_pipelines.env import cpu_description
 from torch.utils.data import DataLoader, Dataset
 
@@ -141,16 +146,35 @@ class PyAVClips(Dataset):
                     kept[number] = frame.to_ndarray(format="rgb24")
                 if number >= frames[-1]:
                     break
-        x = torch.from_numpy(np.stack([kept[f] for f in frames])).permute(0, 3, 1, 2).float()
-        scale = SIDE / min(x.shape[-2:])
-        x = torch.nn.functional.interpolate(x, scale_factor=scale, mode="bilinear", antialias=True)
-        top, left = (x.shape[-2] - SIDE) // 2, (x.shape[-1] - SIDE) // 2
-        return x[..., top : top + SIDE, left : left + SIDE].round().clamp(0, 255).to(torch.uint8)
+        return resize_crop(
+            torch.from_numpy(np.stack([kept[f] for f in frames])).permute(0, 3, 1, 2)
+        )
 
 
-def baseline_loader(items, args: argparse.Namespace, workers: int, seek: bool) -> DataLoader:
+class TorchCodecClips(PyAVClips):
+    """The same loader with torchcodec: a decoder per sample, the clip's frames, torch resize."""
+
+    def __getitem__(self, i: int) -> torch.Tensor:
+        from torchcodec.decoders import VideoDecoder
+
+        path, frames = self.items[i]
+        return resize_crop(VideoDecoder(path, num_ffmpeg_threads=1).get_frames_at(frames).data)
+
+
+def resize_crop(x: torch.Tensor) -> torch.Tensor:
+    """uint8 (T, 3, H, W) frames scaled to cover SIDE x SIDE (bilinear, antialiased), centre crop."""
+    x = x.float()
+    scale = SIDE / min(x.shape[-2:])
+    x = torch.nn.functional.interpolate(x, scale_factor=scale, mode="bilinear", antialias=True)
+    top, left = (x.shape[-2] - SIDE) // 2, (x.shape[-1] - SIDE) // 2
+    return x[..., top : top + SIDE, left : left + SIDE].round().clamp(0, 255).to(torch.uint8)
+
+
+def baseline_loader(
+    items, args: argparse.Namespace, workers: int, seek: bool, kind: type = PyAVClips
+) -> DataLoader:
     return DataLoader(
-        PyAVClips(items, seek),
+        kind(items, seek),
         batch_size=args.batch_size,
         num_workers=workers,
         persistent_workers=workers > 0,
@@ -197,6 +221,10 @@ def throughput(args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
         "pyav": baseline_loader(items, args, args.workers, seek=False),
         "pyav-seek": baseline_loader(items, args, args.workers, seek=True),
     }
+    torchcodec, status = torchcodec_status()
+    print(status if torchcodec is not None else f"torchcodec skipped: {status}")
+    if torchcodec is not None:
+        loaders["torchcodec"] = baseline_loader(items, args, args.workers, True, TorchCodecClips)
     for loader in loaders.values():
         epoch(loader)  # warm-up
     for round_ in range(args.rounds):
@@ -208,15 +236,19 @@ def throughput(args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
     fast.close()
     clips = len(items)
     rates = {name: clips / statistics.median(t) for name, t in times.items()}
-    return [
+    rows = [
         {
             "loader": name,
             "clips": clips,
             "clips/s": round(rate, 1),
             "fastdata x": round(rates["fastdata"] / rate, 2),
+            "note": status if name == "torchcodec" else "",
         }
         for name, rate in rates.items()
     ]
+    if torchcodec is None:
+        rows.append({"loader": "torchcodec", "note": f"skipped: {status}"})
+    return rows
 
 
 def _rss_kb(pid: int) -> dict[str, int]:
@@ -277,7 +309,7 @@ def main(args: argparse.Namespace) -> dict[str, Any]:
         f"px, {args.workers} workers; {cpu}; {decoder}"
     )
     tables = [
-        print_table(speed, ["loader", "clips", "clips/s", "fastdata x"], title),
+        print_table(speed, ["loader", "clips", "clips/s", "fastdata x", "note"], title),
         print_table(
             rss,
             ["loader", "video", "bytes", "worker peak RSS MB", "anon MB", "file-backed MB"],

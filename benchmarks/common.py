@@ -69,6 +69,8 @@ VERSIONED = (
     "webdataset",
     "pillow",
     "pillow-simd",
+    "av",
+    "torchcodec",
     "nvidia-dali-cuda120",
     "nvidia-dali-cuda130",
 )
