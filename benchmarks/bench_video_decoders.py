@@ -10,7 +10,10 @@ bytes in memory, to uint8 ``(8, 3, 112, 112)`` (scaled to cover 112 x 112, centr
 thread each (a worker per core):
 
 - "pyav": `fastdata.read.decoders.video.decode_clip` (the clip index tells the key frame
-  before the clip: one seek, decode forward, swscale area filter);
+  before the clip: one seek, decode forward, frames no other refers to and the clip does not
+  keep skipped undecoded, swscale area filter);
+- "pyav every frame": the same decoding every frame from the key frame on (what the skipping
+  saves: nothing without B-frames, the "h264-bframes" case has them);
 - "torchcodec exact" / "torchcodec approximate": a new `VideoDecoder(bytes, seek_mode=...,
   num_ffmpeg_threads=1, transforms=[Resize, CenterCrop])` per clip, as a per-sample `Dataset`
   makes one, then `get_frames_at(frames)` (exact mode scans the whole file first);
@@ -46,6 +49,7 @@ import torch
 from common import print_table, results_dir, save_results  # noqa: I001  (run as a script)
 from fastdata_pipelines.env import cpu_description
 
+import fastdata.read.decoders.video as clip_decoder
 from fastdata.format.video import ClipIndex, probe
 from fastdata.read.decoders.video import decode_clip
 
@@ -57,9 +61,13 @@ CASES: list[tuple[str, int, int, float]] = [
     (codec, w, h, s)
     for codec in ("h264", "vp9")
     for w, h, s in ((64, 64, 2.0), (160, 120, 10.0), (320, 240, 10.0), (320, 240, 60.0))
-]
+] + [("h264-bframes", 320, 240, 10.0)]  # x264's "medium" preset: B-frames, as cameras write
 QUICK_CASES: list[tuple[str, int, int, float]] = [("h264", 64, 64, 2.0), ("vp9", 64, 64, 2.0)]
-_ENCODERS = {"h264": ("libx264", "mp4"), "vp9": ("libvpx-vp9", "webm")}
+_ENCODERS = {
+    "h264": ("libx264", "mp4"),
+    "h264-bframes": ("libx264", "mp4"),
+    "vp9": ("libvpx-vp9", "webm"),
+}
 
 
 @dataclass(frozen=True)
@@ -107,6 +115,8 @@ def make_video(folder: Path, codec: str, width: int, height: int, seconds: float
     stream.codec_context.gop_size = FPS
     if codec == "h264":
         stream.options = {"preset": "ultrafast", "keyint_min": str(FPS), "bf": "0"}
+    elif codec == "h264-bframes":
+        stream.options = {"preset": "medium", "keyint_min": str(FPS), "bf": "3"}
     else:
         stream.options = {"deadline": "realtime", "cpu-used": "8", "keyint_min": str(FPS)}
     for i in range(int(seconds * FPS)):
@@ -153,10 +163,22 @@ def _frame_mappings(index: ClipIndex) -> str:
     return json.dumps({"frames": frames})
 
 
+def _every_frame(video: Video, frames: np.ndarray) -> np.ndarray:
+    """`decode_clip` decoding every frame from the key frame on (no ``skip_frame="NONREF"``
+    for the frames the clip does not keep): what skipping unreferenced frames saves."""
+    skipping = clip_decoder._decoded
+    clip_decoder._decoded = lambda container, stream, wanted: container.decode(stream)
+    try:
+        return decode_clip(video.data, video.index, frames, SIDE)
+    finally:
+        clip_decoder._decoded = skipping
+
+
 def decoders(torchcodec: Any) -> dict[str, Decoder]:
     """The decoders timed, by name (PyAV's always; torchcodec's where it imports)."""
     found: dict[str, Decoder] = {
-        "pyav": lambda video, frames: decode_clip(video.data, video.index, frames, SIDE)
+        "pyav": lambda video, frames: decode_clip(video.data, video.index, frames, SIDE),
+        "pyav every frame": _every_frame,
     }
     if torchcodec is None:
         return found

@@ -35,6 +35,7 @@ class Clip:
     audio: bool = False
     rotation: int | None = None  # a display-matrix rotation tag, degrees counter-clockwise
     vfr: bool = False  # variable frame rate: frame durations alternate 50 ms and 120 ms
+    bframes: int = 0  # libx264: B-frames between references (x264's "medium" preset), as cameras
 
 
 def square_at(clip: Clip, i: int) -> int:
@@ -63,7 +64,8 @@ def make_video(path: Path, clip: Clip = Clip()) -> Path:
     stream.width, stream.height, stream.pix_fmt = clip.width, clip.height, "yuv420p"
     stream.codec_context.gop_size = clip.gop
     if clip.codec == "libx264":
-        stream.options = {"preset": "ultrafast", "bf": "0", "keyint_min": str(clip.gop)}
+        preset = "medium" if clip.bframes else "ultrafast"
+        stream.options = {"preset": preset, "bf": str(clip.bframes), "keyint_min": str(clip.gop)}
     if clip.rotation is not None:
         stream.set_display_rotation(clip.rotation)
     if clip.vfr:

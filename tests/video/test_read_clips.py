@@ -28,6 +28,8 @@ KINDS = {
     "odd.webm": Clip(codec="libvpx-vp9", width=33, height=47, gop=10),
     "vfr.mp4": Clip(vfr=True, frames=30),
     "rot.mp4": Clip(rotation=90, width=40, height=24),
+    # B-frames: the frames a clip does not keep are skipped when nothing refers to them
+    "bframes.mp4": Clip(frames=48, gop=24, bframes=3),
 }
 
 
@@ -43,7 +45,8 @@ def test_a_clip_decoded_after_a_seek_equals_the_same_frames_decoded_from_the_sta
     data = make_video(tmp_path / name, KINDS[name]).read_bytes()
     index = probe_video(data, name, None)
     every = _every_frame(data, index, 20)
-    for frames in ([17, 18, 19], [9, 3, 3, 21], [index.frames - 1], [8, 16, 23]):
+    late = [min(f, index.frames - 1) for f in (30, 26, 34)]  # after the 2nd key frame of 48
+    for frames in ([17, 18, 19], [9, 3, 3, 21], [index.frames - 1], [8, 16, 23], late):
         clip = decode_clip(memoryview(data), index, np.array(frames), 20)
         assert np.array_equal(clip, every[frames]), frames
     assert every.shape == (index.frames, 3, 20, 20)

@@ -19,6 +19,7 @@ import io
 import os
 import threading
 from collections import OrderedDict
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -112,7 +113,7 @@ def decode_clip(
             key = index.key_before(first)
             if key > 0:
                 container.seek(int(index.pts[key]), stream=stream, backward=True)
-            for frame in container.decode(stream):
+            for frame in _decoded(container, stream, slots):
                 if frame.pts is None:
                     continue
                 if frame.pts in slots:
@@ -130,6 +131,21 @@ def decode_clip(
             "its clip index does not match it)"
         )
     return out
+
+
+def _decoded(container: Any, stream: Any, wanted: dict[int, list[int]]) -> Iterator[Any]:
+    """The stream's frames from where the container stands, decoding only what the wanted ones
+    need: a packet whose frame is not wanted (its pts not in `wanted`, which `decode_clip`
+    empties as it fills the clip) is decoded with ``skip_frame="NONREF"``, so a frame no other
+    frame refers to (most B-frames) is dropped undecoded; every reference frame still decodes,
+    so the wanted frames come out exactly as from a full decode (5-12% less time for a clip of
+    an H.264 video with B-frames, key frames every 1-2 s: `benchmarks/bench_video_decoders.py`,
+    case "h264-bframes"; nothing changes for a stream without them)."""
+    context = stream.codec_context
+    for packet in container.demux(stream):
+        skip = packet.pts is not None and packet.pts not in wanted
+        context.skip_frame = "NONREF" if skip else "DEFAULT"
+        yield from context.decode(packet)  # the last, empty packet flushes the decoder
 
 
 def video_parts(parts: Any, where: tuple[str, str] | None = None) -> tuple[memoryview, ClipIndex]:
