@@ -54,6 +54,24 @@ _ROTATIONS = (0, 90, 180, 270)
 _DURATION_SLACK = 0.5
 
 
+#: FFmpeg decoder names that earlier indexes stored as the codec (the decoder PyAV opened),
+#: by the codec they decode.
+_DECODER_CODECS = {
+    "libdav1d": "av1",
+    "libaom-av1": "av1",
+    "av1_cuvid": "av1",
+    "libvpx": "vp8",
+    "libvpx-vp9": "vp9",
+    "libopenh264": "h264",
+}
+
+
+def canonical_codec(name: str) -> str:
+    """The codec's FFmpeg name ("h264", "hevc", "vp9", "av1", ...) for a codec or decoder name
+    (an index written before 2026-12-06 may hold the decoder's, e.g. "libdav1d" for AV1)."""
+    return _DECODER_CODECS.get(name, name)
+
+
 class ClipIndexError(ValueError):
     """A clip index that cannot be used (the caller adds the shard and sample key)."""
 
@@ -131,7 +149,7 @@ class ClipIndex:
         try:
             raw = json.loads(bytes(data))
             index = cls(
-                codec=str(raw["codec"]),
+                codec=canonical_codec(str(raw["codec"])),
                 width=_int(raw["width"], 1),
                 height=_int(raw["height"], 1),
                 rotation=_int(raw["rotation"], 0),
@@ -228,7 +246,7 @@ def probe(data: bytes | memoryview, max_pixels: int | None = None) -> ClipIndex:
                 keys = np.concatenate([[0], keys[keys > 0]])  # decoding starts at the start
             rate = stream.average_rate or stream.guessed_rate or stream.base_rate
             index = ClipIndex(
-                codec=str(stream.codec_context.name),
+                codec=canonical_codec(stream.codec_context.codec.canonical_name),
                 width=width,
                 height=height,
                 rotation=rotation,

@@ -140,11 +140,17 @@ class VideoDataModule(ShardDataModule):
 
     def _choose_backend(self) -> str:
         """ "cpu", or "dali" when asked (ValueError where it cannot run) or, for "auto", when
-        the training device is a GPU and DALI is available. Not timed: DALI's video decoder is
-        the one GPU candidate, and timing it against the cpu workers needs that GPU."""
+        the training device is a GPU, DALI is available and the options are ones DALI keeps
+        (``on_error="raise"``, no ``verify_samples``). Not timed: DALI's video decoder is the
+        one GPU candidate, and timing it against the cpu workers needs that GPU."""
         device = training_device(self._trainer_or_none())
         if self.backend == "auto":
-            ok, why = dali_status() if device.type == "cuda" else (False, "a CPU training device")
+            if device.type != "cuda":
+                ok, why = False, "a CPU training device"
+            elif self.on_error != "raise" or self.verify_samples:
+                ok, why = False, "on_error='skip' or verify_samples: the cpu backend's checks"
+            else:
+                ok, why = dali_status()
             name = "dali" if ok else "cpu"
             log.info("VideoDataModule backend=auto chose %r (%s)", name, why or "a GPU and DALI")
             return name

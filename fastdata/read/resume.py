@@ -54,7 +54,9 @@ def dataset_fingerprint(manifest: Manifest, split: str) -> str:
     A mix (`fastdata.read.mix`): a hash of each dataset's own fingerprint and weight, in mix
     order, and the epoch size, so a state from another mix or weighting does not match (and
     moving a dataset's folder does not matter). A scheduled weight (`fastdata.read.schedule`)
-    counts as "scheduled": a resume may change a schedule (`ScheduleState`).
+    counts as "scheduled": a resume may change a schedule (`ScheduleState`). A mix of videos
+    read as clips (`fastdata.read.clips.clip_mix`) adds its clips per video: row r is clip
+    ``r % N`` of video ``r // N``, so another N reads other clips.
     """
     if manifest.source.get("kind") == "mix":
         parts = [
@@ -62,6 +64,8 @@ def dataset_fingerprint(manifest: Manifest, split: str) -> str:
             for d in manifest.source["datasets"]
         ]
         text = "mix;" + ";".join(parts) + f";{_mix_epoch_size(manifest, split)}"
+        if "clips" in manifest.source:  # a mix of videos read as clips: rows are clips of N
+            text += f";clips={manifest.source['clips']}"
     else:
         shards = manifest.split(split).shards
         text = ";".join(f"{s.name}:{s.num_samples}:{s.sha256}" for s in shards)

@@ -270,7 +270,9 @@ def _follow_the_loop(
     if verdict == "undone":
         return out
     figures = replace(figures, lost=out.lost)
-    limit = max_workers if max_workers is not None else 2 * load.usable_cores
+    # At most twice this rank's share of the usable cores (each rank climbs on its own).
+    share = 2 * load.usable_cores // max(1, ranks_per_node)
+    limit = max_workers if max_workers is not None else max(1, share)
     climbed = _climb(out, figures, workers, limit) if verdict == "climb" else None
     if climbed is not None:
         return climbed
@@ -299,7 +301,7 @@ def _follow_the_loop(
 def _climb(out: Recheck, figures: EpochFigures, workers: int, limit: int) -> Recheck | None:
     """One more worker the way the last (kept, gaining) change went, as a trial (up after an
     increase, down after a decrease); None where that count lost before or leaves [0, limit]
-    (`max_workers`, or twice the usable cores)."""
+    (`max_workers`, or twice this rank's share of the usable cores)."""
     assert figures.trial is not None  # a "climb" verdict judged one
     step = 1 if workers > figures.trial.before else -1
     if not 0 <= workers + step <= limit or workers + step in figures.lost:

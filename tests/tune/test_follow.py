@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import lightning.pytorch as pl
 import pytest
@@ -427,6 +428,16 @@ def test_a_gaining_change_climbs_to_the_best_count_and_stops_one_past_it():
         max_workers=2,
     )
     assert capped.sizing.num_workers <= 2 and not any("gained" in c for c in capped.changes)
+    # Each rank climbs on its own: at most twice its share of the cores (8 ranks on 16 cores: 4).
+    many = CoreLoad(usable_cores=16, others_cores=0.0, own_cores=8.0, window_s=10.0)
+    shared = recheck(
+        Sizing(None, 4),
+        replace(
+            _figures(1.0, 0.05, samples_per_s=700.0, trial=Trial(3, 600.0), **figures), load=many
+        ),
+        ranks_per_node=8,
+    )
+    assert not any("gained" in c for c in shared.changes) and shared.sizing.num_workers <= 4
     barred = recheck(
         Sizing(None, 2),
         _figures(

@@ -173,6 +173,34 @@ def test_backend_dali_without_dali_is_a_clear_error(shards: Path, monkeypatch):
     assert auto.backend_name == "cpu"  # a CPU training device: the cpu workers
 
 
+@pytest.mark.parametrize("option", [{"on_error": "skip"}, {"verify_samples": True}])
+def test_auto_on_a_gpu_keeps_the_cpu_backend_for_options_dali_cannot_keep(
+    shards: Path, monkeypatch, option
+):
+    import torch
+
+    from fastdata.lightning import family_video
+
+    monkeypatch.setattr(family_video, "training_device", lambda trainer: torch.device("cuda", 0))
+    monkeypatch.setattr(family_video, "dali_status", lambda: (True, ""))
+    dm = family_video.VideoDataModule(shards, backend="auto", batch_size=2, **option)
+    assert dm._choose_backend() == "cpu"
+    plain = family_video.VideoDataModule(shards, backend="auto", batch_size=2)
+    assert plain._choose_backend() == "dali"  # the same GPU without those options
+
+
+def test_an_av1_index_is_decoded_by_nvdec_not_the_fallback():
+    """Indexes name the codec ("av1"), also those that stored the decoder ("libdav1d")."""
+    from fastdata.format.video import ClipIndex
+    from fastdata.read.backends.dali.video import DALI_CODECS
+
+    old = b'{"codec": "libdav1d", "width": 8, "height": 8, "rotation": 0, "time_base": [1, 10],'
+    old += b' "pts": [0, 1], "keys": [0], "fps": 10.0}'
+    index = ClipIndex.from_json(old)
+    assert index.codec == "av1"
+    assert index.codec in DALI_CODECS["mixed"] and index.codec not in DALI_CODECS["cpu"]
+
+
 @pytest.mark.dali
 def test_the_datamodule_reads_clips_with_dali(shards: Path):
     from fastdata.lightning.family_video import VideoDataModule

@@ -17,6 +17,7 @@ import pytest
 from fastdata import Schedule, ShardSet
 from fastdata.lightning.family_video import VideoDataModule
 from fastdata.read.clips import ClipSampling
+from fastdata.read.resume import ResumeError
 from fastdata.read.schedule import share_counts
 from fastdata.write import ShardOptions, write_shards
 from fastdata.write.sources import open_source
@@ -129,6 +130,23 @@ def test_resume_mid_epoch_on_another_world_size(mix):
         assert len({len(part) for part in rest}) == 1
         read = Counter(taken) + Counter(clip for part in rest for clip in part)
         assert read == Counter(whole)  # every clip once, none lost
+
+
+def test_a_state_of_another_clip_count_is_refused(mix):
+    """Row r is clip r % N of video r // N: a state saved with N = 2 means other clips with
+    N = 3, even with the same epoch size."""
+    roots = [str(r) for r in mix]
+    saved = _mixed(roots, epoch_samples=12)
+    _clips(saved, limit=1)
+    state = saved.state_dict()
+    other = _mixed(roots, epoch_samples=12, clips=ClipSampling(frames=3, stride=2, clips=3))
+    with pytest.raises(ResumeError, match="fingerprint|another"):
+        other.load_state_dict(state)
+        other.setup()
+        _clips(other, limit=1)
+    same = _mixed(roots, epoch_samples=12)
+    same.load_state_dict(state)
+    assert _clips(same)  # the same N resumes
 
 
 def test_a_scheduled_weight_gives_exact_clip_counts_per_batch(mix):

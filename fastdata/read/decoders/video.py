@@ -133,15 +133,25 @@ def decode_clip(
     return out
 
 
+#: FFmpeg decoders that apply ``skip_frame`` to the packet just sent, so it can change packet
+#: by packet (checked: wanted frames equal a full decode's on B-frame, open-GOP, VFR and alt-ref
+#: streams). libdav1d (AV1) buffers packets and loses wanted frames that way: it never skips.
+SKIPPING_DECODERS = frozenset({"h264", "hevc", "mpeg4", "vp9"})
+
+
 def _decoded(container: Any, stream: Any, wanted: dict[int, list[int]]) -> Iterator[Any]:
     """The stream's frames from where the container stands, decoding only what the wanted ones
-    need: a packet whose frame is not wanted (its pts not in `wanted`, which `decode_clip`
-    empties as it fills the clip) is decoded with ``skip_frame="NONREF"``, so a frame no other
-    frame refers to (most B-frames) is dropped undecoded; every reference frame still decodes,
-    so the wanted frames come out exactly as from a full decode (5-12% less time for a clip of
-    an H.264 video with B-frames, key frames every 1-2 s: `benchmarks/bench_video_decoders.py`,
-    case "h264-bframes"; nothing changes for a stream without them)."""
+    need: with a decoder of `SKIPPING_DECODERS`, a packet whose frame is not wanted (its pts not
+    in `wanted`, which `decode_clip` empties as it fills the clip) is decoded with
+    ``skip_frame="NONREF"``, so a frame no other frame refers to (most B-frames) is dropped
+    undecoded; every reference frame still decodes, so the wanted frames come out exactly as
+    from a full decode (5-12% less time for a clip of an H.264 video with B-frames, key frames
+    every 1-2 s: `benchmarks/bench_video_decoders.py`, case "h264-bframes"; nothing changes
+    for a stream without them). Other decoders decode every packet."""
     context = stream.codec_context
+    if context.name not in SKIPPING_DECODERS:
+        yield from container.decode(stream)
+        return
     for packet in container.demux(stream):
         skip = packet.pts is not None and packet.pts not in wanted
         context.skip_frame = "NONREF" if skip else "DEFAULT"

@@ -95,12 +95,12 @@ class PipelineLoader(PlannedLoader):
         if spec.on_error != "raise":
             raise ValueError(
                 f"the dali backend cannot skip corrupt samples (on_error={spec.on_error!r}); "
-                "use backend='cpu' or 'memory' with on_error='skip'"
+                "use backend='cpu' (or, for images, 'memory') with on_error='skip'"
             )
         if spec.verify_samples:
             raise ValueError(
                 "the dali backend cannot check per-sample digests (verify_samples=True); "
-                "use backend='cpu' or 'memory'"
+                "use backend='cpu' (or, for images, 'memory')"
             )
         check_indexes(spec.manifest, spec.split)  # the shards' index files, checked once
         self.gpu = spec.device.startswith("cuda") and torch.cuda.is_available()
