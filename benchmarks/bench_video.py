@@ -37,7 +37,7 @@ from typing import Any
 import av
 import numpy as np
 import torch
-from bench_video_decoders import torchcodec_status  # noqa: I001  (run as a script)
+from bench_video_decoders import scrolling_video, torchcodec_status  # noqa: I001  (script)
 from common import print_table, results_dir, save_results
 from fastdata_pipelines.env import cpu_description
 from torch.utils.data import DataLoader, Dataset
@@ -74,22 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def make_video(path: Path, seconds: float, seed: int, size=(320, 180), fps: int = 30) -> Path:
     """An H.264 MP4 of a noise texture scrolling diagonally (a key frame every second)."""
-    rng = np.random.default_rng(seed)
-    width, height = size
-    texture = rng.integers(0, 256, (height * 2, width * 2, 3), dtype=np.uint8)
-    texture = np.repeat(np.repeat(texture[::4, ::4], 4, 0), 4, 1)  # 4x4 blocks: camera-like rate
-    out = av.open(str(path), "w")
-    stream = out.add_stream("libx264", rate=fps)
-    stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-    stream.codec_context.gop_size = fps
-    stream.options = {"preset": "ultrafast", "keyint_min": str(fps), "bf": "0"}
-    for i in range(int(seconds * fps)):
-        y, x = (2 * i) % height, (3 * i) % width
-        frame = av.VideoFrame.from_ndarray(texture[y : y + height, x : x + width], format="rgb24")
-        out.mux(stream.encode(frame))
-    out.mux(stream.encode())
-    out.close()
-    return path
+    options = {"preset": "ultrafast", "keyint_min": str(fps), "bf": "0"}
+    return scrolling_video(path, "libx264", options, size, seconds, seed, fps)
 
 
 def shard(videos: list[Path], root: Path, out: Path) -> Path:

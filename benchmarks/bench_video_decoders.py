@@ -106,20 +106,37 @@ def make_video(folder: Path, codec: str, width: int, height: int, seconds: float
     """A video of a noise texture scrolling diagonally (a key frame every second)."""
     encoder, suffix = _ENCODERS[codec]
     path = folder / f"{codec}-{width}x{height}-{seconds:g}s.{suffix}"
-    rng = np.random.default_rng(width * height + int(seconds))
-    texture = rng.integers(0, 256, (height * 2, width * 2, 3), dtype=np.uint8)
-    texture = np.repeat(np.repeat(texture[::4, ::4], 4, 0), 4, 1)  # 4x4 blocks: camera-like rate
-    out = av.open(str(path), "w")
-    stream = out.add_stream(encoder, rate=FPS)
-    stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-    stream.codec_context.gop_size = FPS
     if codec == "h264":
-        stream.options = {"preset": "ultrafast", "keyint_min": str(FPS), "bf": "0"}
+        options = {"preset": "ultrafast", "keyint_min": str(FPS), "bf": "0"}
     elif codec == "h264-bframes":
-        stream.options = {"preset": "medium", "keyint_min": str(FPS), "bf": "3"}
+        options = {"preset": "medium", "keyint_min": str(FPS), "bf": "3"}
     else:
-        stream.options = {"deadline": "realtime", "cpu-used": "8", "keyint_min": str(FPS)}
-    for i in range(int(seconds * FPS)):
+        options = {"deadline": "realtime", "cpu-used": "8", "keyint_min": str(FPS)}
+    seed = width * height + int(seconds)
+    return scrolling_video(path, encoder, options, (width, height), seconds, seed, FPS)
+
+
+def scrolling_video(
+    path: Path,
+    encoder: str,
+    options: dict[str, str],
+    size: tuple[int, int],
+    seconds: float,
+    seed: int,
+    fps: int,
+) -> Path:
+    """Write a noise texture (4x4 blocks: a camera's bitrate, not a flat colour's) scrolling
+    diagonally, `fps` frames a second with a key frame a second, encoded by `encoder`."""
+    rng = np.random.default_rng(seed)
+    width, height = size
+    texture = rng.integers(0, 256, (height * 2, width * 2, 3), dtype=np.uint8)
+    texture = np.repeat(np.repeat(texture[::4, ::4], 4, 0), 4, 1)
+    out = av.open(str(path), "w")
+    stream = out.add_stream(encoder, rate=fps)
+    stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+    stream.codec_context.gop_size = fps
+    stream.options = options
+    for i in range(int(seconds * fps)):
         y, x = (2 * i) % height, (3 * i) % width
         frame = av.VideoFrame.from_ndarray(texture[y : y + height, x : x + width], format="rgb24")
         out.mux(stream.encode(frame))
