@@ -114,8 +114,8 @@ BUDGET_S = 40
 # Over the budget allowed to the whole command (interpreter start to exit): the planner keeps 5 s
 # for the end of the run; this covers a late burst of load on a shared machine (the planner sizes
 # the run from the rates it measured early: 53.6 s measured when a benchmark and a third test
-# process started beside the two xdist workers mid-run). A run that ignored its budget would take
-# minutes; `metrics["wall_s"] <= BUDGET_S` below is the run's own account.
+# process started beside the two xdist workers mid-run). A planner that overran by more than a
+# third of the budget still fails; `metrics["wall_s"] <= BUDGET_S` below is the run's own account.
 BUDGET_TOLERANCE_S = 15
 
 
