@@ -9,8 +9,9 @@ backend's worker processes (`fastdata.read.backends.video`); `on_after_batch_tra
 flips and normalizes them on the device, one draw per clip for all of its frames.
 ``backend="dali"`` decodes them with DALI's video decoder instead (NVDEC on a CUDA training
 device; `fastdata.read.backends.dali.video`), and "auto" takes it where the training device is
-a GPU and DALI is installed. With ``keys=True`` each batch carries ``{"key", "start", "source_id"}``: per clip, its video's key,
-first frame and path in the source, to gather predictions per video.
+a GPU, DALI is installed and the options are ones it keeps (``on_error="raise"``, no
+``verify_samples``). With ``keys=True`` each batch carries ``{"key", "start", "source_id"}``:
+per clip, its video's key, first frame and path in the source, to gather predictions per video.
 
 A list of roots or `ShardSet`s is a mix of video datasets, as for `ShardDataModule`: each
 dataset counts its videos times ``clips.clips`` clips (`fastdata.read.clips.clip_mix`), so the
@@ -89,7 +90,8 @@ class VideoDataModule(ShardDataModule):
         **kwargs: every other `ShardDataModule` option (batch_size, seed, workers, keys, ...).
             ``backend`` may be "cpu" (the clips are decoded in the cpu backend's workers),
             "dali" (DALI's video decoder, on NVDEC with a CUDA device) or "auto" (dali when
-            the training device is a GPU and DALI is installed, else cpu); ``workers`` counts
+            the training device is a GPU, DALI is installed and neither ``on_error="skip"``
+            nor ``verify_samples`` is asked, else cpu); ``workers`` counts
             given as "auto" get a fixed default, since the tuner measures image loaders.
 
     Raises:
