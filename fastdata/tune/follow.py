@@ -270,9 +270,7 @@ def _follow_the_loop(
     if verdict == "undone":
         return out
     figures = replace(figures, lost=out.lost)
-    # At most twice this rank's share of the usable cores (each rank climbs on its own).
-    share = 2 * load.usable_cores // max(1, ranks_per_node)
-    limit = max_workers if max_workers is not None else max(1, share)
+    limit = _worker_limit(load, ranks_per_node, max_workers)
     climbed = _climb(out, figures, workers, limit) if verdict == "climb" else None
     if climbed is not None:
         return climbed
@@ -296,6 +294,14 @@ def _follow_the_loop(
         out.notes.append(f"{head}: {wait} > {threshold:.0%}, workers stay {workers} ({why})")
         return _deeper_prefetch(out, figures, head)
     return out
+
+
+def _worker_limit(load: CoreLoad, ranks_per_node: int, max_workers: int | None) -> int:
+    """The most workers a trial may set: `max_workers`, else twice this rank's share of the
+    usable cores (each rank of a node climbs on its own)."""
+    if max_workers is not None:
+        return max_workers
+    return max(1, 2 * load.usable_cores // max(1, ranks_per_node))
 
 
 def _climb(out: Recheck, figures: EpochFigures, workers: int, limit: int) -> Recheck | None:
