@@ -92,7 +92,10 @@ class VideoDataModule(ShardDataModule):
             "dali" (DALI's video decoder, on NVDEC with a CUDA device) or "auto" (dali when
             the training device is a GPU, DALI is installed and neither ``on_error="skip"``
             nor ``verify_samples`` is asked, else cpu); ``workers`` counts
-            given as "auto" get a fixed default, since the tuner measures image loaders.
+            given as "auto" start at a fixed default, since the start-up tuner times image
+            loaders; with `fastdata.tune.monitor.LoaderMonitor` the cpu backend's workers then
+            follow the loop's measured load at each epoch end, as for images (each clip
+            batch reports its read and decode seconds).
 
     Raises:
         ValueError: another backend, or (at setup) a split that holds no videos, or a mix of

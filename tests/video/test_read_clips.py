@@ -264,3 +264,14 @@ def test_the_source_window_turned_is_the_centre_square_decode_clip_keeps(rotatio
     assert (round(y1 * sy) - rows, round(x1 * sx) - cols) == (side, side)
     window = scaled[rows : rows + side, cols : cols + side]
     assert np.array_equal(np.rot90(window, k=rotation // 90), expected)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_each_clip_batch_reports_what_it_cost_to_make(clip_shards: Path, workers: int):
+    """The read and decode seconds of each batch reach the loader (`last_stages`), so
+    `LoaderMonitor` sizes video workers from the loop's measured load as for images."""
+    dm = _module(clip_shards, workers=WorkerSettings(num_workers=workers))
+    loader = dm.train_dataloader()
+    for _ in loader:
+        read_s, decode_s = loader.last_stages
+        assert read_s >= 0 and decode_s > 0

@@ -31,6 +31,7 @@ from fastdata.read.decoders.video import decode_clip, video_parts
 from fastdata.read.plan import PAD_LABEL, EpochPlan, rows_to_refs, sample_seed
 from fastdata.read.rows import Skip
 from fastdata.read.shardio import ShardReader
+from fastdata.read.transport.stage_times import StageClock
 
 __all__ = [
     "ClipBatchDataset",
@@ -79,13 +80,18 @@ class ClipBatchDataset(ShardBatchDataset):
         side, t = int(spec.image_size or 0), spec.clips.frames
         out = np.empty((len(plan.rows[number]), t, 3, side, side), np.uint8)
         kept: list[PlannedClip] = []
-        for clip in planned_clips(reader, spec, plan, number, skips, self._rows(reader).fail):
+        clock = StageClock()  # read: the samples and clip indexes; decode: the clips' frames
+        planned = list(planned_clips(reader, spec, plan, number, skips, self._rows(reader).fail))
+        clock.read_done()
+        for clip in planned:
             try:
                 decode_clip(clip.video, clip.index, clip.frames, side, out=out[clip.slot])
             except (ValueError, OSError) as exc:  # decoding
                 skips.append(self._fail(reader, clip.shard, clip.sample, exc))
                 continue
             kept.append(clip)
+        # What a batch costs to make, for the loop-following worker sizing (`LoaderMonitor`).
+        self.stage_times.record(plan.epoch, number, *clock.stages())
         slots = [c.slot for c in kept]
         clips_out = torch.from_numpy(out if len(kept) == len(out) else out[slots])
         return clip_batch(clips_out, kept, spec.keys)
