@@ -300,10 +300,17 @@ class ResumeState:
                 "with the same roots, weights and epoch_samples"
             )
         if self.dataset != dataset or self.num_samples != num_samples:
+            same = (
+                " (the same shards, read as another number of samples: another val= carve or, "
+                "for video, another ClipSampling.clips)"
+                if self.dataset == dataset
+                else ""
+            )
             raise ResumeError(
                 f"the checkpoint's data position belongs to another dataset or val= carve "
                 f"(fingerprint {self.dataset}, {self.num_samples} samples; this one: {dataset}, "
-                f"{num_samples}): resume with the shard folder and the val= it was trained with"
+                f"{num_samples}){same}: resume with the shard folder and the val= (and clips) it "
+                "was trained with"
             )
         if self.seed != seed:
             raise ResumeError(

@@ -275,3 +275,15 @@ def test_each_clip_batch_reports_what_it_cost_to_make(clip_shards: Path, workers
     for _ in loader:
         read_s, decode_s = loader.last_stages
         assert read_s >= 0 and decode_s > 0
+
+
+def test_a_state_of_another_clip_count_is_refused_naming_it(clip_shards: Path):
+    from fastdata.read.resume import ResumeError
+
+    saved = _module(clip_shards)
+    batch = next(iter(saved.train_dataloader()))
+    saved.on_after_batch_transfer(batch, 0)  # the step counted, as a Trainer would
+    other = _module(clip_shards, clips=ClipSampling(frames=3, stride=2, clips=3))
+    with pytest.raises(ResumeError, match=r"the same shards.*ClipSampling\.clips"):
+        other.load_state_dict(saved.state_dict())
+        other.train_dataloader()
