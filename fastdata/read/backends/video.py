@@ -37,6 +37,7 @@ __all__ = [
     "ClipBatchDataset",
     "PlannedClip",
     "VideoLoader",
+    "check_clip_spec",
     "clip_batch",
     "make_video_loader",
     "planned_clips",
@@ -54,16 +55,7 @@ class ClipBatchDataset(ShardBatchDataset):
     """
 
     def __init__(self, spec: ClipSpec) -> None:
-        if not isinstance(spec, ClipSpec):
-            raise ValueError(f"the video loader needs a ClipSpec, got {type(spec).__name__}")
-        info = spec.manifest.split(spec.split)
-        if info.encoding != schema.VIDEO_ENCODING:
-            raise ValueError(
-                f"split {spec.split!r} of {spec.manifest.root} holds {info.encoding!r} samples, "
-                "not videos; write it with `fastdata shard video`"
-            )
-        if spec.image_size is None:
-            raise ValueError("the video loader needs image_size (the side of decoded frames)")
+        check_clip_spec(spec)
         super().__init__(spec)
         self.spec: ClipSpec = spec
         self.applied_ops = 0
@@ -95,6 +87,21 @@ class ClipBatchDataset(ShardBatchDataset):
         slots = [c.slot for c in kept]
         clips_out = torch.from_numpy(out if len(kept) == len(out) else out[slots])
         return clip_batch(clips_out, kept, spec.keys)
+
+
+def check_clip_spec(spec: object) -> None:
+    """What every video loader needs of its spec: a `ClipSpec` with `image_size`, over a split
+    of videos (ValueError naming the split otherwise)."""
+    if not isinstance(spec, ClipSpec):
+        raise ValueError(f"the video loader needs a ClipSpec, got {type(spec).__name__}")
+    info = spec.manifest.split(spec.split)
+    if info.encoding != schema.VIDEO_ENCODING:
+        raise ValueError(
+            f"split {spec.split!r} of {spec.manifest.root} holds {info.encoding!r} samples, "
+            "not videos; write it with `fastdata shard video`"
+        )
+    if spec.image_size is None:
+        raise ValueError("the video loader needs image_size (the side of decoded frames)")
 
 
 @dataclass(frozen=True)

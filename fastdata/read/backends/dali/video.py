@@ -38,7 +38,7 @@ import torch
 
 from fastdata.read.backends.dali.loader import PipelineLoader
 from fastdata.read.backends.dali.pipeline import new_pipeline
-from fastdata.read.backends.video import ClipBatchDataset, PlannedClip, clip_batch, planned_clips
+from fastdata.read.backends.video import PlannedClip, check_clip_spec, clip_batch, planned_clips
 from fastdata.read.clips import ClipSpec
 from fastdata.read.decoders.video import decode_clip, source_window
 from fastdata.read.plan import EpochPlan
@@ -100,7 +100,7 @@ class DaliVideoLoader(PipelineLoader):
     """
 
     def __init__(self, spec: ClipSpec) -> None:
-        ClipBatchDataset(spec)  # the cpu loader's checks of the spec and the split
+        check_clip_spec(spec)
         super().__init__(spec)
         self.spec: ClipSpec = spec
         self.backend = "mixed" if self.gpu else "cpu"
