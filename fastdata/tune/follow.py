@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from fastdata.tune.load import HYSTERESIS_CORES, CoreLoad, threads_for
 from fastdata.tune.sizing import (
@@ -33,6 +34,10 @@ log = logging.getLogger("fastdata")
 
 #: Prefetched batches may use this share of free memory (as at start-up, `sizing`).
 PREFETCH_MEMORY_SHARE = 0.25
+
+#: How `_judge_trial` found the last worker change: none to judge, kept, kept with a gain worth
+#: climbing on, or undone.
+Verdict = Literal["none", "kept", "climb", "undone"]
 
 #: A worker change kept with at least this gain in throughput is followed by one more step the
 #: same way (`_follow_the_loop` step 2): the best count is found by climbing, not by the model
@@ -328,7 +333,7 @@ def _tried(out: Recheck, workers: int, before: int, figures: EpochFigures) -> Re
 
 def _judge_trial(
     out: Recheck, figures: EpochFigures, workers: int, head: str
-) -> tuple[Recheck, str]:
+) -> tuple[Recheck, Verdict]:
     """The last change judged by this epoch's throughput: (out, "undone") with it undone when
     this epoch was slower than the one before it; else the count it beat added to `lost` (not
     gone back to) and (out, "climb") when it gained more than `CLIMB_GAIN`, (out, "kept") when
