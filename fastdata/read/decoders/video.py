@@ -145,9 +145,9 @@ def _decoded(container: Any, stream: Any, wanted: dict[int, list[int]]) -> Itera
     in `wanted`, which `decode_clip` empties as it fills the clip) is decoded with
     ``skip_frame="NONREF"``, so a frame no other frame refers to (most B-frames) is dropped
     undecoded; every reference frame still decodes, so the wanted frames come out exactly as
-    from a full decode (5-12% less time for a clip of an H.264 video with B-frames, key frames
-    every 1-2 s: `benchmarks/bench_video_decoders.py`, case "h264-bframes"; nothing changes
-    for a stream without them). Other decoders decode every packet."""
+    from a full decode (5% less time for a clip of an H.264 video with B-frames and a key
+    frame a second: `benchmarks/bench_video_decoders.py`, case "h264-bframes" against "pyav
+    every frame"; nothing changes for a stream without them). Other decoders decode every packet."""
     context = stream.codec_context
     if context.name not in SKIPPING_DECODERS:
         yield from container.decode(stream)
