@@ -19,7 +19,8 @@ import io
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Generator
+from contextlib import closing
 from typing import Any
 
 import numpy as np
@@ -113,15 +114,14 @@ def decode_clip(
             key = index.key_before(first)
             if key > 0:
                 container.seek(int(index.pts[key]), stream=stream, backward=True)
-            for frame in _decoded(container, stream, slots):
-                if frame.pts is None:
-                    continue
-                if frame.pts in slots:
-                    pixels = _shown(frame, size, index.rotation, side)
-                    for position in slots.pop(frame.pts):
-                        out[position] = pixels
-                if not slots or frame.pts >= last_pts:
-                    break
+            _fill(
+                container,
+                stream,
+                slots,
+                last_pts,
+                lambda f: _shown(f, size, index.rotation, side),
+                out,
+            )
     except av.FFmpegError as exc:
         raise ValueError(f"video does not decode ({exc})") from exc
     if slots:
@@ -133,13 +133,40 @@ def decode_clip(
     return out
 
 
+def _fill(
+    container: Any,
+    stream: Any,
+    slots: dict[int, list[int]],
+    last_pts: int,
+    shown: Callable[[Any], np.ndarray],
+    out: np.ndarray,
+) -> None:
+    """Decode from where the container stands into `out`: each frame whose pts is in `slots`
+    (pts -> positions in the clip, emptied as they are filled) made `shown`, until the slots are
+    filled or the frame at `last_pts` is passed."""
+    # Closed while the container is open: a generator left at the early break would otherwise
+    # be finalized (its demux and decode iterators) after the container is.
+    with closing(_decoded(container, stream, slots)) as decoded:
+        for frame in decoded:
+            if frame.pts is None:
+                continue
+            if frame.pts in slots:
+                pixels = shown(frame)
+                for position in slots.pop(frame.pts):
+                    out[position] = pixels
+            if not slots or frame.pts >= last_pts:
+                break
+
+
 #: FFmpeg decoders that apply ``skip_frame`` to the packet just sent, so it can change packet
 #: by packet (checked: wanted frames equal a full decode's on B-frame, open-GOP, VFR and alt-ref
 #: streams). libdav1d (AV1) buffers packets and loses wanted frames that way: it never skips.
 SKIPPING_DECODERS = frozenset({"h264", "hevc", "mpeg4", "vp9"})
 
 
-def _decoded(container: Any, stream: Any, wanted: dict[int, list[int]]) -> Iterator[Any]:
+def _decoded(
+    container: Any, stream: Any, wanted: dict[int, list[int]]
+) -> Generator[Any, None, None]:
     """The stream's frames from where the container stands, decoding only what the wanted ones
     need: with a decoder of `SKIPPING_DECODERS`, a packet whose frame is not wanted (its pts not
     in `wanted`, which `decode_clip` empties as it fills the clip) is decoded with
